@@ -1,0 +1,118 @@
+"""The blocking client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from execgate.v1 import executor_pb2 as pb
+from execgate.v1 import executor_pb2_grpc as pb_grpc
+
+from . import wire
+from .batch import in_proposal_order, with_ids
+from .types import Call, CallRecord, Event, EventKind, Outcome, Status, ToolSpec
+
+
+class Client:
+    """A connection to an execgate daemon.
+
+    Args:
+        address: `unix:PATH` or `HOST:PORT`; default $EXECGATE_ADDR, then
+            `unix:var/execgate.sock` (what `make run` listens on).
+        run_id: the run calls belong to unless a call says otherwise ("" = the
+            daemon's implicit run "default").
+    """
+
+    def __init__(self, address: str | None = None, *, run_id: str = "") -> None:
+        self.address = wire.resolve_address(address)
+        self.run_id = run_id
+        self._channel = grpc.insecure_channel(self.address, options=wire.CHANNEL_OPTIONS)
+        self._stub = pb_grpc.ExecutorStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.close()
+
+    def list_tools(self) -> list[ToolSpec]:
+        try:
+            response = self._stub.ListTools(pb.ListToolsRequest())
+        except grpc.RpcError as exc:
+            raise wire.translate(exc, self.address) from exc
+        return [wire.tool_spec(t) for t in response.tools]
+
+    def stream(self, calls: Iterable[Call], *, run_id: str | None = None, batch_id: str = "",
+               progress: bool = True) -> Iterator[Event]:
+        """Every event of the batch as it happens: queued, started, finished."""
+        request = wire.execute_request(calls, self._run(run_id), batch_id, not progress)
+        try:
+            for msg in self._stub.Execute(request):
+                yield wire.event(msg)
+        except grpc.RpcError as exc:
+            raise wire.translate(exc, self.address) from exc
+
+    def execute(self, calls: Iterable[Call], *, run_id: str | None = None,
+                batch_id: str = "") -> list[Outcome]:
+        """Run a batch; the outcomes in the order the calls were given."""
+        calls = with_ids(calls)
+        finished = [
+            event.outcome
+            for event in self.stream(calls, run_id=run_id, batch_id=batch_id, progress=False)
+            if event.kind is EventKind.FINISHED and event.outcome is not None
+        ]
+        return in_proposal_order(calls, finished)
+
+    def run(self, call: Call, *, run_id: str | None = None) -> Outcome:
+        return self.execute([call], run_id=run_id)[0]
+
+    def execute_one(self, tool: str, /, **arguments: Any) -> Outcome:
+        return self.run(Call(tool=tool, arguments=arguments))
+
+    def get_call(self, call_id: str, *, run_id: str | None = None,
+                 include_raw: bool = False) -> CallRecord:
+        run = self._run(run_id)
+        try:
+            msg = self._stub.GetCall(pb.GetCallRequest(run_id=run, call_id=call_id,
+                                                       include_raw=include_raw))
+        except grpc.RpcError as exc:
+            raise wire.translate(exc, self.address, run_id=run, call_id=call_id) from exc
+        return wire.record(msg)
+
+    def list_calls(self, *, run_id: str = "", statuses: Iterable[Status] = (), tool: str = "",
+                   limit: int = 100) -> list[CallRecord]:
+        """Newest first, following pages until `limit` records."""
+        records: list[CallRecord] = []
+        token = ""
+        while len(records) < limit:
+            request = wire.list_request(run_id=run_id, statuses=statuses, tool=tool,
+                                        limit=min(limit - len(records), 1000), page_token=token)
+            try:
+                response = self._stub.ListCalls(request)
+            except grpc.RpcError as exc:
+                raise wire.translate(exc, self.address) from exc
+            records.extend(wire.record(r) for r in response.calls)
+            token = response.next_page_token
+            if not token:
+                break
+        return records
+
+    def cancel(self, *, call_id: str = "", batch_id: str = "", run_id: str | None = None,
+               reason: str = "", grace: float | None = None) -> list[str]:
+        request = pb.CancelRequest(run_id=self._run(run_id), call_id=call_id, batch_id=batch_id,
+                                   reason=reason)
+        if grace is not None:
+            request.grace.CopyFrom(wire.duration(grace))
+        try:
+            return list(self._stub.Cancel(request).call_ids)
+        except grpc.RpcError as exc:
+            raise wire.translate(exc, self.address) from exc
+
+    def _run(self, run_id: str | None) -> str:
+        return self.run_id if run_id is None else run_id

@@ -1,0 +1,41 @@
+"""Exceptions of the client.
+
+    ExecgateClientError            root
+    ├── DaemonUnavailable          nothing answers at the address (carries `address`)
+    ├── CallNotFound               GetCall for an id the journal does not have
+    └── RequestError               the daemon refused the request envelope
+                                   (carries the gRPC `code` name and `details`)
+
+A tool call that fails is never an exception: it is an `Outcome`.
+"""
+
+from __future__ import annotations
+
+
+class ExecgateClientError(Exception):
+    """Root of the client's exceptions."""
+
+
+class DaemonUnavailable(ExecgateClientError):
+    def __init__(self, address: str, details: str = "") -> None:
+        super().__init__(
+            f"no execgate daemon answers at {address}; start one with `make run` "
+            f"(or `execgate serve`), or point EXECGATE_ADDR / --addr at it"
+            + (f" ({details})" if details else "")
+        )
+        self.address = address
+        self.details = details
+
+
+class CallNotFound(ExecgateClientError):
+    def __init__(self, run_id: str, call_id: str) -> None:
+        super().__init__(f"no call {call_id!r} in run {run_id or 'default'!r}")
+        self.run_id = run_id
+        self.call_id = call_id
+
+
+class RequestError(ExecgateClientError):
+    def __init__(self, code: str, details: str) -> None:
+        super().__init__(f"{code}: {details}")
+        self.code = code
+        self.details = details

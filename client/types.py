@@ -1,0 +1,138 @@
+"""The client's own types: what an agent developer handles. No protobuf leaks out of here."""
+
+from __future__ import annotations
+
+import enum
+import json
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+
+class Status(enum.Enum):
+    SUCCESS = "success"
+    FAILURE = "failure"
+    REJECTED = "rejected"
+    PARTIAL = "partial"
+    UNKNOWN_OUTCOME = "unknown_outcome"
+
+
+class StopMode(enum.Enum):
+    UNSPECIFIED = "unspecified"
+    NOT_STARTED = "not_started"
+    COMPLETED = "completed"
+    COOPERATIVE = "cooperative"
+    FORCE_TERMINATED = "force_terminated"
+    INTERRUPTED = "interrupted"
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """A moment in a call's life: phase name (queued, started, ...) and epoch seconds."""
+
+    phase: str
+    at: float
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    exit_code: int | None = None
+    signal: int | None = None
+    bytes_written: int | None = None
+    bytes_read: int | None = None
+    sha256_before: str | None = None
+    sha256_after: str | None = None
+    path: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    """How one call ended. `text`/`structured` are the bounded result meant for the model."""
+
+    call_id: str
+    status: Status
+    # "none" on success; otherwise invalid_argument, not_found, timeout, ... (see README).
+    error_class: str
+    message: str = ""
+    field: str = ""
+    text: str = ""
+    structured: dict[str, Any] = dataclasses.field(default_factory=dict)
+    truncated: bool = False
+    returned_bytes: int = 0
+    total_bytes: int = 0
+    evidence: Evidence = dataclasses.field(default_factory=Evidence)
+    timeline: tuple[Mark, ...] = ()
+    stopped_how: StopMode = StopMode.UNSPECIFIED
+    # Set when the daemon answered from the journal (idempotency key): the call that ran.
+    replay_of: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.SUCCESS
+
+    def mark(self, phase: str) -> Mark | None:
+        return next((m for m in self.timeline if m.phase == phase), None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Call:
+    """A tool call to send. `arguments` may be a dict or the model's raw JSON text."""
+
+    tool: str
+    arguments: dict[str, Any] | str = dataclasses.field(default_factory=dict)
+    call_id: str = ""
+    idempotency_key: str = ""
+    timeout: float | None = None
+
+    def arguments_json(self) -> str:
+        if isinstance(self.arguments, str):
+            return self.arguments
+        return json.dumps(self.arguments, ensure_ascii=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolSpec:
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    read_only: bool
+    destructive: bool
+    idempotent: bool
+
+
+class EventKind(enum.Enum):
+    QUEUED = "queued"
+    STARTED = "started"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """One step of a call in an Execute stream; `outcome` is set on FINISHED."""
+
+    kind: EventKind
+    call_id: str
+    batch_id: str
+    at: float
+    outcome: Outcome | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallRecord:
+    """A call as the daemon's journal holds it."""
+
+    run_id: str
+    call_id: str
+    batch_id: str
+    tool: str
+    arguments_json: str
+    idempotency_key: str
+    agent: str
+    may_write: bool
+    created_at: float
+    running: bool
+    # None while the call is still running.
+    outcome: Outcome | None = None
+    replay_of: str = ""
+    raw_result: str = ""

@@ -1,0 +1,1 @@
+"""execgate daemon."""

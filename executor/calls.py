@@ -1,0 +1,42 @@
+"""A tool call as the daemon sees it, from request to validated call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .tools import Tool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallRequest:
+    """One call exactly as the client proposed it (after wire decoding)."""
+
+    run_id: str
+    call_id: str
+    batch_id: str
+    index: int
+    tool: str
+    arguments_json: str
+    idempotency_key: str = ""
+    # Seconds; None when the client did not ask for a timeout.
+    timeout: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ValidCall:
+    """A request that passed validation: the tool exists and the arguments fit its schema."""
+
+    request: CallRequest
+    tool: Tool
+    args: dict[str, Any]
+    # sha256 over the tool name and the canonical arguments; idempotency compares it.
+    request_hash: str
+    timeout: float
+    # Canonical paths of the path arguments, keyed by argument name.
+    paths: dict[str, Path]
+
+    @property
+    def may_write(self) -> bool:
+        return self.tool.spec.may_write

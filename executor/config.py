@@ -1,0 +1,85 @@
+"""The daemon's configuration: embedded defaults that `make run` uses as they are."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ConfigError
+from .tools import Limits
+
+DEFAULT_STATE_DIR = Path("var")
+DEFAULT_WORKSPACE = Path("workspace")
+SOCKET_NAME = "execgate.sock"
+JOURNAL_NAME = "journal.db"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Listener:
+    """Either a Unix socket path or a TCP host and port."""
+
+    unix_path: Path | None = None
+    host: str = ""
+    port: int = 0
+
+    @property
+    def grpc_address(self) -> str:
+        if self.unix_path is not None:
+            return f"unix:{self.unix_path}"
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def is_loopback(self) -> bool:
+        if self.unix_path is not None or self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+def parse_listener(text: str) -> Listener:
+    """`unix:PATH` or `HOST:PORT` (IPv6 as `[::1]:PORT`)."""
+    if text.startswith("unix:"):
+        path = text.removeprefix("unix:").removeprefix("//")
+        if not path:
+            raise ConfigError("listen address 'unix:' needs a path")
+        return Listener(unix_path=Path(path).absolute())
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ConfigError(f"listen address {text!r} is neither unix:PATH nor HOST:PORT")
+    return Listener(host=host.strip("[]"), port=int(port))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServeConfig:
+    # Where the journal and the default socket live (created 0700).
+    state_dir: Path = DEFAULT_STATE_DIR
+    # The root every tool works in (created if missing).
+    workspace: Path = DEFAULT_WORKSPACE
+    # Listeners; empty means the Unix socket `state_dir/execgate.sock`.
+    listen: tuple[Listener, ...] = ()
+    # Policy file; None means the shipped policies/default.yaml.
+    policy: Path | None = None
+    limits: Limits = field(default_factory=Limits)
+    # Serve gRPC server reflection (off by default: it tells strangers the API).
+    reflection: bool = False
+    # Serve the `noop` probe tool (benchmarks, smoke tests).
+    test_tools: bool = False
+    # Permit a TCP listener on a non-loopback address. Until token/mTLS
+    # authentication lands, anyone who can reach such a port can run tools.
+    allow_remote: bool = False
+
+    def listeners(self) -> tuple[Listener, ...]:
+        if self.listen:
+            return self.listen
+        return (Listener(unix_path=(self.state_dir / SOCKET_NAME).absolute()),)
+
+    def check(self) -> None:
+        for lst in self.listeners():
+            if not lst.is_loopback and not self.allow_remote:
+                raise ConfigError(
+                    f"refusing to listen on {lst.grpc_address}: not loopback and there is no "
+                    "authentication yet; pass --allow-remote if the network is trusted"
+                )

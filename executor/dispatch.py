@@ -1,0 +1,279 @@
+"""The call pipeline: validate → authorize → idempotency → intent → schedule → run → record → report.
+
+One `Dispatcher` serves every Execute stream. Each call of a batch runs as its
+own task owned by the dispatcher (not by the RPC), so a client that disconnects
+does not interrupt a call that already started: it finishes and is recorded.
+Calls of that batch still queued are REJECTED (cancelled) instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+
+from . import results
+from .calls import CallRequest, ValidCall
+from .errors import ToolError
+from .idempotency import Idempotency
+from .journal import CallRecord, DuplicateCall, Journal
+from .outcomes import ErrorClass, Mark, Outcome, Phase, Status, mark, rejected
+from .paths import Workspace
+from .policy import Effect, Policy
+from .scheduler import Abandoned, WorkspaceLock
+from .tools import CancelScope, Limits, Mode, Tool, ToolContext
+from .validate import Validator
+
+log = logging.getLogger("execgate.dispatch")
+
+
+class EventKind(enum.Enum):
+    QUEUED = "queued"
+    STARTED = "started"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    kind: EventKind
+    call_id: str
+    batch_id: str
+    at: float
+    index: int = 0
+    outcome: Outcome | None = None
+    replay_of: str = ""
+
+
+@dataclass(slots=True)
+class _Active:
+    """A call between QUEUED and FINISHED. `started` flips once, when it starts to run."""
+
+    run_id: str
+    batch_id: str
+    scope: CancelScope
+    started: bool = False
+
+
+@dataclass(slots=True)
+class _Batch:
+    run_id: str
+    batch_id: str
+    agent: str
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+
+    def emit(self, kind: EventKind, call_id: str, **extra: object) -> None:
+        self.events.put_nowait(Event(kind, call_id, self.batch_id, time.time(), **extra))  # type: ignore[arg-type]
+
+
+class Dispatcher:
+    def __init__(self, *, tools: dict[str, Tool], journal: Journal, policy: Policy,
+                 workspace: Workspace, limits: Limits) -> None:
+        self.tools = tools
+        self.journal = journal
+        self.policy = policy
+        self.workspace = workspace
+        self.limits = limits
+        self._validator = Validator(tools, workspace, limits)
+        self._idempotency = Idempotency(journal)
+        self._lock = WorkspaceLock()
+        # Invariant: every task here is a call that has not yet recorded its outcome.
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._active: dict[tuple[str, str], _Active] = {}
+
+    # -- the public surface ---------------------------------------------------------
+
+    async def execute(self, run_id: str, batch_id: str, calls: list[CallRequest],
+                      agent: str) -> AsyncIterator[Event]:
+        """Start every call of the batch and yield their events until all have finished."""
+        batch = _Batch(run_id, batch_id, agent)
+        ids = []
+        for req in calls:
+            ids.append(req.call_id)
+            task = asyncio.create_task(self._call(req, batch), name=f"call {req.call_id}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        remaining = len(calls)
+        try:
+            while remaining:
+                event = await batch.events.get()
+                remaining -= event.kind is EventKind.FINISHED
+                yield event
+        finally:
+            if remaining:  # the caller went away: queued calls must not start
+                self._abandon(run_id, ids, "client disconnected")
+
+    def cancel(self, *, run_id: str, call_id: str = "", batch_id: str = "", reason: str,
+               grace: float | None) -> list[str]:
+        """Ask the targeted calls to stop; returns the ids reached."""
+        hit = []
+        for (run, call), active in list(self._active.items()):
+            if run != run_id or (call_id and call != call_id):
+                continue
+            if batch_id and active.batch_id != batch_id:
+                continue
+            active.scope.cancel(reason, grace)
+            hit.append(call)
+        return hit
+
+    async def close(self, reason: str = "daemon shutting down") -> None:
+        """Cancel everything in flight (grace, then force) and wait until it is recorded."""
+        for active in list(self._active.values()):
+            active.scope.cancel(reason)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def new_call_id(self) -> str:
+        return "call_" + uuid.uuid4().hex[:20]
+
+    # -- one call ----------------------------------------------------------------------
+
+    async def _call(self, req: CallRequest, batch: _Batch) -> None:
+        queued = mark(Phase.QUEUED)
+        batch.emit(EventKind.QUEUED, req.call_id, index=req.index)
+        try:
+            call = self._validator.validate(req)
+            self._authorize(call)
+        except ToolError as err:
+            await self._reject(req, batch, results.from_error(err, (queued,)))
+            return
+        scope = CancelScope()
+        key = (req.run_id, req.call_id)
+        if key in self._active:
+            await self._refuse_duplicate(req, batch, queued)
+            return
+        self._active[key] = _Active(req.run_id, req.batch_id, scope)
+        try:
+            await self._admitted(call, batch, scope, queued)
+        finally:
+            del self._active[key]
+
+    async def _admitted(self, call: ValidCall, batch: _Batch, scope: CancelScope,
+                        queued: Mark) -> None:
+        req = call.request
+        if req.idempotency_key:
+            try:
+                replay = await self._idempotency.claim(batch.agent, req.idempotency_key,
+                                                       call.request_hash, req.call_id)
+            except ToolError as err:
+                await self._reject(req, batch, results.from_error(err, (queued,)))
+                return
+            if replay is not None:
+                await self._replay(call, batch, replay.outcome, replay.call_id)
+                return
+        outcome: Outcome | BaseException = RuntimeError("call did not finish")
+        try:
+            outcome = await self._journaled_run(call, batch, scope, queued)
+        finally:
+            if req.idempotency_key:
+                self._idempotency.release(batch.agent, req.idempotency_key, outcome)
+
+    async def _journaled_run(self, call: ValidCall, batch: _Batch, scope: CancelScope,
+                             queued: Mark) -> Outcome:
+        req = call.request
+        rec = self._record(req, batch.agent, call.request_hash, call.may_write, queued.at)
+        try:
+            await self.journal.record_intent(rec, durable=call.may_write)
+        except DuplicateCall:
+            await self._refuse_duplicate(req, batch, queued)
+            return rejected(ErrorClass.DUPLICATE_CALL_ID, "duplicate call_id", "call_id")
+        outcome, raw = await self._scheduled(call, batch, scope, queued)
+        # Recorded before it is reported: an outcome nobody can find later is never sent.
+        await self.journal.record_outcome(req.run_id, req.call_id, outcome, raw,
+                                          durable=call.may_write)
+        batch.emit(EventKind.FINISHED, req.call_id, outcome=outcome)
+        return outcome
+
+    async def _scheduled(self, call: ValidCall, batch: _Batch, scope: CancelScope,
+                         queued: Mark) -> tuple[Outcome, str]:
+        mode = Mode.WRITE if call.may_write else Mode.READ
+        try:
+            async with self._lock.acquire(mode, scope.requested):
+                granted = mark(Phase.LOCK_GRANTED)
+                if scope.requested.is_set():
+                    raise Abandoned
+                self._active[(call.request.run_id, call.request.call_id)].started = True
+                started = mark(Phase.STARTED)
+                batch.emit(EventKind.STARTED, call.request.call_id)
+                return await self._run_tool(call, scope, (queued, granted, started))
+        except Abandoned:
+            outcome = rejected(ErrorClass.CANCELLED, f"cancelled before it started: {scope.reason}")
+            return outcome.with_marks(queued, mark(Phase.CANCEL_REQUESTED, scope.reason)), ""
+
+    async def _run_tool(self, call: ValidCall, scope: CancelScope,
+                        marks: tuple[Mark, ...]) -> tuple[Outcome, str]:
+        ctx = ToolContext(self.workspace, self.limits, call.timeout, scope)
+        try:
+            out = await call.tool.run(call.args, ctx)
+        except ToolError as err:
+            return results.from_error(err, marks).with_marks(mark(Phase.FINISHED)), ""
+        except Exception as exc:
+            log.exception("tool %s crashed on call %s", call.request.tool, call.request.call_id)
+            outcome = results.from_crash(exc, may_write=call.may_write, marks=marks)
+            return outcome.with_marks(mark(Phase.FINISHED)), ""
+        outcome = results.from_output(out, may_write=call.may_write,
+                                      cap=self.limits.output_cap_bytes, marks=marks)
+        return outcome.with_marks(mark(Phase.FINISHED)), out.raw()
+
+    # -- endings that do not run the tool ----------------------------------------------
+
+    async def _reject(self, req: CallRequest, batch: _Batch, outcome: Outcome) -> None:
+        outcome = outcome.with_marks(mark(Phase.FINISHED))
+        rec = self._record(req, batch.agent, "", False, outcome.timeline[0].at)
+        try:
+            await self.journal.record_finished(rec, outcome)
+        except DuplicateCall:
+            await self.journal.record_refusal(rec, outcome)
+        batch.emit(EventKind.FINISHED, req.call_id, outcome=outcome)
+
+    async def _refuse_duplicate(self, req: CallRequest, batch: _Batch, queued: Mark) -> None:
+        outcome = rejected(
+            ErrorClass.DUPLICATE_CALL_ID,
+            f"call_id {req.call_id!r} is already used in run {req.run_id!r}; "
+            "use GetCall to read that call",
+            "call_id",
+        ).with_marks(queued, mark(Phase.FINISHED))
+        rec = self._record(req, batch.agent, "", False, queued.at)
+        await self.journal.record_refusal(rec, outcome)
+        batch.emit(EventKind.FINISHED, req.call_id, outcome=outcome)
+
+    async def _replay(self, call: ValidCall, batch: _Batch, outcome: Outcome,
+                      original: str) -> None:
+        req = call.request
+        rec = self._record(req, batch.agent, call.request_hash, call.may_write, time.time())
+        rec = replace(rec, idempotency_key="", replay_of=original)
+        try:
+            await self.journal.record_finished(rec, outcome)
+        except DuplicateCall:
+            await self._refuse_duplicate(req, batch, mark(Phase.QUEUED))
+            return
+        batch.emit(EventKind.FINISHED, req.call_id, outcome=outcome, replay_of=original)
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _authorize(self, call: ValidCall) -> None:
+        decision = self.policy.decide(call.request.tool)
+        if decision.effect is not Effect.ALLOW:
+            rules = ", ".join(decision.rule_ids) or "default"
+            raise ToolError(ErrorClass.POLICY_DENIED,
+                            f"denied by policy ({rules}): {decision.reason}",
+                            field="tool", status=Status.REJECTED)
+
+    def _abandon(self, run_id: str, call_ids: list[str], reason: str) -> None:
+        for call_id in call_ids:
+            active = self._active.get((run_id, call_id))
+            if active is not None and not active.started:
+                active.scope.cancel(reason)
+
+    @staticmethod
+    def _record(req: CallRequest, agent: str, request_hash: str, may_write: bool,
+                created_at: float) -> CallRecord:
+        return CallRecord(
+            run_id=req.run_id, call_id=req.call_id, batch_id=req.batch_id, tool=req.tool,
+            arguments_json=req.arguments_json, request_hash=request_hash,
+            idempotency_key=req.idempotency_key, agent=agent, may_write=may_write,
+            created_at=created_at,
+        )

@@ -1,0 +1,53 @@
+"""Exceptions of the daemon.
+
+    ExecgateError                 root; never crosses the gRPC edge
+    ├── ToolError                 an expected, typed failure of one call
+    │   (carries the Status, ErrorClass, message and offending field)
+    ├── ConfigError               bad daemon configuration (CLI flags, paths)
+    └── PolicyError               a policy file that cannot be loaded
+
+A `ToolError` raised by validation or a tool becomes that call's Outcome; it never
+reaches gRPC. Anything else escaping a tool becomes FAILURE/internal (read-only
+tools) or UNKNOWN_OUTCOME/internal (writing tools) -- see `dispatch`.
+"""
+
+from __future__ import annotations
+
+from .outcomes import ErrorClass, Status
+
+
+class ExecgateError(Exception):
+    """Root of every exception this package raises on purpose."""
+
+
+class ToolError(ExecgateError):
+    def __init__(
+        self,
+        error_class: ErrorClass,
+        message: str,
+        *,
+        field: str = "",
+        status: Status = Status.FAILURE,
+    ) -> None:
+        super().__init__(message)
+        self.error_class = error_class
+        self.message = message
+        self.field = field
+        self.status = status
+
+
+def invalid(message: str, field: str) -> ToolError:
+    """A REJECTED invalid_argument error naming the offending field."""
+    return ToolError(ErrorClass.INVALID_ARGUMENT, message, field=field, status=Status.REJECTED)
+
+
+class ConfigError(ExecgateError):
+    pass
+
+
+class PolicyError(ExecgateError):
+    def __init__(self, message: str, *, path: str = "", line: int = 0) -> None:
+        where = f"{path}:{line}: " if line else (f"{path}: " if path else "")
+        super().__init__(where + message)
+        self.path = path
+        self.line = line

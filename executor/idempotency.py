@@ -1,0 +1,92 @@
+"""Idempotency keys: a retried call returns the recorded outcome instead of running twice.
+
+The first call with a key owns it; a second call with the same key and the same
+request either joins the in-flight owner or, once finished, gets the journaled
+outcome. The same key with a different request is REJECTED
+(idempotency_conflict). Keys are scoped to the calling agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from .errors import ToolError
+from .journal import Journal
+from .outcomes import ErrorClass, Outcome, Status
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    outcome: Outcome
+    # The call id that actually ran.
+    call_id: str
+
+
+@dataclass(slots=True)
+class _Owner:
+    request_hash: str
+    call_id: str
+    done: asyncio.Future[Replay]
+
+
+class Idempotency:
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+        # Invariant: a key is here exactly while its owning call is unfinished.
+        self._inflight: dict[tuple[str, str], _Owner] = {}
+
+    async def claim(self, agent: str, key: str, request_hash: str, call_id: str) -> Replay | None:
+        """None: the caller owns the key and must run, then `release`. Else: the replay."""
+        slot = (agent, key)
+        owner = self._inflight.get(slot)
+        if owner is not None:
+            _check(owner.request_hash, request_hash)
+            return await asyncio.shield(owner.done)
+        owner = _Owner(request_hash, call_id, asyncio.get_running_loop().create_future())
+        self._inflight[slot] = owner  # claimed before any await: no second owner
+        try:
+            recorded = await self._journal.by_idempotency_key(agent, key)
+            if recorded is None:
+                return None
+            _check(recorded.request_hash, request_hash)
+        except BaseException as exc:
+            self._settle(slot, exc)
+            raise
+        if recorded.outcome is None:  # running in the journal but not here: cannot join
+            replay = Replay(_unsettled(), recorded.call_id)
+        else:
+            replay = Replay(recorded.outcome, recorded.call_id)
+        self._settle(slot, replay)
+        return replay
+
+    def release(self, agent: str, key: str, outcome: Outcome | BaseException) -> None:
+        owner = self._inflight.get((agent, key))
+        if owner is None:
+            return
+        result = outcome if isinstance(outcome, BaseException) else Replay(outcome, owner.call_id)
+        self._settle((agent, key), result)
+
+    def _settle(self, slot: tuple[str, str], result: Replay | BaseException) -> None:
+        owner = self._inflight.pop(slot)
+        if isinstance(result, BaseException):
+            owner.done.set_exception(result)
+            owner.done.exception()  # mark retrieved: joiners are optional
+        else:
+            owner.done.set_result(result)
+
+
+def _check(recorded_hash: str, request_hash: str) -> None:
+    if recorded_hash != request_hash:
+        raise ToolError(
+            ErrorClass.IDEMPOTENCY_CONFLICT,
+            "idempotency_key was already used with a different request",
+            field="idempotency_key", status=Status.REJECTED,
+        )
+
+
+def _unsettled() -> Outcome:
+    return Outcome(
+        status=Status.UNKNOWN_OUTCOME, error_class=ErrorClass.INTERRUPTED,
+        message="the call with this idempotency key has no recorded outcome yet",
+    )

@@ -1,0 +1,302 @@
+"""The journal: the durable record of every call (SQLite, WAL, synchronous=FULL).
+
+Write rules, which crash recovery relies on:
+- a call's intent (row in state 'running') is committed before the call starts;
+  for a call that may write, with fsync (durable); for a read-only call, in the
+  same transaction group without forcing an fsync (nothing to reconcile);
+- its outcome is committed before it is reported to anyone;
+- at startup, `recover` turns every 'running' row into UNKNOWN_OUTCOME (may
+  write) or FAILURE/interrupted (read-only). Nothing is dropped or marked done.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import asyncio
+
+from .codec import outcome_from_json, outcome_to_json
+from .errors import ExecgateError
+from .outcomes import ErrorClass, Mark, Outcome, Phase, Status, StopMode
+from .sqlite_writer import SqliteWriter
+
+T = TypeVar("T")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS calls (
+    seq             INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id          TEXT NOT NULL,
+    call_id         TEXT NOT NULL,
+    batch_id        TEXT NOT NULL,
+    tool            TEXT NOT NULL,
+    arguments_json  TEXT NOT NULL,
+    request_hash    TEXT NOT NULL,
+    idempotency_key TEXT,
+    agent           TEXT NOT NULL,
+    may_write       INTEGER NOT NULL,
+    state           TEXT NOT NULL CHECK (state IN ('running', 'finished')),
+    created_at      REAL NOT NULL,
+    finished_at     REAL,
+    status          TEXT,
+    outcome_json    TEXT,
+    raw_result      TEXT,
+    replay_of       TEXT,
+    UNIQUE (run_id, call_id)
+);
+CREATE UNIQUE INDEX IF NOT EXISTS calls_idempotency
+    ON calls (agent, idempotency_key) WHERE idempotency_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS calls_state ON calls (state);
+CREATE INDEX IF NOT EXISTS calls_created ON calls (created_at);
+CREATE TABLE IF NOT EXISTS refusals (
+    seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+    at          REAL NOT NULL,
+    run_id      TEXT NOT NULL,
+    call_id     TEXT NOT NULL,
+    tool        TEXT NOT NULL,
+    error_class TEXT NOT NULL,
+    message     TEXT NOT NULL
+);
+"""
+
+RECORD_COLUMNS = (
+    "run_id, call_id, batch_id, tool, arguments_json, request_hash, idempotency_key, agent, "
+    "may_write, state, created_at, outcome_json, replay_of"
+)
+
+
+class DuplicateCall(ExecgateError):
+    """The (run_id, call_id) pair is already in the journal."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallRecord:
+    run_id: str
+    call_id: str
+    batch_id: str
+    tool: str
+    arguments_json: str
+    request_hash: str
+    idempotency_key: str
+    agent: str
+    may_write: bool
+    created_at: float
+    # None while the call is running.
+    outcome: Outcome | None = None
+    replay_of: str = ""
+    raw_result: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallFilter:
+    run_id: str = ""
+    statuses: tuple[Status, ...] = ()
+    tool: str = ""
+    since: float | None = None
+    until: float | None = None
+    limit: int = 100
+    # Only records with seq below this (paging, newest first); 0 = no bound.
+    before_seq: int = 0
+
+
+class Journal:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        conn = _connect(self.path)
+        conn.executescript(SCHEMA)
+        self._writer = SqliteWriter(conn)
+        self._local = threading.local()
+
+    def close(self) -> None:
+        self._writer.close()
+
+    # -- writes ---------------------------------------------------------------
+
+    async def record_intent(self, rec: CallRecord, *, durable: bool) -> None:
+        await self._writer.submit(lambda c: _insert(c, rec, None, ""), durable=durable)
+
+    async def record_outcome(self, run_id: str, call_id: str, outcome: Outcome, raw: str,
+                             *, durable: bool) -> None:
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE calls SET state='finished', finished_at=?, status=?, outcome_json=?, "
+                "raw_result=? WHERE run_id=? AND call_id=?",
+                (time.time(), outcome.status.value, outcome_to_json(outcome), raw, run_id, call_id),
+            )
+
+        await self._writer.submit(write, durable=durable)
+
+    async def record_finished(self, rec: CallRecord, outcome: Outcome, raw: str = "") -> None:
+        """A call that never ran (rejected) or was answered by replay: one row, done."""
+        await self._writer.submit(lambda c: _insert(c, rec, outcome, raw), durable=False)
+
+    async def record_refusal(self, rec: CallRecord, outcome: Outcome) -> None:
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO refusals (at, run_id, call_id, tool, error_class, message) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (time.time(), rec.run_id, rec.call_id, rec.tool, outcome.error_class.value,
+                 outcome.message),
+            )
+
+        await self._writer.submit(write, durable=False)
+
+    def recover(self) -> int:
+        """Settle calls a previous daemon left running. Returns how many."""
+        return self._writer.submit_sync(_recover, durable=True)
+
+    # -- reads ----------------------------------------------------------------
+
+    async def get(self, run_id: str, call_id: str, *, include_raw: bool = False) -> CallRecord | None:
+        cols = RECORD_COLUMNS + (", raw_result" if include_raw else "")
+
+        def read(conn: sqlite3.Connection) -> CallRecord | None:
+            row = conn.execute(
+                f"SELECT {cols} FROM calls WHERE run_id=? AND call_id=?", (run_id, call_id)
+            ).fetchone()
+            return _record(row) if row else None
+
+        return await self._read(read)
+
+    async def by_idempotency_key(self, agent: str, key: str) -> CallRecord | None:
+        def read(conn: sqlite3.Connection) -> CallRecord | None:
+            row = conn.execute(
+                f"SELECT {RECORD_COLUMNS} FROM calls WHERE agent=? AND idempotency_key=?",
+                (agent, key),
+            ).fetchone()
+            return _record(row) if row else None
+
+        return await self._read(read)
+
+    async def list(self, flt: CallFilter) -> tuple[list[CallRecord], int]:
+        """Records newest first, and the seq to continue below (0 = no more)."""
+        where, params = _where(flt)
+
+        def read(conn: sqlite3.Connection) -> tuple[list[CallRecord], int]:
+            rows = conn.execute(
+                f"SELECT seq, {RECORD_COLUMNS} FROM calls {where} ORDER BY seq DESC LIMIT ?",
+                (*params, flt.limit + 1),
+            ).fetchall()
+            more = len(rows) > flt.limit
+            rows = rows[: flt.limit]
+            next_seq = rows[-1][0] if more and rows else 0
+            return [_record(r[1:]) for r in rows], next_seq
+
+        return await self._read(read)
+
+    async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return await asyncio.to_thread(lambda: fn(self._reader()))
+
+    def _reader(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = _connect(self.path)
+            self._local.conn = conn
+        return conn
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA busy_timeout=30000")
+    return conn
+
+
+def _insert(conn: sqlite3.Connection, rec: CallRecord, outcome: Outcome | None, raw: str) -> None:
+    try:
+        conn.execute(
+            "INSERT INTO calls (run_id, call_id, batch_id, tool, arguments_json, request_hash, "
+            "idempotency_key, agent, may_write, state, created_at, finished_at, status, "
+            "outcome_json, raw_result, replay_of) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                rec.run_id, rec.call_id, rec.batch_id, rec.tool, rec.arguments_json,
+                rec.request_hash, rec.idempotency_key or None, rec.agent, int(rec.may_write),
+                "running" if outcome is None else "finished", rec.created_at,
+                None if outcome is None else time.time(),
+                None if outcome is None else outcome.status.value,
+                None if outcome is None else outcome_to_json(outcome),
+                raw, rec.replay_of or None,
+            ),
+        )
+    except sqlite3.IntegrityError as exc:
+        if "calls.run_id, calls.call_id" in str(exc):
+            raise DuplicateCall(f"call_id {rec.call_id!r} is already used in run {rec.run_id!r}") from exc
+        raise
+
+
+def _record(row: tuple[Any, ...]) -> CallRecord:
+    (run_id, call_id, batch_id, tool, args, req_hash, key, agent, may_write, _state,
+     created_at, outcome_json, replay_of, *raw) = row
+    return CallRecord(
+        run_id=run_id, call_id=call_id, batch_id=batch_id, tool=tool, arguments_json=args,
+        request_hash=req_hash, idempotency_key=key or "", agent=agent,
+        may_write=bool(may_write), created_at=created_at,
+        outcome=outcome_from_json(outcome_json) if outcome_json else None,
+        replay_of=replay_of or "", raw_result=(raw[0] or "") if raw else "",
+    )
+
+
+def _where(flt: CallFilter) -> tuple[str, list[Any]]:
+    clauses: list[str] = []
+    params: list[Any] = []
+    if flt.run_id:
+        clauses.append("run_id = ?")
+        params.append(flt.run_id)
+    if flt.statuses:
+        clauses.append(f"status IN ({', '.join('?' * len(flt.statuses))})")
+        params.extend(s.value for s in flt.statuses)
+    if flt.tool:
+        clauses.append("tool = ?")
+        params.append(flt.tool)
+    if flt.since is not None:
+        clauses.append("created_at >= ?")
+        params.append(flt.since)
+    if flt.until is not None:
+        clauses.append("created_at < ?")
+        params.append(flt.until)
+    if flt.before_seq:
+        clauses.append("seq < ?")
+        params.append(flt.before_seq)
+    return ("WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+
+def interrupted_outcome(may_write: bool, created_at: float) -> Outcome:
+    """What a call left running by a stopped daemon is, once the daemon is back."""
+    now = time.time()
+    timeline = (Mark(Phase.STARTED, created_at), Mark(Phase.RECOVERED, now, "daemon restarted"))
+    if may_write:
+        return Outcome(
+            status=Status.UNKNOWN_OUTCOME, error_class=ErrorClass.INTERRUPTED,
+            message="the daemon stopped while this call was running; it may or may not have "
+                    "taken effect: reconcile (read back) before retrying",
+            timeline=timeline, stopped_how=StopMode.INTERRUPTED,
+        )
+    return Outcome(
+        status=Status.FAILURE, error_class=ErrorClass.INTERRUPTED,
+        message="the daemon stopped while this read-only call was running; nothing changed, "
+                "it is safe to retry",
+        timeline=timeline, stopped_how=StopMode.INTERRUPTED,
+    )
+
+
+def _recover(conn: sqlite3.Connection) -> int:
+    rows = conn.execute(
+        "SELECT seq, may_write, created_at FROM calls WHERE state='running'"
+    ).fetchall()
+    now = time.time()
+    for seq, may_write, created_at in rows:
+        outcome = interrupted_outcome(bool(may_write), created_at)
+        conn.execute(
+            "UPDATE calls SET state='finished', finished_at=?, status=?, outcome_json=? "
+            "WHERE seq=?",
+            (now, outcome.status.value, outcome_to_json(outcome), seq),
+        )
+    return len(rows)

@@ -1,0 +1,64 @@
+"""From what a tool produced to the Outcome the caller sees: the one place statuses are decided."""
+
+from __future__ import annotations
+
+import json
+
+from .errors import ToolError
+from .outcomes import ErrorClass, Mark, Outcome, Status, StopMode, ToolResult
+from .tools import ToolOutput
+
+OMITTED = json.dumps({"omitted": "structured result over the output cap; see the journal"})
+
+
+def bound(text: str, cap: int) -> tuple[str, bool, int]:
+    """Cut `text` to at most `cap` UTF-8 bytes on a character boundary."""
+    data = text.encode("utf-8", errors="replace")
+    if len(data) <= cap:
+        return text, False, len(data)
+    cut = data[:cap].decode("utf-8", errors="ignore")
+    return cut, True, len(cut.encode("utf-8"))
+
+
+def from_output(out: ToolOutput, *, may_write: bool, cap: int, marks: tuple[Mark, ...]) -> Outcome:
+    text, cut, returned = bound(out.text, cap)
+    total = len(out.text.encode("utf-8", errors="replace"))
+    structured = json.dumps(out.structured, ensure_ascii=False, separators=(",", ":"))
+    if len(structured) > cap:
+        structured, cut = OMITTED, True
+    truncated = out.truncated or cut
+    result = ToolResult(
+        text=text, structured_json=structured, truncated=truncated, returned_bytes=returned,
+        total_bytes=out.total_bytes if out.total_bytes is not None else total,
+    )
+    status, error, message = _status(out, may_write=may_write, truncated=truncated)
+    return Outcome(
+        status=status, error_class=error, message=message, result=result,
+        evidence=out.evidence, timeline=marks + out.marks, stopped_how=out.stopped_how,
+    )
+
+
+def _status(out: ToolOutput, *, may_write: bool, truncated: bool) -> tuple[Status, ErrorClass, str]:
+    if out.stopped_how is not StopMode.COMPLETED:
+        # Interrupted: a reader changed nothing; a writer may have done anything.
+        status = Status.UNKNOWN_OUTCOME if may_write else Status.FAILURE
+        return status, out.error_class, out.message
+    if out.error_class is not ErrorClass.NONE:
+        return Status.FAILURE, out.error_class, out.message
+    if truncated:
+        return Status.PARTIAL, ErrorClass.NONE, "result truncated at the output cap"
+    return Status.SUCCESS, ErrorClass.NONE, out.message
+
+
+def from_error(err: ToolError, marks: tuple[Mark, ...]) -> Outcome:
+    stopped = StopMode.NOT_STARTED if err.status is Status.REJECTED else StopMode.COMPLETED
+    return Outcome(status=err.status, error_class=err.error_class, message=err.message,
+                   field=err.field, timeline=marks, stopped_how=stopped)
+
+
+def from_crash(exc: BaseException, *, may_write: bool, marks: tuple[Mark, ...]) -> Outcome:
+    """A tool raised something unexpected: we cannot vouch for what it did."""
+    status = Status.UNKNOWN_OUTCOME if may_write else Status.FAILURE
+    return Outcome(status=status, error_class=ErrorClass.INTERNAL,
+                   message=f"tool failed unexpectedly: {type(exc).__name__}: {exc}"[:500],
+                   timeline=marks)

@@ -1,0 +1,210 @@
+"""gRPC wiring: services, listeners, health, reflection, signals. No logic lives here."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from execgate.v1 import executor_pb2 as pb
+from execgate.v1 import executor_pb2_grpc as pb_grpc
+
+from . import wire
+from .config import JOURNAL_NAME, Listener, ServeConfig
+from .dispatch import Dispatcher, EventKind
+from .errors import ConfigError
+from .journal import Journal
+from .paths import Workspace
+from .policy import default_policy_path, load_policy
+from .tools import builtin_tools
+from .validate import MAX_ID_CHARS
+
+log = logging.getLogger("execgate.server")
+
+MAX_BATCH = 1000
+MAX_MESSAGE = 64 * 1024 * 1024
+DEFAULT_RUN = "default"
+SERVICE_NAME = "execgate.v1.Executor"
+
+
+class ExecutorService(pb_grpc.ExecutorServicer):
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.dispatcher = dispatcher
+
+    async def ListTools(self, request: pb.ListToolsRequest, context: grpc.aio.ServicerContext
+                        ) -> pb.ListToolsResponse:
+        return pb.ListToolsResponse(
+            tools=[wire.tool_spec(t.spec) for t in self.dispatcher.tools.values()])
+
+    async def Execute(self, request: pb.ExecuteRequest, context: grpc.aio.ServicerContext
+                      ) -> AsyncIterator[pb.ExecuteEvent]:
+        if len(request.calls) > MAX_BATCH:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"calls: {len(request.calls)} calls; a batch holds at most {MAX_BATCH}")
+        if len(request.batch_id) > MAX_ID_CHARS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "batch_id: too long")
+        run_id = request.run_id or DEFAULT_RUN
+        batch_id = request.batch_id or "batch_" + uuid.uuid4().hex[:16]
+        calls = [
+            wire.call_request(c, run_id=run_id, batch_id=batch_id, index=i,
+                              call_id=c.call_id or self.dispatcher.new_call_id())
+            for i, c in enumerate(request.calls)
+        ]
+        events = self.dispatcher.execute(run_id, batch_id, calls, agent="local")
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if request.outcomes_only and event.kind is not EventKind.FINISHED:
+                    continue
+                yield wire.event(event)
+
+    async def Cancel(self, request: pb.CancelRequest, context: grpc.aio.ServicerContext
+                     ) -> pb.CancelResponse:
+        if not (request.run_id or request.call_id or request.batch_id):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "name a run_id, a call_id or a batch_id to cancel")
+        grace = request.grace.ToNanoseconds() / 1e9 if request.HasField("grace") else None
+        hit = self.dispatcher.cancel(
+            run_id=request.run_id or DEFAULT_RUN, call_id=request.call_id,
+            batch_id=request.batch_id, reason=request.reason or "cancelled by client",
+            grace=grace)
+        return pb.CancelResponse(call_ids=hit)
+
+    async def GetCall(self, request: pb.GetCallRequest, context: grpc.aio.ServicerContext
+                      ) -> pb.CallRecord:
+        run_id = request.run_id or DEFAULT_RUN
+        rec = await self.dispatcher.journal.get(run_id, request.call_id,
+                                                include_raw=request.include_raw)
+        if rec is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"no call {request.call_id!r} in run {run_id!r}")
+        return wire.record(rec)
+
+    async def ListCalls(self, request: pb.ListCallsRequest, context: grpc.aio.ServicerContext
+                        ) -> pb.ListCallsResponse:
+        before = 0
+        if request.page_token:
+            if not request.page_token.isdigit():
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "page_token: not ours")
+            before = int(request.page_token)
+        limit = min(request.limit or 100, 1000)
+        flt = wire.call_filter(request, run_id=request.run_id, limit=limit, before_seq=before)
+        records, next_seq = await self.dispatcher.journal.list(flt)
+        return pb.ListCallsResponse(calls=[wire.record(r) for r in records],
+                                    next_page_token=str(next_seq) if next_seq else "")
+
+
+def prepare_dirs(config: ServeConfig) -> None:
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(config.state_dir, 0o700)
+    config.workspace.mkdir(parents=True, exist_ok=True)
+    for lst in config.listeners():
+        if lst.unix_path is not None:
+            _clear_stale_socket(lst.unix_path)
+
+
+def _clear_stale_socket(path: Path) -> None:
+    """Remove a socket left by a dead daemon; refuse to steal a live one's."""
+    if not path.exists() and not path.is_symlink():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return
+    probe = socket.socket(socket.AF_UNIX)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        path.unlink()
+        return
+    finally:
+        probe.close()
+    raise ConfigError(f"another daemon is already listening on {path}")
+
+
+def build(config: ServeConfig) -> tuple[Dispatcher, Journal]:
+    policy = load_policy(config.policy or default_policy_path())
+    journal = Journal(config.state_dir / JOURNAL_NAME)
+    recovered = journal.recover()
+    if recovered:
+        log.warning("recovered %d call(s) left running by a previous daemon", recovered)
+    dispatcher = Dispatcher(
+        tools=builtin_tools(test_tools=config.test_tools), journal=journal, policy=policy,
+        workspace=Workspace(config.workspace), limits=config.limits,
+    )
+    return dispatcher, journal
+
+
+async def serve(config: ServeConfig, *, on_ready: Callable[[list[str]], None] | None = None) -> None:
+    config.check()
+    old_umask = os.umask(0o077)  # state dir, journal and sockets: owner only, from birth
+    try:
+        prepare_dirs(config)
+        dispatcher, journal = build(config)
+        server, health_servicer = _server(config, dispatcher)
+        addresses = _bind(server, config.listeners())
+    finally:
+        os.umask(old_umask)
+    await server.start()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+    if on_ready is not None:
+        on_ready(addresses)
+    await _until_signalled()
+    log.info("shutting down: draining in-flight calls")
+    await health_servicer.enter_graceful_shutdown()
+    stopping = asyncio.create_task(server.stop(grace=config.limits.grace + 5))
+    await dispatcher.close()
+    await stopping
+    journal.close()
+
+
+def _server(config: ServeConfig, dispatcher: Dispatcher) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+    server = grpc.aio.server(options=[
+        ("grpc.max_receive_message_length", MAX_MESSAGE),
+        ("grpc.max_send_message_length", MAX_MESSAGE),
+        ("grpc.so_reuseport", 0),
+    ])
+    pb_grpc.add_ExecutorServicer_to_server(ExecutorService(dispatcher), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if config.reflection:
+        from grpc_reflection.v1alpha import reflection
+
+        names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                 reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, server)
+    return server, health_servicer
+
+
+def _bind(server: grpc.aio.Server, listeners: tuple[Listener, ...]) -> list[str]:
+    addresses = []
+    for lst in listeners:
+        port = server.add_insecure_port(lst.grpc_address)
+        if lst.unix_path is not None:
+            os.chmod(lst.unix_path, 0o600)
+            addresses.append(lst.grpc_address)
+        else:
+            addresses.append(Listener(host=lst.host, port=port).grpc_address)
+    return addresses
+
+
+async def _until_signalled() -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal(signum: int) -> None:
+        if stop.is_set():
+            log.error("second signal: exiting without draining")
+            os._exit(1)
+        log.info("received %s", signal.Signals(signum).name)
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    await stop.wait()

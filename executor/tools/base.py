@@ -1,0 +1,138 @@
+"""What a tool is: a spec the world can read, and an async `run`.
+
+A tool receives arguments that already passed its JSON Schema, and a context with
+the workspace, the limits and the call's cancel scope. It returns a `ToolOutput`
+or raises `ToolError`; it never builds an Outcome itself (`dispatch` does, so
+statuses are decided in one place).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..outcomes import ErrorClass, Evidence, Mark, StopMode
+from ..paths import Workspace
+
+
+class Mode(enum.Enum):
+    READ = "read"
+    WRITE = "write"
+
+
+class ResourceKind(enum.Enum):
+    FILE = "file"  # the file named by an argument
+    TREE = "tree"  # a directory and everything below it
+    WORKSPACE = "workspace"  # everything
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceTemplate:
+    kind: ResourceKind
+    argument: str
+    mode: Mode
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    read_only: bool
+    destructive: bool = False
+    idempotent: bool = False
+    resources: tuple[ResourceTemplate, ...] = ()
+
+    @property
+    def may_write(self) -> bool:
+        return not self.read_only
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    # Bytes of result text that go back to the model; more is PARTIAL/truncated.
+    output_cap_bytes: int = 64 * 1024
+    # Bytes of raw result the journal keeps per call (stdout and stderr each).
+    raw_cap_bytes: int = 1024 * 1024
+    # Seconds a call may run when it does not ask for less.
+    default_timeout: float = 60.0
+    # Upper bound on any timeout a call asks for.
+    max_timeout: float = 600.0
+    # Seconds between the polite signal and force termination.
+    grace: float = 2.0
+    # Upper bound on a grace period a canceller asks for.
+    max_grace: float = 60.0
+    # Largest arguments_json accepted, in bytes.
+    max_arguments_bytes: int = 4 * 1024 * 1024
+
+
+class CancelScope:
+    """Set when the call must stop; tools that run long poll or await it.
+
+    Invariant: `reason` is non-empty exactly when `requested` is set.
+    """
+
+    def __init__(self) -> None:
+        self.requested = asyncio.Event()
+        self.reason = ""
+        # Grace asked for by the canceller (seconds); None: the daemon's default.
+        self.grace: float | None = None
+
+    def cancel(self, reason: str, grace: float | None = None) -> None:
+        if not self.requested.is_set():
+            self.reason = reason or "cancelled"
+            self.grace = grace
+            self.requested.set()
+
+
+@dataclass(slots=True)
+class ToolContext:
+    workspace: Workspace
+    limits: Limits
+    timeout: float
+    cancel: CancelScope = field(default_factory=CancelScope)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolOutput:
+    """What a tool produced. `dispatch` turns it into an Outcome.
+
+    `text` may exceed the output cap; `dispatch` bounds it. A tool that bounds
+    its own output (read_file reads at most the cap) sets `truncated` and
+    `total_bytes` itself.
+    """
+
+    text: str = ""
+    structured: dict[str, Any] = field(default_factory=dict)
+    evidence: Evidence = field(default_factory=Evidence)
+    truncated: bool = False
+    total_bytes: int | None = None
+    # A completed call that failed (for example a non-zero exit): FAILURE.
+    error_class: ErrorClass = ErrorClass.NONE
+    message: str = ""
+    # How the work stopped; anything but COMPLETED means it was interrupted
+    # (timeout or cancel) and `error_class` says which.
+    stopped_how: StopMode = StopMode.COMPLETED
+    marks: tuple[Mark, ...] = ()
+
+    def raw(self) -> str:
+        return json.dumps({"text": self.text, "structured": self.structured}, ensure_ascii=False)
+
+
+class Tool(Protocol):
+    spec: ToolSpec
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput: ...
+
+
+def schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    """A strict object schema: unknown arguments are errors, not silently ignored."""
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": False,
+    }

@@ -1,0 +1,133 @@
+"""Validation: is this a well-formed call to a tool we have, with arguments its schema accepts?
+
+Every failure is a `ToolError` with status REJECTED, an error class and the
+offending field, so a caller (or a model) knows exactly what to fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import jsonschema
+from jsonschema.exceptions import ValidationError, best_match
+
+from .calls import CallRequest, ValidCall
+from .errors import ToolError, invalid
+from .outcomes import ErrorClass, Status
+from .paths import Workspace
+from .tools import Limits, ResourceKind, Tool
+
+MAX_ID_CHARS = 256
+
+
+class Validator:
+    def __init__(self, tools: dict[str, Tool], workspace: Workspace, limits: Limits) -> None:
+        self.tools = tools
+        self.workspace = workspace
+        self.limits = limits
+        self._schemas = {
+            name: jsonschema.Draft202012Validator(tool.spec.input_schema)
+            for name, tool in tools.items()
+        }
+
+    def validate(self, req: CallRequest) -> ValidCall:
+        check_id(req.call_id, "call_id")
+        check_id(req.run_id, "run_id")
+        check_id(req.idempotency_key, "idempotency_key")
+        tool = self.tools.get(req.tool)
+        if tool is None:
+            raise ToolError(ErrorClass.UNKNOWN_TOOL, f"no tool named {req.tool[:100]!r}",
+                            field="tool", status=Status.REJECTED)
+        args = parse_arguments(req.arguments_json, self.limits.max_arguments_bytes)
+        self._check_schema(req.tool, args)
+        return ValidCall(
+            request=req, tool=tool, args=args,
+            request_hash=request_hash(req.tool, args),
+            timeout=self._timeout(req.timeout),
+            paths=self._resolve_paths(tool, args),
+        )
+
+    def _check_schema(self, tool: str, args: dict[str, Any]) -> None:
+        error = best_match(self._schemas[tool].iter_errors(args))
+        if error is not None:
+            raise invalid(_describe(error), _field(error))
+
+    def _timeout(self, asked: float | None) -> float:
+        if asked is None or asked <= 0:
+            return self.limits.default_timeout
+        return min(asked, self.limits.max_timeout)
+
+    def _resolve_paths(self, tool: Tool, args: dict[str, Any]) -> dict[str, Any]:
+        """Resolve path arguments now, so an escape is REJECTED before anything starts."""
+        paths = {}
+        for res in tool.spec.resources:
+            if res.kind in (ResourceKind.FILE, ResourceKind.TREE):
+                raw = args.get(res.argument, ".")
+                paths[res.argument] = self.workspace.resolve(raw, f"arguments.{res.argument}")
+        return paths
+
+
+def check_id(value: str, field: str) -> None:
+    if len(value) > MAX_ID_CHARS:
+        raise invalid(f"{field} is longer than {MAX_ID_CHARS} characters", field)
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise invalid(f"{field} contains control characters", field)
+
+
+def parse_arguments(text: str, max_bytes: int) -> dict[str, Any]:
+    size = len(text.encode("utf-8", errors="surrogatepass"))
+    if size > max_bytes:
+        raise ToolError(ErrorClass.RESOURCE_EXHAUSTED,
+                        f"arguments_json is {size} bytes; the limit is {max_bytes}",
+                        field="arguments_json", status=Status.REJECTED)
+    if text.strip() == "":
+        return {}
+    try:
+        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise invalid(f"arguments_json is not valid JSON: {exc}", "arguments_json") from exc
+    except (ValueError, RecursionError) as exc:
+        raise invalid(f"arguments_json is not acceptable JSON: {exc}", "arguments_json") from exc
+    if not isinstance(value, dict):
+        raise invalid("arguments_json must be a JSON object", "arguments_json")
+    return value
+
+
+def request_hash(tool: str, args: dict[str, Any]) -> str:
+    canonical = json.dumps([tool, args], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {key!r}")
+        result[key] = value
+    return result
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _field(error: ValidationError) -> str:
+    path = [str(p) for p in error.absolute_path]
+    if error.validator == "required":
+        missing = next((n for n in error.validator_value if n not in error.instance), "")
+        path.append(missing)
+    elif error.validator == "additionalProperties":
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        path.append(extra[0] if extra else "")
+    return ".".join(["arguments", *path]).rstrip(".")
+
+
+def _describe(error: ValidationError) -> str:
+    where = _field(error)
+    if error.validator == "additionalProperties":
+        return f"{where}: unknown argument"
+    if error.validator == "required":
+        return f"{where}: required argument is missing"
+    return f"{where}: {error.message[:300]}"

@@ -1,0 +1,112 @@
+"""Protobuf at the edge: `execgate.v1` messages to and from the daemon's dataclasses."""
+
+from __future__ import annotations
+
+import json
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from execgate.v1 import executor_pb2 as pb
+
+from .calls import CallRequest
+from .dispatch import Event, EventKind
+from .journal import CallFilter, CallRecord
+from .outcomes import Outcome, Status
+from .tools import Mode, ToolSpec
+
+_STATUS = {s: pb.OutcomeStatus.Value(f"OUTCOME_STATUS_{s.name}") for s in Status}
+_STATUS_BACK = {v: k for k, v in _STATUS.items()}
+_MODE = {Mode.READ: pb.ACCESS_MODE_READ, Mode.WRITE: pb.ACCESS_MODE_WRITE}
+
+
+def timestamp(seconds: float) -> Timestamp:
+    ts = Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+def seconds(ts: Timestamp) -> float:
+    return ts.ToNanoseconds() / 1e9
+
+
+def tool_spec(spec: ToolSpec) -> pb.ToolSpec:
+    return pb.ToolSpec(
+        name=spec.name,
+        description=spec.description,
+        input_schema_json=json.dumps(spec.input_schema, sort_keys=True),
+        effects=pb.ToolEffects(read_only=spec.read_only, destructive=spec.destructive,
+                               idempotent=spec.idempotent),
+        resources=[pb.ResourceTemplate(kind=r.kind.value, argument=r.argument, mode=_MODE[r.mode])
+                   for r in spec.resources],
+    )
+
+
+def call_request(msg: pb.ToolCall, *, run_id: str, batch_id: str, index: int,
+                 call_id: str) -> CallRequest:
+    timeout = msg.timeout.ToNanoseconds() / 1e9 if msg.HasField("timeout") else None
+    return CallRequest(
+        run_id=run_id, call_id=call_id, batch_id=batch_id, index=index, tool=msg.tool,
+        arguments_json=msg.arguments_json, idempotency_key=msg.idempotency_key, timeout=timeout,
+    )
+
+
+def outcome(o: Outcome) -> pb.Outcome:
+    ev = o.evidence
+    return pb.Outcome(
+        status=_STATUS[o.status],
+        error_class=pb.ErrorClass.Value(f"ERROR_CLASS_{o.error_class.name}"),
+        message=o.message,
+        field=o.field,
+        result=pb.ToolResult(
+            text=o.result.text, structured_json=o.result.structured_json,
+            truncated=o.result.truncated, returned_bytes=o.result.returned_bytes,
+            total_bytes=o.result.total_bytes,
+        ),
+        evidence=pb.Evidence(
+            exit_code=ev.exit_code, signal=ev.signal, bytes_written=ev.bytes_written,
+            bytes_read=ev.bytes_read, sha256_before=ev.sha256_before,
+            sha256_after=ev.sha256_after, path=ev.path,
+        ),
+        timeline=[pb.TimelineMark(phase=pb.Phase.Value(f"PHASE_{m.phase.name}"),
+                                  at=timestamp(m.at), detail=m.detail) for m in o.timeline],
+        stopped_how=pb.StopMode.Value(f"STOP_MODE_{o.stopped_how.name}"),
+    )
+
+
+def event(e: Event) -> pb.ExecuteEvent:
+    msg = pb.ExecuteEvent(call_id=e.call_id, batch_id=e.batch_id, time=timestamp(e.at))
+    match e.kind:
+        case EventKind.QUEUED:
+            msg.queued.index = e.index
+        case EventKind.STARTED:
+            msg.started.SetInParent()
+        case EventKind.FINISHED:
+            assert e.outcome is not None
+            msg.finished.outcome.CopyFrom(outcome(e.outcome))
+            msg.finished.replay_of_call_id = e.replay_of
+    return msg
+
+
+def record(r: CallRecord) -> pb.CallRecord:
+    msg = pb.CallRecord(
+        run_id=r.run_id, call_id=r.call_id, batch_id=r.batch_id, tool=r.tool,
+        arguments_json=r.arguments_json, idempotency_key=r.idempotency_key, agent=r.agent,
+        state=pb.CALL_STATE_RUNNING if r.outcome is None else pb.CALL_STATE_FINISHED,
+        may_write=r.may_write, created_at=timestamp(r.created_at),
+        replay_of_call_id=r.replay_of, raw_result=r.raw_result,
+    )
+    if r.outcome is not None:
+        msg.outcome.CopyFrom(outcome(r.outcome))
+    return msg
+
+
+def call_filter(req: pb.ListCallsRequest, *, run_id: str, limit: int, before_seq: int) -> CallFilter:
+    return CallFilter(
+        run_id=run_id,
+        statuses=tuple(_STATUS_BACK[s] for s in req.statuses if s in _STATUS_BACK),
+        tool=req.tool,
+        since=seconds(req.since) if req.HasField("since") else None,
+        until=seconds(req.until) if req.HasField("until") else None,
+        limit=limit,
+        before_seq=before_seq,
+    )

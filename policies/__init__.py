@@ -1,0 +1,1 @@
+"""The policy files shipped with execgate (package data; see default.yaml)."""

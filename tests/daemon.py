@@ -1,0 +1,78 @@
+"""A real execgate daemon in a subprocess, on a temporary Unix socket, for tests and benchmarks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+class Daemon:
+    """`execgate serve` on `root/state/execgate.sock` with workspace `root/workspace`."""
+
+    def __init__(self, root: Path, *extra_args: str) -> None:
+        self.root = root
+        self.workspace = root / "workspace"
+        self.state_dir = root / "state"
+        self.socket = self.state_dir / "execgate.sock"
+        self.address = f"unix:{self.socket}"
+        self.extra_args = extra_args
+        self.log_path = root / "daemon.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 20.0) -> Daemon:
+        cmd = [
+            sys.executable, "-m", "execgate.executor.cli", "serve",
+            "--workspace", str(self.workspace), "--state-dir", str(self.state_dir),
+            "--test-tools", *self.extra_args,
+        ]
+        log = open(self.log_path, "ab")  # noqa: SIM115 -- owned by the child's lifetime
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
+        log.close()
+        self.wait_serving(timeout)
+        return self
+
+    def wait_serving(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
+            if self.socket.exists() and self.serving():
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"daemon not serving after {timeout}s:\n{self.log()}")
+
+    def serving(self) -> bool:
+        with grpc.insecure_channel(self.address) as channel:
+            try:
+                reply = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service=""), timeout=1)
+            except grpc.RpcError:
+                return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM and wait: the daemon drains and exits."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, as far as the journal can tell."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def restart(self) -> Daemon:
+        return self.start()

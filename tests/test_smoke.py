@@ -1,0 +1,11 @@
+from execgate.client import Client, Status
+from tests.daemon import Daemon
+
+
+def test_read_file_roundtrip(daemon: Daemon, client: Client) -> None:
+    (daemon.workspace / "a.txt").write_text("hello\n")
+    outcome = client.execute_one("read_file", path="a.txt")
+    assert outcome.status is Status.SUCCESS
+    assert outcome.text == "hello\n"
+    record = client.get_call(outcome.call_id)
+    assert record.outcome is not None and record.outcome.status is Status.SUCCESS
