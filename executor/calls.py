@@ -31,7 +31,8 @@ class ValidCall:
     request: CallRequest
     tool: Tool
     args: dict[str, Any]
-    # sha256 over the tool name and the canonical arguments; idempotency compares it.
+    # sha256 over the tool name and the canonical arguments; idempotency compares
+    # it. Empty when the call has no idempotency key.
     request_hash: str
     timeout: float
     # Canonical paths of the path arguments, keyed by argument name.

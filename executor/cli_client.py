@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 from rich.table import Table
 
-from execgate.client import Call, Client, Outcome, Status
+from execgate.client import Call, Client, DaemonUnavailable, Outcome, Status
 from execgate.client.wire import resolve_address
 
 STATUS_STYLE = {
@@ -197,6 +197,8 @@ def _health(args: argparse.Namespace) -> int:
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
         except grpc.RpcError as exc:
+            if exc.code() is grpc.StatusCode.UNAVAILABLE:  # nothing answers: exit 69, like the rest
+                raise DaemonUnavailable(address, exc.details() or "") from exc
             print(f"execgate: not serving at {address}: {exc.code().name}", file=sys.stderr)
             return 1
     serving = reply.status == health_pb2.HealthCheckResponse.SERVING

@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from typing import Any
 
 from .outcomes import ErrorClass, Evidence, Mark, Outcome, Phase, Status, StopMode, ToolResult
 
 
 def outcome_to_json(outcome: Outcome) -> str:
-    data = asdict(outcome)
-    data["status"] = outcome.status.value
-    data["error_class"] = outcome.error_class.value
-    data["stopped_how"] = outcome.stopped_how.value
-    data["timeline"] = [[m.phase.value, m.at, m.detail] for m in outcome.timeline]
+    # Spelled out rather than dataclasses.asdict: this runs for every call.
+    r, e = outcome.result, outcome.evidence
+    data = {
+        "status": outcome.status.value,
+        "error_class": outcome.error_class.value,
+        "message": outcome.message,
+        "field": outcome.field,
+        "result": {"text": r.text, "structured_json": r.structured_json,
+                   "truncated": r.truncated, "returned_bytes": r.returned_bytes,
+                   "total_bytes": r.total_bytes},
+        "evidence": {"exit_code": e.exit_code, "signal": e.signal,
+                     "bytes_written": e.bytes_written, "bytes_read": e.bytes_read,
+                     "sha256_before": e.sha256_before, "sha256_after": e.sha256_after,
+                     "path": e.path},
+        "timeline": [[m.phase.value, m.at, m.detail] for m in outcome.timeline],
+        "stopped_how": outcome.stopped_how.value,
+    }
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 

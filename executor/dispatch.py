@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from . import results
 from .calls import CallRequest, ValidCall
 from .errors import ToolError
-from .idempotency import Idempotency
+from .idempotency import Idempotency, Replay
 from .journal import CallRecord, DuplicateCall, Journal
 from .outcomes import ErrorClass, Mark, Outcome, Phase, Status, mark, rejected
 from .paths import Workspace
@@ -63,9 +63,13 @@ class _Batch:
     run_id: str
     batch_id: str
     agent: str
+    # False: the caller wants FINISHED events only; progress events are not built.
+    progress: bool = True
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
 
     def emit(self, kind: EventKind, call_id: str, **extra: object) -> None:
+        if not self.progress and kind is not EventKind.FINISHED:
+            return
         self.events.put_nowait(Event(kind, call_id, self.batch_id, time.time(), **extra))  # type: ignore[arg-type]
 
 
@@ -83,13 +87,15 @@ class Dispatcher:
         # Invariant: every task here is a call that has not yet recorded its outcome.
         self._tasks: set[asyncio.Task[None]] = set()
         self._active: dict[tuple[str, str], _Active] = {}
+        # Set by close(): calls that arrive afterwards are REJECTED, never started.
+        self._closing = False
 
     # -- the public surface ---------------------------------------------------------
 
     async def execute(self, run_id: str, batch_id: str, calls: list[CallRequest],
-                      agent: str) -> AsyncIterator[Event]:
+                      agent: str, *, progress: bool = True) -> AsyncIterator[Event]:
         """Start every call of the batch and yield their events until all have finished."""
-        batch = _Batch(run_id, batch_id, agent)
+        batch = _Batch(run_id, batch_id, agent, progress)
         ids = []
         for req in calls:
             ids.append(req.call_id)
@@ -108,10 +114,10 @@ class Dispatcher:
 
     def cancel(self, *, run_id: str, call_id: str = "", batch_id: str = "", reason: str,
                grace: float | None) -> list[str]:
-        """Ask the targeted calls to stop; returns the ids reached."""
+        """Ask the targeted calls to stop; returns the ids reached. Empty run_id: any run."""
         hit = []
         for (run, call), active in list(self._active.items()):
-            if run != run_id or (call_id and call != call_id):
+            if (run_id and run != run_id) or (call_id and call != call_id):
                 continue
             if batch_id and active.batch_id != batch_id:
                 continue
@@ -121,6 +127,7 @@ class Dispatcher:
 
     async def close(self, reason: str = "daemon shutting down") -> None:
         """Cancel everything in flight (grace, then force) and wait until it is recorded."""
+        self._closing = True
         for active in list(self._active.values()):
             active.scope.cancel(reason)
         if self._tasks:
@@ -135,8 +142,21 @@ class Dispatcher:
         queued = mark(Phase.QUEUED)
         batch.emit(EventKind.QUEUED, req.call_id, index=req.index)
         try:
+            await self._pipeline(req, batch, queued)
+        except Exception as exc:
+            # A bug or a journal failure: the stream must still end with an outcome
+            # for this call, and the daemon must keep serving.
+            log.exception("call %s failed inside the daemon", req.call_id)
+            batch.emit(EventKind.FINISHED, req.call_id, outcome=results.from_crash(
+                exc, may_write=True, marks=(queued, mark(Phase.FINISHED))))
+
+    async def _pipeline(self, req: CallRequest, batch: _Batch, queued: Mark) -> None:
+        try:
             call = self._validator.validate(req)
             self._authorize(call)
+            if self._closing:
+                raise ToolError(ErrorClass.CANCELLED, "the daemon is shutting down",
+                                status=Status.REJECTED)
         except ToolError as err:
             await self._reject(req, batch, results.from_error(err, (queued,)))
             return
@@ -157,12 +177,13 @@ class Dispatcher:
         if req.idempotency_key:
             try:
                 replay = await self._idempotency.claim(batch.agent, req.idempotency_key,
-                                                       call.request_hash, req.call_id)
+                                                       call.request_hash, req.run_id,
+                                                       req.call_id)
             except ToolError as err:
                 await self._reject(req, batch, results.from_error(err, (queued,)))
                 return
             if replay is not None:
-                await self._replay(call, batch, replay.outcome, replay.call_id)
+                await self._replay(call, batch, replay)
                 return
         outcome: Outcome | BaseException = RuntimeError("call did not finish")
         try:
@@ -173,35 +194,45 @@ class Dispatcher:
 
     async def _journaled_run(self, call: ValidCall, batch: _Batch, scope: CancelScope,
                              queued: Mark) -> Outcome:
-        req = call.request
-        rec = self._record(req, batch.agent, call.request_hash, call.may_write, queued.at)
-        try:
-            await self.journal.record_intent(rec, durable=call.may_write)
-        except DuplicateCall:
-            await self._refuse_duplicate(req, batch, queued)
-            return rejected(ErrorClass.DUPLICATE_CALL_ID, "duplicate call_id", "call_id")
-        outcome, raw = await self._scheduled(call, batch, scope, queued)
-        # Recorded before it is reported: an outcome nobody can find later is never sent.
-        await self.journal.record_outcome(req.run_id, req.call_id, outcome, raw,
-                                          durable=call.may_write)
-        batch.emit(EventKind.FINISHED, req.call_id, outcome=outcome)
-        return outcome
+        """Wait for the locks, journal the intent, run, journal the outcome, report it.
 
-    async def _scheduled(self, call: ValidCall, batch: _Batch, scope: CancelScope,
-                         queued: Mark) -> tuple[Outcome, str]:
+        The intent is written only once the locks are granted, just before the tool
+        starts: a call still queued when the daemon dies has no row and is known
+        never to have started, so recovery never calls it UNKNOWN_OUTCOME.
+        """
+        req = call.request
         mode = Mode.WRITE if call.may_write else Mode.READ
         try:
             async with self._lock.acquire(mode, scope.requested):
                 granted = mark(Phase.LOCK_GRANTED)
                 if scope.requested.is_set():
                     raise Abandoned
-                self._active[(call.request.run_id, call.request.call_id)].started = True
+                rec = self._record(req, batch.agent, call.request_hash, call.may_write,
+                                   queued.at)
+                if call.may_write:
+                    await self.journal.record_intent(rec)
+                else:
+                    self.journal.record_intent_nowait(rec)
+                self._active[(req.run_id, req.call_id)].started = True
                 started = mark(Phase.STARTED)
-                batch.emit(EventKind.STARTED, call.request.call_id)
-                return await self._run_tool(call, scope, (queued, granted, started))
+                batch.emit(EventKind.STARTED, req.call_id)
+                outcome, raw = await self._run_tool(call, scope, (queued, granted, started))
         except Abandoned:
-            outcome = rejected(ErrorClass.CANCELLED, f"cancelled before it started: {scope.reason}")
-            return outcome.with_marks(queued, mark(Phase.CANCEL_REQUESTED, scope.reason)), ""
+            outcome = rejected(ErrorClass.CANCELLED,
+                               f"cancelled before it started: {scope.reason}", "")
+            outcome = outcome.with_marks(queued, mark(Phase.CANCEL_REQUESTED, scope.reason))
+            await self._reject(req, batch, outcome)
+            return outcome
+        except DuplicateCall:
+            return await self._refuse_duplicate(req, batch, queued)
+        # Recorded before it is reported: an outcome nobody can find later is never sent.
+        try:
+            await self.journal.record_outcome(req.run_id, req.call_id, outcome, raw,
+                                              durable=call.may_write)
+        except DuplicateCall:  # a read-only call whose id was taken: it changed nothing
+            return await self._refuse_duplicate(req, batch, queued)
+        batch.emit(EventKind.FINISHED, req.call_id, outcome=outcome)
+        return outcome
 
     async def _run_tool(self, call: ValidCall, scope: CancelScope,
                         marks: tuple[Mark, ...]) -> tuple[Outcome, str]:
@@ -223,13 +254,17 @@ class Dispatcher:
     async def _reject(self, req: CallRequest, batch: _Batch, outcome: Outcome) -> None:
         outcome = outcome.with_marks(mark(Phase.FINISHED))
         rec = self._record(req, batch.agent, "", False, outcome.timeline[0].at)
+        # A refused call never claimed its idempotency key (for a conflict, another
+        # call owns it): recording the key here would bind it to a call that never
+        # ran, and break the unique (agent, key) index.
+        rec = replace(rec, idempotency_key="")
         try:
             await self.journal.record_finished(rec, outcome)
         except DuplicateCall:
             await self.journal.record_refusal(rec, outcome)
         batch.emit(EventKind.FINISHED, req.call_id, outcome=outcome)
 
-    async def _refuse_duplicate(self, req: CallRequest, batch: _Batch, queued: Mark) -> None:
+    async def _refuse_duplicate(self, req: CallRequest, batch: _Batch, queued: Mark) -> Outcome:
         outcome = rejected(
             ErrorClass.DUPLICATE_CALL_ID,
             f"call_id {req.call_id!r} is already used in run {req.run_id!r}; "
@@ -239,10 +274,15 @@ class Dispatcher:
         rec = self._record(req, batch.agent, "", False, queued.at)
         await self.journal.record_refusal(rec, outcome)
         batch.emit(EventKind.FINISHED, req.call_id, outcome=outcome)
+        return outcome
 
-    async def _replay(self, call: ValidCall, batch: _Batch, outcome: Outcome,
-                      original: str) -> None:
+    async def _replay(self, call: ValidCall, batch: _Batch, replay: Replay) -> None:
         req = call.request
+        outcome, original = replay.outcome, replay.call_id
+        if (replay.run_id, replay.call_id) == (req.run_id, req.call_id):
+            # The very same call resent (a client retrying its batch): report, add nothing.
+            batch.emit(EventKind.FINISHED, req.call_id, outcome=outcome, replay_of=original)
+            return
         rec = self._record(req, batch.agent, call.request_hash, call.may_write, time.time())
         rec = replace(rec, idempotency_key="", replay_of=original)
         try:

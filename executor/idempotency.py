@@ -19,13 +19,15 @@ from .outcomes import ErrorClass, Outcome, Status
 @dataclass(frozen=True, slots=True)
 class Replay:
     outcome: Outcome
-    # The call id that actually ran.
+    # The call that actually ran.
     call_id: str
+    run_id: str
 
 
 @dataclass(slots=True)
 class _Owner:
     request_hash: str
+    run_id: str
     call_id: str
     done: asyncio.Future[Replay]
 
@@ -36,14 +38,15 @@ class Idempotency:
         # Invariant: a key is here exactly while its owning call is unfinished.
         self._inflight: dict[tuple[str, str], _Owner] = {}
 
-    async def claim(self, agent: str, key: str, request_hash: str, call_id: str) -> Replay | None:
+    async def claim(self, agent: str, key: str, request_hash: str, run_id: str,
+                    call_id: str) -> Replay | None:
         """None: the caller owns the key and must run, then `release`. Else: the replay."""
         slot = (agent, key)
         owner = self._inflight.get(slot)
         if owner is not None:
             _check(owner.request_hash, request_hash)
             return await asyncio.shield(owner.done)
-        owner = _Owner(request_hash, call_id, asyncio.get_running_loop().create_future())
+        owner = _Owner(request_hash, run_id, call_id, asyncio.get_running_loop().create_future())
         self._inflight[slot] = owner  # claimed before any await: no second owner
         try:
             recorded = await self._journal.by_idempotency_key(agent, key)
@@ -54,9 +57,9 @@ class Idempotency:
             self._settle(slot, exc)
             raise
         if recorded.outcome is None:  # running in the journal but not here: cannot join
-            replay = Replay(_unsettled(), recorded.call_id)
+            replay = Replay(_unsettled(), recorded.call_id, recorded.run_id)
         else:
-            replay = Replay(recorded.outcome, recorded.call_id)
+            replay = Replay(recorded.outcome, recorded.call_id, recorded.run_id)
         self._settle(slot, replay)
         return replay
 
@@ -64,7 +67,8 @@ class Idempotency:
         owner = self._inflight.get((agent, key))
         if owner is None:
             return
-        result = outcome if isinstance(outcome, BaseException) else Replay(outcome, owner.call_id)
+        result = (outcome if isinstance(outcome, BaseException)
+                  else Replay(outcome, owner.call_id, owner.run_id))
         self._settle((agent, key), result)
 
     def _settle(self, slot: tuple[str, str], result: Replay | BaseException) -> None:

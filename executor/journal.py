@@ -118,17 +118,28 @@ class Journal:
 
     # -- writes ---------------------------------------------------------------
 
-    async def record_intent(self, rec: CallRecord, *, durable: bool) -> None:
-        await self._writer.submit(lambda c: _insert(c, rec, None, ""), durable=durable)
+    async def record_intent(self, rec: CallRecord) -> None:
+        """Durably record that a call that may write is about to start."""
+        await self._writer.submit(lambda c: _insert(c, rec, None, ""), durable=True)
+
+    def record_intent_nowait(self, rec: CallRecord) -> None:
+        """Record a read-only call's start without waiting (nothing to reconcile).
+
+        If the insert fails (its call id is taken), `record_outcome` finds no running
+        row of its own and raises DuplicateCall.
+        """
+        self._writer.submit_nowait(lambda c: _insert(c, rec, None, ""), durable=False)
 
     async def record_outcome(self, run_id: str, call_id: str, outcome: Outcome, raw: str,
                              *, durable: bool) -> None:
         def write(conn: sqlite3.Connection) -> None:
-            conn.execute(
+            updated = conn.execute(
                 "UPDATE calls SET state='finished', finished_at=?, status=?, outcome_json=?, "
-                "raw_result=? WHERE run_id=? AND call_id=?",
+                "raw_result=? WHERE run_id=? AND call_id=? AND state='running'",
                 (time.time(), outcome.status.value, outcome_to_json(outcome), raw, run_id, call_id),
-            )
+            ).rowcount
+            if updated != 1:  # our intent never landed: the id belongs to another call
+                raise DuplicateCall(f"call_id {call_id!r} is already used in run {run_id!r}")
 
         await self._writer.submit(write, durable=durable)
 

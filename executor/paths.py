@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from pathlib import Path
 
 from .errors import ToolError, invalid
@@ -61,9 +62,19 @@ class Workspace:
             )
 
     def open_file(self, path: Path, field: str) -> int:
-        """Open an existing regular file for reading."""
-        fd = _os_open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, field)
+        """Open an existing regular file for reading.
+
+        O_NONBLOCK so that a FIFO cannot block the open forever (it has no
+        effect on reading a regular file); anything but a regular file is refused.
+        """
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        fd = _os_open(path, flags, field)
         self.check_fd(fd, field)
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+            raise ToolError(ErrorClass.INVALID_ARGUMENT, f"{path} is {what}", field=field)
         return fd
 
     def open_dir(self, path: Path, field: str) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from .errors import ToolError
-from .outcomes import ErrorClass, Mark, Outcome, Status, StopMode, ToolResult
+from .outcomes import ErrorClass, Mark, Outcome, Phase, Status, StopMode, ToolResult
 from .tools import ToolOutput
 
 OMITTED = json.dumps({"omitted": "structured result over the output cap; see the journal"})
@@ -51,8 +51,13 @@ def _status(out: ToolOutput, *, may_write: bool, truncated: bool) -> tuple[Statu
 
 
 def from_error(err: ToolError, marks: tuple[Mark, ...]) -> Outcome:
-    stopped = StopMode.NOT_STARTED if err.status is Status.REJECTED else StopMode.COMPLETED
-    return Outcome(status=err.status, error_class=err.error_class, message=err.message,
+    status = err.status
+    if status is Status.REJECTED and any(m.phase is Phase.STARTED for m in marks):
+        # REJECTED promises "never started"; a tool that refuses once running (a path
+        # swapped under it) changed nothing, which is FAILURE.
+        status = Status.FAILURE
+    stopped = StopMode.NOT_STARTED if status is Status.REJECTED else StopMode.COMPLETED
+    return Outcome(status=status, error_class=err.error_class, message=err.message,
                    field=err.field, timeline=marks, stopped_how=stopped)
 
 

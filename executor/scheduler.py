@@ -79,6 +79,8 @@ class WorkspaceLock:
 
 
 async def _wait_granted(waiter: _Waiter, abandon: asyncio.Event | None) -> None:
+    if waiter.granted.done():  # granted at once: the common case, no task needed
+        return
     if abandon is None:
         await waiter.granted
         return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import signal
@@ -20,7 +21,7 @@ from execgate.v1 import executor_pb2_grpc as pb_grpc
 
 from . import wire
 from .config import JOURNAL_NAME, Listener, ServeConfig
-from .dispatch import Dispatcher, EventKind
+from .dispatch import Dispatcher
 from .errors import ConfigError
 from .journal import Journal
 from .paths import Workspace
@@ -59,11 +60,10 @@ class ExecutorService(pb_grpc.ExecutorServicer):
                               call_id=c.call_id or self.dispatcher.new_call_id())
             for i, c in enumerate(request.calls)
         ]
-        events = self.dispatcher.execute(run_id, batch_id, calls, agent="local")
+        events = self.dispatcher.execute(run_id, batch_id, calls, agent="local",
+                                         progress=not request.outcomes_only)
         async with contextlib.aclosing(events):
             async for event in events:
-                if request.outcomes_only and event.kind is not EventKind.FINISHED:
-                    continue
                 yield wire.event(event)
 
     async def Cancel(self, request: pb.CancelRequest, context: grpc.aio.ServicerContext
@@ -72,8 +72,11 @@ class ExecutorService(pb_grpc.ExecutorServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "name a run_id, a call_id or a batch_id to cancel")
         grace = request.grace.ToNanoseconds() / 1e9 if request.HasField("grace") else None
+        # A call id is unique within its run (default: the implicit run); a batch or a
+        # run is a target by itself, so a batch in any run is reached without its run.
+        run_id = request.run_id or (DEFAULT_RUN if request.call_id else "")
         hit = self.dispatcher.cancel(
-            run_id=request.run_id or DEFAULT_RUN, call_id=request.call_id,
+            run_id=run_id, call_id=request.call_id,
             batch_id=request.batch_id, reason=request.reason or "cancelled by client",
             grace=grace)
         return pb.CancelResponse(call_ids=hit)
@@ -95,6 +98,8 @@ class ExecutorService(pb_grpc.ExecutorServicer):
             if not request.page_token.isdigit():
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "page_token: not ours")
             before = int(request.page_token)
+        if request.limit < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "limit: must not be negative")
         limit = min(request.limit or 100, 1000)
         flt = wire.call_filter(request, run_id=request.run_id, limit=limit, before_seq=before)
         records, next_seq = await self.dispatcher.journal.list(flt)
@@ -102,13 +107,26 @@ class ExecutorService(pb_grpc.ExecutorServicer):
                                     next_page_token=str(next_seq) if next_seq else "")
 
 
-def prepare_dirs(config: ServeConfig) -> None:
+def prepare_dirs(config: ServeConfig) -> int:
+    """Create the directories and take the state-dir lock; returns the lock's descriptor.
+
+    One daemon per state dir: a second one would "recover" the first one's running
+    calls as interrupted. The flock dies with the process, so a crash leaves no
+    stale lock behind.
+    """
     config.state_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(config.state_dir, 0o700)
+    lock_fd = os.open(config.state_dir / "daemon.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(lock_fd)
+        raise ConfigError(f"another daemon is running with state dir {config.state_dir}") from None
     config.workspace.mkdir(parents=True, exist_ok=True)
     for lst in config.listeners():
         if lst.unix_path is not None:
             _clear_stale_socket(lst.unix_path)
+    return lock_fd
 
 
 def _clear_stale_socket(path: Path) -> None:
@@ -144,7 +162,7 @@ async def serve(config: ServeConfig, *, on_ready: Callable[[list[str]], None] | 
     config.check()
     old_umask = os.umask(0o077)  # state dir, journal and sockets: owner only, from birth
     try:
-        prepare_dirs(config)
+        lock_fd = prepare_dirs(config)
         dispatcher, journal = build(config)
         server, health_servicer = _server(config, dispatcher)
         addresses = _bind(server, config.listeners())
@@ -162,6 +180,7 @@ async def serve(config: ServeConfig, *, on_ready: Callable[[list[str]], None] | 
     await dispatcher.close()
     await stopping
     journal.close()
+    os.close(lock_fd)
 
 
 def _server(config: ServeConfig, dispatcher: Dispatcher) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
@@ -185,7 +204,10 @@ def _server(config: ServeConfig, dispatcher: Dispatcher) -> tuple[grpc.aio.Serve
 def _bind(server: grpc.aio.Server, listeners: tuple[Listener, ...]) -> list[str]:
     addresses = []
     for lst in listeners:
-        port = server.add_insecure_port(lst.grpc_address)
+        try:
+            port = server.add_insecure_port(lst.grpc_address)
+        except RuntimeError as exc:
+            raise ConfigError(f"cannot listen on {lst.grpc_address}: {exc}") from exc
         if lst.unix_path is not None:
             os.chmod(lst.unix_path, 0o600)
             addresses.append(lst.grpc_address)

@@ -2,18 +2,28 @@
 
 All writes go through a single connection owned by one thread. Jobs that arrive
 while a transaction is being written are committed together in the next one,
-so 32 concurrent calls cost far fewer fsyncs than 32. Each job runs inside its
-own SAVEPOINT: a failing job is rolled back alone and its caller gets the error.
+so 32 concurrent calls cost far fewer fsyncs than 32. In a group of several
+jobs each runs inside its own SAVEPOINT: a failing job is rolled back alone and
+its caller gets the error.
 
 Durability is chosen per transaction: if any job in it is `durable`, the commit
 runs with synchronous=FULL (fsync before COMMIT returns); otherwise NORMAL, which
 survives a crash of the daemon (the WAL is in the OS) but not of the machine.
+
+Results go back to asyncio callers through `loop.call_soon_threadsafe`, with no
+intermediate concurrent.futures.Future: this sits on every call's path.
+
+Fast path: a write that needs no fsync, submitted while nothing else is queued or
+being written, runs on the caller's thread at once (an uncontended WAL commit
+without fsync takes tens of microseconds, less than the two thread hand-offs it
+replaces). Order is preserved: the fast path is taken only when no earlier job
+is pending.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import logging
 import queue
 import sqlite3
 import threading
@@ -23,38 +33,106 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 MAX_GROUP = 512
+log = logging.getLogger("execgate.journal")
+
+Reply = Callable[[Any, BaseException | None], None]
 
 
 @dataclass(slots=True)
 class _Job:
     fn: Callable[[sqlite3.Connection], Any]
     durable: bool
-    future: concurrent.futures.Future[Any]
+    # Called on the writer thread with (value, error); None for fire-and-forget jobs.
+    reply: Reply | None
+    # For asyncio callers: skip the job if the caller already gave up.
+    waiter: asyncio.Future[Any] | None = None
 
 
 class SqliteWriter:
     def __init__(self, conn: sqlite3.Connection) -> None:
-        # Invariant: only the writer thread touches `_conn` after start().
+        # Invariant: only the writer thread touches `_conn` after __init__.
         self._conn = conn
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._sync = ""
+        # Held by whoever is using `_conn`: the writer thread or a fast-path caller.
+        self._conn_lock = threading.Lock()
+        # Jobs queued or being written. Invariant: 0 means the queue is empty and the
+        # writer is idle, so a fast-path write cannot overtake an earlier job.
+        self._pending = 0
+        self._pending_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="journal-writer", daemon=True)
         self._thread.start()
 
     async def submit(self, fn: Callable[[sqlite3.Connection], T], *, durable: bool) -> T:
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._queue.put(_Job(fn, durable, future))
-        return await asyncio.wrap_future(future)
+        if not durable and self._try_inline():
+            try:
+                return self._inline(fn)
+            finally:
+                self._conn_lock.release()
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[T] = loop.create_future()
+
+        def reply(value: Any, error: BaseException | None) -> None:
+            loop.call_soon_threadsafe(_settle, waiter, value, error)
+
+        self._put(_Job(fn, durable, reply, waiter))
+        return await waiter
+
+    def submit_nowait(self, fn: Callable[[sqlite3.Connection], Any], *, durable: bool) -> None:
+        """Write without waiting for the result; a failure is only logged."""
+        if not durable and self._try_inline():
+            try:
+                self._inline(fn)
+            except Exception as exc:
+                log.error("journal write failed: %s", exc)
+            finally:
+                self._conn_lock.release()
+            return
+        self._put(_Job(fn, durable, None))
 
     def submit_sync(self, fn: Callable[[sqlite3.Connection], T], *, durable: bool) -> T:
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._queue.put(_Job(fn, durable, future))
-        return future.result()
+        done = threading.Event()
+        box: list[Any] = []
+
+        def reply(value: Any, error: BaseException | None) -> None:
+            box[:] = [value, error]
+            done.set()
+
+        self._put(_Job(fn, durable, reply))
+        done.wait()
+        if box[1] is not None:
+            raise box[1]
+        return box[0]  # type: ignore[no-any-return]
 
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join()
         self._conn.close()
+
+    def _put(self, job: _Job) -> None:
+        with self._pending_lock:
+            self._pending += 1
+        self._queue.put(job)
+
+    def _try_inline(self) -> bool:
+        """Take the connection for a fast-path write if nothing is pending."""
+        if self._pending or not self._conn_lock.acquire(blocking=False):
+            return False
+        if self._pending:  # a job arrived between the check and the lock
+            self._conn_lock.release()
+            return False
+        return True
+
+    def _inline(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        self._set_sync("NORMAL")
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            value = fn(self._conn)
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+        return value
 
     def _loop(self) -> None:
         while (first := self._queue.get()) is not None:
@@ -69,29 +147,36 @@ class SqliteWriter:
                     stop = True
                     break
                 group.append(job)
-            self._commit(group)
+            with self._conn_lock:
+                self._commit(group)
+            with self._pending_lock:
+                self._pending -= len(group)
             if stop:
                 return
 
     def _commit(self, group: list[_Job]) -> None:
+        # A job whose caller stopped waiting (cancelled) is skipped.
+        group = [job for job in group if job.waiter is None or not job.waiter.cancelled()]
+        if not group:
+            return
         results: list[tuple[_Job, Any, BaseException | None]] = []
         try:
             self._set_sync("FULL" if any(j.durable for j in group) else "NORMAL")
             self._conn.execute("BEGIN IMMEDIATE")
-            for job in group:
-                results.append(self._run(job))
+            if len(group) == 1:  # alone: its failure rolls back the transaction below
+                results.append((group[0], group[0].fn(self._conn), None))
+            else:
+                results.extend(self._run(job) for job in group)
             self._conn.execute("COMMIT")
         except BaseException as exc:  # the whole transaction failed: tell every caller
             if self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
-            for job in group:
-                job.future.set_exception(exc)
-            return
+            results = [(job, None, exc) for job in group]
         for job, value, error in results:
-            if error is None:
-                job.future.set_result(value)
-            else:
-                job.future.set_exception(error)
+            if job.reply is not None:
+                job.reply(value, error)
+            elif error is not None:
+                log.error("journal write failed: %s", error)
 
     def _run(self, job: _Job) -> tuple[_Job, Any, BaseException | None]:
         self._conn.execute("SAVEPOINT job")
@@ -108,3 +193,12 @@ class SqliteWriter:
         if level != self._sync:
             self._conn.execute(f"PRAGMA synchronous={level}")
             self._sync = level
+
+
+def _settle(waiter: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
+    if waiter.done():  # the caller was cancelled meanwhile
+        return
+    if error is None:
+        waiter.set_result(value)
+    else:
+        waiter.set_exception(error)

@@ -21,6 +21,14 @@ from .tools import Limits, ResourceKind, Tool
 
 MAX_ID_CHARS = 256
 
+# JSON Schema counts 2.0 as an integer; the tools index and slice with these values,
+# so an "integer" argument must be a Python int (never a bool).
+_SchemaValidator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _checker, v: isinstance(v, int) and not isinstance(v, bool)),
+)
+
 
 class Validator:
     def __init__(self, tools: dict[str, Tool], workspace: Workspace, limits: Limits) -> None:
@@ -28,7 +36,7 @@ class Validator:
         self.workspace = workspace
         self.limits = limits
         self._schemas = {
-            name: jsonschema.Draft202012Validator(tool.spec.input_schema)
+            name: _SchemaValidator(tool.spec.input_schema)
             for name, tool in tools.items()
         }
 
@@ -41,10 +49,14 @@ class Validator:
             raise ToolError(ErrorClass.UNKNOWN_TOOL, f"no tool named {req.tool[:100]!r}",
                             field="tool", status=Status.REJECTED)
         args = parse_arguments(req.arguments_json, self.limits.max_arguments_bytes)
-        self._check_schema(req.tool, args)
+        try:
+            self._check_schema(req.tool, args)
+        except RecursionError as exc:  # the error message reprs the offending value
+            raise invalid("arguments_json is nested too deeply", "arguments_json") from exc
         return ValidCall(
             request=req, tool=tool, args=args,
-            request_hash=request_hash(req.tool, args),
+            # Only idempotency compares hashes; skip the work on the common path.
+            request_hash=request_hash(req.tool, args) if req.idempotency_key else "",
             timeout=self._timeout(req.timeout),
             paths=self._resolve_paths(tool, args),
         )
@@ -92,6 +104,16 @@ def parse_arguments(text: str, max_bytes: int) -> dict[str, Any]:
         raise invalid(f"arguments_json is not acceptable JSON: {exc}", "arguments_json") from exc
     if not isinstance(value, dict):
         raise invalid("arguments_json must be a JSON object", "arguments_json")
+    try:
+        # A \uD800-style escape decodes to a lone surrogate, which no path, file
+        # content or argv can hold; refuse it here rather than crash a tool. (This
+        # also proves the value can be re-encoded, as request_hash must.)
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise invalid("arguments_json contains a lone surrogate escape (not valid Unicode)",
+                      "arguments_json") from exc
+    except RecursionError as exc:
+        raise invalid("arguments_json is nested too deeply", "arguments_json") from exc
     return value
 
 
@@ -114,14 +136,18 @@ def _no_constant(name: str) -> Any:
 
 
 def _field(error: ValidationError) -> str:
-    path = [str(p) for p in error.absolute_path]
+    """The offending argument as `arguments.argv[1]`, `arguments.env.NAME`, ..."""
+    path: list[str | int] = list(error.absolute_path)
     if error.validator == "required":
         missing = next((n for n in error.validator_value if n not in error.instance), "")
         path.append(missing)
     elif error.validator == "additionalProperties":
         extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
         path.append(extra[0] if extra else "")
-    return ".".join(["arguments", *path]).rstrip(".")
+    text = "arguments"
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}" if part != "" else ""
+    return text
 
 
 def _describe(error: ValidationError) -> str:

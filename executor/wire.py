@@ -11,18 +11,20 @@ from execgate.v1 import executor_pb2 as pb
 from .calls import CallRequest
 from .dispatch import Event, EventKind
 from .journal import CallFilter, CallRecord
-from .outcomes import Outcome, Status
+from .outcomes import ErrorClass, Outcome, Phase, Status, StopMode
 from .tools import Mode, ToolSpec
 
 _STATUS = {s: pb.OutcomeStatus.Value(f"OUTCOME_STATUS_{s.name}") for s in Status}
+_ERROR = {c: pb.ErrorClass.Value(f"ERROR_CLASS_{c.name}") for c in ErrorClass}
+_PHASE = {p: pb.Phase.Value(f"PHASE_{p.name}") for p in Phase}
+_STOP = {m: pb.StopMode.Value(f"STOP_MODE_{m.name}") for m in StopMode}
 _STATUS_BACK = {v: k for k, v in _STATUS.items()}
 _MODE = {Mode.READ: pb.ACCESS_MODE_READ, Mode.WRITE: pb.ACCESS_MODE_WRITE}
 
 
 def timestamp(seconds: float) -> Timestamp:
-    ts = Timestamp()
-    ts.FromNanoseconds(int(seconds * 1e9))
-    return ts
+    whole = int(seconds)
+    return Timestamp(seconds=whole, nanos=int((seconds - whole) * 1e9))
 
 
 def seconds(ts: Timestamp) -> float:
@@ -54,7 +56,7 @@ def outcome(o: Outcome) -> pb.Outcome:
     ev = o.evidence
     return pb.Outcome(
         status=_STATUS[o.status],
-        error_class=pb.ErrorClass.Value(f"ERROR_CLASS_{o.error_class.name}"),
+        error_class=_ERROR[o.error_class],
         message=o.message,
         field=o.field,
         result=pb.ToolResult(
@@ -67,9 +69,9 @@ def outcome(o: Outcome) -> pb.Outcome:
             bytes_read=ev.bytes_read, sha256_before=ev.sha256_before,
             sha256_after=ev.sha256_after, path=ev.path,
         ),
-        timeline=[pb.TimelineMark(phase=pb.Phase.Value(f"PHASE_{m.phase.name}"),
-                                  at=timestamp(m.at), detail=m.detail) for m in o.timeline],
-        stopped_how=pb.StopMode.Value(f"STOP_MODE_{o.stopped_how.name}"),
+        timeline=[pb.TimelineMark(phase=_PHASE[m.phase], at=timestamp(m.at), detail=m.detail)
+                  for m in o.timeline],
+        stopped_how=_STOP[o.stopped_how],
     )
 
 

@@ -46,7 +46,10 @@ class RunCommand:
         ),
         read_only=False,
         destructive=True,
-        resources=(ResourceTemplate(ResourceKind.WORKSPACE, "", Mode.WRITE),),
+        # `cwd` is listed so that validation resolves it: a cwd outside the workspace
+        # is REJECTED before the call starts, like every other path argument.
+        resources=(ResourceTemplate(ResourceKind.WORKSPACE, "", Mode.WRITE),
+                   ResourceTemplate(ResourceKind.TREE, "cwd", Mode.WRITE)),
     )
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
@@ -55,6 +58,10 @@ class RunCommand:
             if "\x00" in item:
                 raise ToolError(ErrorClass.INVALID_ARGUMENT, "argv item contains a NUL byte",
                                 field=f"arguments.argv[{i}]")
+        for name, value in args.get("env", {}).items():
+            if "\x00" in value:
+                raise ToolError(ErrorClass.INVALID_ARGUMENT, "env value contains a NUL byte",
+                                field=f"arguments.env.{name}")
         cwd = ctx.workspace.resolve(args.get("cwd", "."), "arguments.cwd")
         if not cwd.is_dir():
             raise ToolError(ErrorClass.NOT_FOUND, f"{cwd} is not a directory",

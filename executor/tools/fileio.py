@@ -40,7 +40,14 @@ def atomic_write(ws: Workspace, path: Path, data: bytes, field: str, *, make_dir
     if path.is_dir():
         raise ToolError(ErrorClass.INVALID_ARGUMENT, f"{path} is a directory", field=field)
     if make_dirs:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError) as exc:
+            raise ToolError(ErrorClass.INVALID_ARGUMENT,
+                            f"{path.parent}: a parent is not a directory", field=field) from exc
+        except OSError as exc:
+            raise ToolError(ErrorClass.IO_ERROR, f"{path.parent}: {exc.strerror}",
+                            field=field) from exc
     dir_fd = ws.open_dir(path.parent, field)
     try:
         mode = _existing_mode(path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,12 @@ from typing import Any
 import regex
 
 from ..errors import ToolError
-from ..outcomes import ErrorClass, Evidence
+from ..outcomes import ErrorClass, Evidence, Phase, StopMode, mark
 from .base import Mode, ResourceKind, ResourceTemplate, ToolContext, ToolOutput, ToolSpec, schema
 
 MAX_FILE_BYTES = 8 * 1024 * 1024
 MAX_LINE_CHARS = 500
+LINE_SECONDS = 1.0
 SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", "node_modules"})
 
 
@@ -61,7 +63,14 @@ class Search:
         if not root.exists():
             raise ToolError(ErrorClass.NOT_FOUND, f"{root} does not exist", field="arguments.path")
         deadline = time.monotonic() + ctx.timeout
-        return await asyncio.to_thread(self._search, compiled, root, args, ctx, deadline)
+        try:
+            return await asyncio.to_thread(self._search, compiled, root, args, ctx, deadline)
+        except _Cancelled:
+            return ToolOutput(
+                error_class=ErrorClass.CANCELLED, message=f"cancelled: {ctx.cancel.reason}",
+                stopped_how=StopMode.COOPERATIVE,
+                marks=(mark(Phase.CANCEL_REQUESTED, ctx.cancel.reason), mark(Phase.STOPPED)),
+            )
 
     def _search(
         self, pattern: regex.Pattern[str], root: Path, args: dict[str, Any],
@@ -75,13 +84,14 @@ class Search:
             rel = ctx.workspace.relative(path)
             if glob and not (fnmatch.fnmatch(rel, glob) or fnmatch.fnmatch(path.name, glob)):
                 continue
-            if time.monotonic() > deadline or ctx.cancel.requested.is_set():
+            if time.monotonic() > deadline:
                 raise ToolError(ErrorClass.TIMEOUT, f"search stopped after {scanned} files")
             scanned += 1
-            rows.extend(_matches(pattern, path, rel, deadline))
-            if len(rows) >= limit:
+            rows.extend(_matches(pattern, path, rel, deadline, ctx))
+            if len(rows) > limit:
                 break
-        hit_limit = len(rows) >= limit
+        # Only a match beyond the limit proves that something was left out.
+        hit_limit = len(rows) > limit
         rows = rows[:limit]
         return ToolOutput(
             text="\n".join(rows),
@@ -104,9 +114,16 @@ def _files(root: Path, ctx: ToolContext) -> Any:
             yield path
 
 
-def _matches(pattern: regex.Pattern[str], path: Path, rel: str, deadline: float) -> list[str]:
+class _Cancelled(Exception):
+    """The call's cancel scope fired; raised inside the worker thread."""
+
+
+def _matches(pattern: regex.Pattern[str], path: Path, rel: str, deadline: float,
+             ctx: ToolContext) -> list[str]:
     try:
-        if path.stat().st_size > MAX_FILE_BYTES:
+        st = path.stat()
+        # Not a FIFO or device: reading one could block the worker thread forever.
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_FILE_BYTES:
             return []
         data = path.read_bytes()
     except OSError:
@@ -116,12 +133,17 @@ def _matches(pattern: regex.Pattern[str], path: Path, rel: str, deadline: float)
     text = data.decode("utf-8", errors="replace")
     rows = []
     for number, line in enumerate(text.splitlines(), start=1):
-        budget = max(deadline - time.monotonic(), 0.001)
+        # Read from a worker thread: a plain flag read, safe without the loop.
+        if ctx.cancel.requested.is_set():
+            raise _Cancelled
+        # One line may take at most LINE_SECONDS, so a cancel is seen that soon.
+        budget = max(min(deadline - time.monotonic(), LINE_SECONDS), 0.001)
         try:
             found = pattern.search(line, timeout=budget)
         except TimeoutError as exc:
             raise ToolError(
-                ErrorClass.TIMEOUT, f"pattern took too long on {rel}:{number}",
+                ErrorClass.TIMEOUT,
+                f"pattern took more than {budget:.1f}s on {rel}:{number}; simplify it",
                 field="arguments.pattern",
             ) from exc
         if found:

@@ -1,0 +1,264 @@
+"""Crash recovery: a daemon killed with calls in flight, restarted on the same journal."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from execgate.client import (
+    Call,
+    Client,
+    Event,
+    EventKind,
+    ExecgateClientError,
+    Status,
+    StopMode,
+)
+from execgate.executor.journal import CallRecord, Journal
+from execgate.executor.outcomes import ErrorClass, Outcome, Phase
+from execgate.executor.outcomes import Status as DStatus
+from execgate.executor.outcomes import StopMode as DStopMode
+from tests.daemon import Daemon
+
+
+def wait_until(predicate: Callable[[], object], what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.01)
+
+
+class Streamer:
+    """`client.stream(calls)` in a background thread, with its own client; events collected."""
+
+    def __init__(self, address: str, calls: list[Call], **kwargs: object) -> None:
+        self.events: list[Event] = []
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(address, calls, kwargs),
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, address: str, calls: list[Call], kwargs: dict[str, object]) -> None:
+        try:
+            with Client(address) as c:
+                for event in c.stream(calls, **kwargs):  # type: ignore[arg-type]
+                    self.events.append(event)
+        except ExecgateClientError as exc:  # the daemon went away under the stream
+            self.error = exc
+
+    def seen(self, kind: EventKind, call_id: str) -> bool:
+        return any(e.kind is kind and e.call_id == call_id for e in list(self.events))
+
+    def join(self, timeout: float = 15.0) -> None:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the stream did not end"
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def kill_all(procs: list[psutil.Process]) -> None:
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            continue
+    psutil.wait_procs(procs, timeout=5)
+
+
+@pytest.fixture
+def orphans() -> Iterator[list[psutil.Process]]:
+    """Processes a test expects may outlive a killed daemon; killed at teardown."""
+    procs: list[psutil.Process] = []
+    yield procs
+    kill_all(procs)
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_sigkill_with_a_writer_in_flight(daemon: Daemon, client: Client,
+                                         orphans: list[psutil.Process]) -> None:
+    done = client.run(Call(tool="write_file", arguments={"path": "a.txt", "content": "hello"},
+                           call_id="w1"))
+    assert done.status is Status.SUCCESS
+
+    marker = daemon.workspace / "marker"
+    slow = Call(tool="run_command", call_id="slow", idempotency_key="slow-key",
+                arguments={"argv": ["sh", "-c", "echo started >> marker; exec sleep 60"]})
+    stream = Streamer(daemon.address, [slow])
+    wait_until(lambda: stream.seen(EventKind.STARTED, "slow"), "the STARTED event")
+    wait_until(marker.exists, "the command to write its marker")
+    assert daemon.proc is not None
+    children = descendants(daemon.proc.pid)
+    sleeper = [p for p in children if p.name() == "sleep"]
+    assert sleeper, f"the command's process is not a child of the daemon: {children}"
+    orphans.extend(children)
+
+    daemon.kill()
+    stream.join()
+    assert stream.error is not None  # the stream broke; it never got an outcome
+    assert not stream.seen(EventKind.FINISHED, "slow")
+    # Today nothing kills a command whose daemon was SIGKILLed: it keeps running,
+    # reparented to init. Not asserted (a fix would be welcome); the `orphans`
+    # fixture kills it.
+
+    daemon.restart()
+    rec = client.get_call("slow")
+    assert not rec.running
+    assert rec.may_write
+    o = rec.outcome
+    assert o is not None
+    assert o.status is Status.UNKNOWN_OUTCOME
+    assert o.error_class == "interrupted"
+    assert o.stopped_how is StopMode.INTERRUPTED
+    assert [m.phase for m in o.timeline] == ["started", "recovered"]
+    assert "reconcile" in o.message
+
+    # The call that finished before the crash is untouched, evidence and all.
+    before = client.get_call("w1")
+    assert before.outcome is not None
+    assert before.outcome.status is Status.SUCCESS
+    ev = before.outcome.evidence
+    assert ev.bytes_written == 5
+    assert ev.sha256_before == ""
+    assert ev.sha256_after == sha256(b"hello")
+    assert ev.path == str((daemon.workspace / "a.txt").resolve())
+    assert (daemon.workspace / "a.txt").read_text() == "hello"
+
+    # Nothing is left running in the journal.
+    assert all(not r.running for r in client.list_calls())
+
+    # Retrying with the same idempotency key does not run the command again: the
+    # caller gets the recorded UNKNOWN_OUTCOME and must reconcile.
+    retry = client.run(Call(tool=slow.tool, arguments=slow.arguments, call_id="slow-retry",
+                            idempotency_key="slow-key"))
+    assert retry.status is Status.UNKNOWN_OUTCOME
+    assert retry.replay_of == "slow"
+    assert marker.read_text() == "started\n"
+
+
+def test_sigkill_with_a_reader_in_flight(daemon: Daemon, client: Client) -> None:
+    """A read-only call interrupted by a crash is FAILURE/interrupted: safe to retry.
+
+    A backtracking pattern keeps `search` busy (until its timeout) in flight. A
+    writer queued behind it (the interim scheduler makes writers exclusive) never
+    started.
+    """
+    (daemon.workspace / "evil.txt").write_text("a" * 40 + "b\n")
+    calls = [Call(tool="search", arguments={"pattern": "^(a|a)*$", "path": "evil.txt"},
+                  call_id="r1", timeout=30),
+             Call(tool="write_file", arguments={"path": "queued.txt", "content": "x"},
+                  call_id="w-queued")]
+    stream = Streamer(daemon.address, calls)
+    wait_until(lambda: stream.seen(EventKind.STARTED, "r1")
+               or stream.seen(EventKind.FINISHED, "r1"), "the search to start")
+    wait_until(lambda: stream.seen(EventKind.QUEUED, "w-queued"), "the writer to queue")
+    if stream.seen(EventKind.FINISHED, "r1"):
+        stream.join()
+        pytest.skip("the backtracking search no longer stays in flight; "
+                    "covered by the journal-level test")
+    # The writer's intent is journaled only once its locks are granted, just before it
+    # starts: while it waits behind the search it has no row at all.
+    assert not _exists(client, "w-queued")
+    assert not stream.seen(EventKind.STARTED, "w-queued")
+
+    daemon.kill()
+    stream.join()
+    daemon.restart()
+
+    rec = client.get_call("r1")
+    assert not rec.running
+    assert not rec.may_write
+    assert rec.outcome is not None
+    assert rec.outcome.status is Status.FAILURE
+    assert rec.outcome.error_class == "interrupted"
+    assert rec.outcome.stopped_how is StopMode.INTERRUPTED
+    assert "safe to retry" in rec.outcome.message
+
+    # It never started: no record to reconcile, nothing written, safe to send again.
+    assert not _exists(client, "w-queued")
+    assert not (daemon.workspace / "queued.txt").exists()
+    again = client.run(calls[1])
+    assert again.status is Status.SUCCESS
+
+
+def _exists(client: Client, call_id: str) -> bool:
+    try:
+        client.get_call(call_id)
+    except ExecgateClientError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------- the journal alone
+
+
+def _rec(call_id: str, *, may_write: bool, key: str = "") -> CallRecord:
+    return CallRecord(run_id="r", call_id=call_id, batch_id="b", tool="t", arguments_json="{}",
+                      request_hash="h-" + call_id, idempotency_key=key, agent="local",
+                      may_write=may_write, created_at=time.time())
+
+
+def test_journal_recover_settles_running_rows(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    done = Outcome(status=DStatus.SUCCESS)
+
+    async def write() -> None:
+        j = Journal(path)
+        try:
+            await j.record_intent(_rec("writer", may_write=True, key="k"))
+            await j.record_intent(_rec("reader", may_write=False))
+            await j.record_intent(_rec("finished", may_write=True))
+            await j.record_outcome("r", "finished", done, "raw", durable=True)
+        finally:
+            j.close()
+
+    asyncio.run(write())
+
+    async def check() -> None:
+        j = Journal(path)  # a new daemon on the same file
+        try:
+            assert j.recover() == 2
+            assert j.recover() == 0  # idempotent
+            writer = await j.get("r", "writer")
+            reader = await j.get("r", "reader")
+            finished = await j.get("r", "finished", include_raw=True)
+            assert writer is not None
+            assert reader is not None
+            assert finished is not None
+            assert writer.outcome is not None
+            assert reader.outcome is not None
+            assert writer.outcome.status is DStatus.UNKNOWN_OUTCOME
+            assert writer.outcome.error_class is ErrorClass.INTERRUPTED
+            assert writer.outcome.stopped_how is DStopMode.INTERRUPTED
+            assert [m.phase for m in writer.outcome.timeline] == [Phase.STARTED, Phase.RECOVERED]
+            assert writer.outcome.timeline[0].at == writer.created_at
+            assert reader.outcome.status is DStatus.FAILURE
+            assert reader.outcome.error_class is ErrorClass.INTERRUPTED
+            assert reader.outcome.stopped_how is DStopMode.INTERRUPTED
+            assert finished.outcome == done
+            assert finished.raw_result == "raw"
+            # The key of the interrupted writer still answers with its (settled) record.
+            by_key = await j.by_idempotency_key("local", "k")
+            assert by_key is not None
+            assert by_key.call_id == "writer"
+            assert by_key.outcome is not None
+            assert by_key.outcome.status is DStatus.UNKNOWN_OUTCOME
+        finally:
+            j.close()
+
+    asyncio.run(check())
