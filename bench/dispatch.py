@@ -97,11 +97,14 @@ async def _serve_echo(address: str) -> None:
     async def echo_stream(request: bytes, context: grpc.aio.ServicerContext) -> Any:
         yield request
 
-    handler = grpc.method_handlers_generic_handler("bench.Echo", {
-        # No (de)serializers: the handlers see and return raw bytes.
-        "Echo": grpc.unary_unary_rpc_method_handler(echo),
-        "EchoStream": grpc.unary_stream_rpc_method_handler(echo_stream),
-    })
+    handler = grpc.method_handlers_generic_handler(
+        "bench.Echo",
+        {
+            # No (de)serializers: the handlers see and return raw bytes.
+            "Echo": grpc.unary_unary_rpc_method_handler(echo),
+            "EchoStream": grpc.unary_stream_rpc_method_handler(echo_stream),
+        },
+    )
     server = grpc.aio.server(options=echo_server_options())
     server.add_generic_rpc_handlers((handler,))
     health_servicer = health.aio.HealthServicer()  # readiness, as the daemon has
@@ -130,12 +133,16 @@ class EchoServer:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, str(Path(__file__).resolve()), "--serve-echo", self.address],
-                stdout=log, stderr=subprocess.STDOUT)
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise BenchError(f"echo server exited with {self.proc.returncode}:\n"
-                                 + self.log_path.read_text(errors="replace"))
+                raise BenchError(
+                    f"echo server exited with {self.proc.returncode}:\n"
+                    + self.log_path.read_text(errors="replace")
+                )
             if self.socket.exists() and _serving(self.address):
                 return self
             time.sleep(0.05)
@@ -155,7 +162,8 @@ def _serving(address: str) -> bool:
     with grpc.insecure_channel(address) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=1)
+                health_pb2.HealthCheckRequest(service=""), timeout=1
+            )
         except grpc.RpcError:
             return False
     return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
@@ -194,8 +202,9 @@ Prep = Callable[[int, int], Any]  # (client, seq) -> request
 Invoke = Callable[[int, Any], Awaitable[Any]]  # (client, request) -> reply
 
 
-async def drive(prep: Prep, invoke: Invoke, *, clients: int, count: int, server_pid: int,
-                trace: bool = False) -> Sample:
+async def drive(
+    prep: Prep, invoke: Invoke, *, clients: int, count: int, server_pid: int, trace: bool = False
+) -> Sample:
     """`count` calls from `clients` concurrent tasks, each call timed alone.
 
     The request is built outside the timed region; the reply is checked inside it
@@ -230,9 +239,13 @@ async def drive(prep: Prep, invoke: Invoke, *, clients: int, count: int, server_
     m1 = _busy(psutil.cpu_times())
     server_cpu = (s1.user + s1.system) - (s0.user + s0.system)
     return Sample(
-        latencies_ns=[x for xs in per_client for x in xs], wall_s=wall, client_cpu_s=c1 - c0,
-        server_cpu_s=server_cpu, server_sys_s=s1.system - s0.system,
-        foreign_cpu_s=max(0.0, (m1 - m0) - (c1 - c0) - server_cpu), traces=traces,
+        latencies_ns=[x for xs in per_client for x in xs],
+        wall_s=wall,
+        client_cpu_s=c1 - c0,
+        server_cpu_s=server_cpu,
+        server_sys_s=s1.system - s0.system,
+        foreign_cpu_s=max(0.0, (m1 - m0) - (c1 - c0) - server_cpu),
+        traces=traces,
     )
 
 
@@ -261,8 +274,10 @@ CASES = (
 
 def noop_request(call_id: str, *, outcomes_only: bool) -> pb.ExecuteRequest:
     return pb.ExecuteRequest(
-        run_id=RUN_ID, outcomes_only=outcomes_only,
-        calls=[pb.ToolCall(call_id=call_id, tool="noop", arguments_json=NOOP_ARGS)])
+        run_id=RUN_ID,
+        outcomes_only=outcomes_only,
+        calls=[pb.ToolCall(call_id=call_id, tool="noop", arguments_json=NOOP_ARGS)],
+    )
 
 
 def echo_payload() -> bytes:
@@ -288,8 +303,7 @@ class Targets:
         return proc.pid
 
 
-def make_calls(case: Case, channels: Sequence[grpc.aio.Channel], tag: str
-               ) -> tuple[Prep, Invoke]:
+def make_calls(case: Case, channels: Sequence[grpc.aio.Channel], tag: str) -> tuple[Prep, Invoke]:
     """The request builder and the invoker of one case, over the given channels."""
     n = len(channels)
     if case.target == "echo":
@@ -300,8 +314,10 @@ def make_calls(case: Case, channels: Sequence[grpc.aio.Channel], tag: str
             return payload
 
         if case.name == "echo":
-            unary = [ch.unary_unary(method, request_serializer=None,
-                                    response_deserializer=None) for ch in channels]
+            unary = [
+                ch.unary_unary(method, request_serializer=None, response_deserializer=None)
+                for ch in channels
+            ]
 
             async def invoke_echo(c: int, request: bytes) -> bytes:
                 reply = await unary[c % n](request, timeout=RPC_TIMEOUT)
@@ -311,8 +327,10 @@ def make_calls(case: Case, channels: Sequence[grpc.aio.Channel], tag: str
 
             return prep_echo, invoke_echo
 
-        streams = [ch.unary_stream(method, request_serializer=None,
-                                   response_deserializer=None) for ch in channels]
+        streams = [
+            ch.unary_stream(method, request_serializer=None, response_deserializer=None)
+            for ch in channels
+        ]
 
         async def invoke_echo_stream(c: int, request: bytes) -> bytes:
             replies = [r async for r in streams[c % n](request, timeout=RPC_TIMEOUT)]
@@ -327,14 +345,24 @@ def make_calls(case: Case, channels: Sequence[grpc.aio.Channel], tag: str
     expected_events = 1 if outcomes_only else 3
 
     if case.name == "write_file":
-        args = [json.dumps({"path": f"bench/w{c:02d}.txt", "content": WRITE_CONTENT})
-                for c in range(64)]
+        args = [
+            json.dumps({"path": f"bench/w{c:02d}.txt", "content": WRITE_CONTENT}) for c in range(64)
+        ]
 
         def prep(c: int, i: int) -> pb.ExecuteRequest:
-            return pb.ExecuteRequest(run_id=RUN_ID, outcomes_only=True, calls=[
-                pb.ToolCall(call_id=f"{tag}-{c:02d}-{i:06d}", tool="write_file",
-                            arguments_json=args[c % len(args)])])
+            return pb.ExecuteRequest(
+                run_id=RUN_ID,
+                outcomes_only=True,
+                calls=[
+                    pb.ToolCall(
+                        call_id=f"{tag}-{c:02d}-{i:06d}",
+                        tool="write_file",
+                        arguments_json=args[c % len(args)],
+                    )
+                ],
+            )
     else:
+
         def prep(c: int, i: int) -> pb.ExecuteRequest:
             return noop_request(f"{tag}-{c:02d}-{i:06d}", outcomes_only=outcomes_only)
 
@@ -342,24 +370,33 @@ def make_calls(case: Case, channels: Sequence[grpc.aio.Channel], tag: str
         events = [e async for e in stubs[c % n].Execute(request, timeout=RPC_TIMEOUT)]
         call_id = request.calls[0].call_id
         last = events[-1] if events else None
-        if (len(events) != expected_events or last is None or not last.HasField("finished")
-                or last.call_id != call_id):
+        if (
+            len(events) != expected_events
+            or last is None
+            or not last.HasField("finished")
+            or last.call_id != call_id
+        ):
             raise BenchError(f"{case.name}: call {call_id}: unexpected events {events!r}")
         outcome = last.finished.outcome
         if outcome.status != pb.OUTCOME_STATUS_SUCCESS:
-            raise BenchError(f"{case.name}: call {call_id} did not succeed: "
-                             f"{pb.OutcomeStatus.Name(outcome.status)} "
-                             f"{pb.ErrorClass.Name(outcome.error_class)}: {outcome.message}")
+            raise BenchError(
+                f"{case.name}: call {call_id} did not succeed: "
+                f"{pb.OutcomeStatus.Name(outcome.status)} "
+                f"{pb.ErrorClass.Name(outcome.error_class)}: {outcome.message}"
+            )
         return last
 
     return prep, invoke
 
 
-async def run_case(case: Case, targets: Targets, *, clients: int, channels: int, warmup: int,
-                   count: int, tag: str) -> Sample:
+async def run_case(
+    case: Case, targets: Targets, *, clients: int, channels: int, warmup: int, count: int, tag: str
+) -> Sample:
     address = targets.address(case)
-    chans = [grpc.aio.insecure_channel(address, options=channel_options())
-             for _ in range(max(1, min(channels, clients)))]
+    chans = [
+        grpc.aio.insecure_channel(address, options=channel_options())
+        for _ in range(max(1, min(channels, clients)))
+    ]
     try:
         for ch in chans:
             await asyncio.wait_for(ch.channel_ready(), 20)
@@ -367,8 +404,9 @@ async def run_case(case: Case, targets: Targets, *, clients: int, channels: int,
         prep, invoke = make_calls(case, chans, f"{tag}-w")
         await drive(prep, invoke, clients=clients, count=warmup, server_pid=targets.pid(case))
         prep, invoke = make_calls(case, chans, f"{tag}-m")
-        return await drive(prep, invoke, clients=clients, count=count,
-                           server_pid=targets.pid(case), trace=trace)
+        return await drive(
+            prep, invoke, clients=clients, count=count, server_pid=targets.pid(case), trace=trace
+        )
     finally:
         for ch in chans:
             await ch.close()
@@ -418,15 +456,22 @@ def breakdown(traces: list[tuple[Any, float, float]]) -> dict[str, float]:
     """
     per: dict[str, list[float]] = collections.defaultdict(list)
     for event, w0, w1 in traces:
-        marks = {pb.Phase.Name(m.phase): m.at.ToNanoseconds() / 1e9
-                 for m in event.finished.outcome.timeline}
+        marks = {
+            pb.Phase.Name(m.phase): m.at.ToNanoseconds() / 1e9
+            for m in event.finished.outcome.timeline
+        }
         queued, granted = marks["PHASE_QUEUED"], marks["PHASE_LOCK_GRANTED"]
         started, finished = marks["PHASE_STARTED"], marks["PHASE_FINISHED"]
         emitted = event.time.ToNanoseconds() / 1e9
-        for name, value in (("in", queued - w0), ("admit", granted - queued),
-                            ("intent", started - granted), ("tool", finished - started),
-                            ("outcome", emitted - finished), ("out", w1 - emitted),
-                            ("total", w1 - w0)):
+        for name, value in (
+            ("in", queued - w0),
+            ("admit", granted - queued),
+            ("intent", started - granted),
+            ("tool", finished - started),
+            ("outcome", emitted - finished),
+            ("out", w1 - emitted),
+            ("total", w1 - w0),
+        ):
             per[name].append(value * 1e3)
     return {name: statistics.median(values) for name, values in per.items()}
 
@@ -466,30 +511,43 @@ async def measure(targets: Targets, args: argparse.Namespace) -> dict[str, Any]:
             shift = r % len(CASES)  # rotate the order: drift does not always hit one case
             for case in CASES[shift:] + CASES[:shift]:
                 sample = await run_case(
-                    case, targets, clients=clients, channels=args.channels,
-                    warmup=args.warmup, count=counts[clients], tag=f"{case.name}-r{r}-c{clients}")
+                    case,
+                    targets,
+                    clients=clients,
+                    channels=args.channels,
+                    warmup=args.warmup,
+                    count=counts[clients],
+                    tag=f"{case.name}-r{r}-c{clients}",
+                )
                 key = f"{case.name}/{clients}"
                 rounds[key].append(summarize(sample))
                 if sample.traces:
                     phases[key].append(breakdown(sample.traces))
                 s = rounds[key][-1]
-                print(f"  round {r + 1}/{args.rounds}  {case.name:<12} {clients:>2} clients  "
-                      f"p50 {s['p50_ms']:7.3f} ms  p99 {s['p99_ms']:7.3f} ms  "
-                      f"{s['calls_per_s']:8.0f} calls/s  others {s['foreign_cores']:4.2f} cores",
-                      flush=True)
+                print(
+                    f"  round {r + 1}/{args.rounds}  {case.name:<12} {clients:>2} clients  "
+                    f"p50 {s['p50_ms']:7.3f} ms  p99 {s['p99_ms']:7.3f} ms  "
+                    f"{s['calls_per_s']:8.0f} calls/s  others {s['foreign_cores']:4.2f} cores",
+                    flush=True,
+                )
     rows = []
     for clients in concurrencies:
         echo = median_of_rounds(rounds[f"echo/{clients}"])
         for case in CASES:
             key = f"{case.name}/{clients}"
             m = median_of_rounds(rounds[key])
-            rows.append({
-                "case": case.name, "description": case.description, "clients": clients, **m,
-                "p50_ratio_vs_echo": m["p50_ms"] / echo["p50_ms"],
-                "throughput_ratio_vs_echo": m["calls_per_s"] / echo["calls_per_s"],
-                "phases_ms": median_of_rounds(phases[key]) if key in phases else None,
-                "rounds": rounds[key],
-            })
+            rows.append(
+                {
+                    "case": case.name,
+                    "description": case.description,
+                    "clients": clients,
+                    **m,
+                    "p50_ratio_vs_echo": m["p50_ms"] / echo["p50_ms"],
+                    "throughput_ratio_vs_echo": m["calls_per_s"] / echo["calls_per_s"],
+                    "phases_ms": median_of_rounds(phases[key]) if key in phases else None,
+                    "rounds": rounds[key],
+                }
+            )
     return {"rows": rows}
 
 
@@ -498,60 +556,83 @@ def goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for case, limit in GOALS:
         for row in rows:
             if row["case"] == case:
-                out.append({"case": case, "clients": row["clients"], "limit": limit,
-                            "p50_ratio": row["p50_ratio_vs_echo"],
-                            "met": row["p50_ratio_vs_echo"] <= limit})
+                out.append(
+                    {
+                        "case": case,
+                        "clients": row["clients"],
+                        "limit": limit,
+                        "p50_ratio": row["p50_ratio_vs_echo"],
+                        "met": row["p50_ratio_vs_echo"] <= limit,
+                    }
+                )
     return out
 
 
 def print_report(result: dict[str, Any]) -> None:
     rows = result["rows"]
     print()
-    print(f"{'case':<12} {'clients':>7} {'p50 ms':>8} {'p99 ms':>8} {'calls/s':>9} "
-          f"{'p50 x echo':>10} {'tput x echo':>11}")
+    print(
+        f"{'case':<12} {'clients':>7} {'p50 ms':>8} {'p99 ms':>8} {'calls/s':>9} "
+        f"{'p50 x echo':>10} {'tput x echo':>11}"
+    )
     for row in rows:
-        print(f"{row['case']:<12} {row['clients']:>7} {row['p50_ms']:>8.3f} {row['p99_ms']:>8.3f} "
-              f"{row['calls_per_s']:>9.0f} {row['p50_ratio_vs_echo']:>10.2f} "
-              f"{row['throughput_ratio_vs_echo']:>11.2f}")
+        print(
+            f"{row['case']:<12} {row['clients']:>7} {row['p50_ms']:>8.3f} {row['p99_ms']:>8.3f} "
+            f"{row['calls_per_s']:>9.0f} {row['p50_ratio_vs_echo']:>10.2f} "
+            f"{row['throughput_ratio_vs_echo']:>11.2f}"
+        )
     print()
-    print("CPU per call (us, median round): the client process; the server process "
-          "(all threads, of which kernel)")
+    print(
+        "CPU per call (us, median round): the client process; the server process "
+        "(all threads, of which kernel)"
+    )
     for row in rows:
-        print(f"  {row['case']:<12} {row['clients']:>2} clients  "
-              f"client {row['client_cpu_us_per_call']:6.0f}   "
-              f"server {row['server_cpu_us_per_call']:6.0f} "
-              f"(sys {row['server_sys_us_per_call']:4.0f})")
+        print(
+            f"  {row['case']:<12} {row['clients']:>2} clients  "
+            f"client {row['client_cpu_us_per_call']:6.0f}   "
+            f"server {row['server_cpu_us_per_call']:6.0f} "
+            f"(sys {row['server_sys_us_per_call']:4.0f})"
+        )
     foreign = [r["foreign_cores"] for row in rows for r in row["rounds"]]
-    print(f"  other processes on the machine during the samples: median "
-          f"{statistics.median(foreign):.2f}, max {max(foreign):.2f} cores of {os.cpu_count()}"
-          + ("  (noisy: compare with care)" if max(foreign) > 0.25 else ""))
+    print(
+        f"  other processes on the machine during the samples: median "
+        f"{statistics.median(foreign):.2f}, max {max(foreign):.2f} cores of {os.cpu_count()}"
+        + ("  (noisy: compare with care)" if max(foreign) > 0.25 else "")
+    )
     print()
-    print("Where an Execute call's time goes (median ms per segment, median round; "
-          "medians need not add up):")
+    print(
+        "Where an Execute call's time goes (median ms per segment, median round; "
+        "medians need not add up):"
+    )
     names = [n for n, _ in SEGMENTS]
-    print(f"  {'case':<12} {'clients':>7} " + " ".join(f"{n:>8}" for n in names)
-          + f" {'total':>8}")
+    print(f"  {'case':<12} {'clients':>7} " + " ".join(f"{n:>8}" for n in names) + f" {'total':>8}")
     for row in rows:
         ph = row["phases_ms"]
         if ph:
-            print(f"  {row['case']:<12} {row['clients']:>7} "
-                  + " ".join(f"{ph[n]:>8.3f}" for n in names) + f" {ph['total']:>8.3f}")
+            print(
+                f"  {row['case']:<12} {row['clients']:>7} "
+                + " ".join(f"{ph[n]:>8.3f}" for n in names)
+                + f" {ph['total']:>8.3f}"
+            )
     for name, text in SEGMENTS:
         print(f"    {name:<8} {text}")
     print()
     print("Goals (p50, same concurrency):")
     for g in result["goals"]:
         verdict = "MET" if g["met"] else "NOT MET"
-        print(f"  {g['case']:<10} {g['clients']:>2} clients: p50 {g['p50_ratio']:.2f}x echo "
-              f"(goal <= {g['limit']}x)  {verdict}")
+        print(
+            f"  {g['case']:<10} {g['clients']:>2} clients: p50 {g['p50_ratio']:.2f}x echo "
+            f"(goal <= {g['limit']}x)  {verdict}"
+        )
 
 
 async def run_all(targets: Targets, args: argparse.Namespace) -> dict[str, Any]:
     # One event loop for everything: grpc.aio is happiest that way.
     result = await measure(targets, args)
     result["goals"] = goals(result["rows"])
-    result["config"] = {k: str(v) if isinstance(v, Path) else v
-                        for k, v in vars(args).items() if k != "serve_echo"}
+    result["config"] = {
+        k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "serve_echo"
+    }
     print_report(result)
     if args.profile:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -567,21 +648,31 @@ def environment(tmp: Path) -> dict[str, Any]:
             parts = line.split()
             if len(parts) > 2 and str(tmp).startswith(parts[1]) and len(parts[1]) >= len(best):
                 best, fs = parts[1], parts[2]
+
     def git(*cmd: str) -> str:
-        return subprocess.run(["git", "-C", str(ROOT), *cmd], capture_output=True, text=True,
-                              check=False).stdout.rstrip()
+        return subprocess.run(
+            ["git", "-C", str(ROOT), *cmd], capture_output=True, text=True, check=False
+        ).stdout.rstrip()
 
     rev = git("rev-parse", "--short", "HEAD")
-    dirty = [line[3:] for line in git("status", "--porcelain", "--", "executor", "client",
-                                      "proto").splitlines()]
+    dirty = [
+        line[3:]
+        for line in git("status", "--porcelain", "--", "executor", "client", "proto").splitlines()
+    ]
     return {
-        "python": platform.python_version(), "grpcio": grpc.__version__,
-        "cpus": os.cpu_count(), "loadavg_at_start": os.getloadavg(), "git": rev,
+        "python": platform.python_version(),
+        "grpcio": grpc.__version__,
+        "cpus": os.cpu_count(),
+        "loadavg_at_start": os.getloadavg(),
+        "git": rev,
         # The daemon measured is the work tree: its uncommitted changes, and a digest of them.
         "uncommitted": dirty,
         "uncommitted_diff_sha256": hashlib.sha256(
-            git("diff", "HEAD", "--", "executor", "client", "proto").encode()).hexdigest()[:16],
-        "tmp": str(tmp), "tmp_fs": fs, "hostname": socket.gethostname(),
+            git("diff", "HEAD", "--", "executor", "client", "proto").encode()
+        ).hexdigest()[:16],
+        "tmp": str(tmp),
+        "tmp_fs": fs,
+        "hostname": socket.gethostname(),
     }
 
 
@@ -597,8 +688,10 @@ async def profile_noop(targets: Targets, seconds: float, out_dir: Path) -> dict[
     callback show up as own time of `Handle._run`.
     """
     # The venv's bin first: py-spy is usually pip-installed next to this interpreter.
-    spy = shutil.which("py-spy", path=os.pathsep.join(
-        (str(Path(sys.executable).parent), os.environ.get("PATH", ""))))
+    spy = shutil.which(
+        "py-spy",
+        path=os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", ""))),
+    )
     if spy is None:
         print("\nprofile: py-spy is not installed (pip install py-spy); skipped")
         return {}
@@ -611,9 +704,24 @@ async def profile_noop(targets: Targets, seconds: float, out_dir: Path) -> dict[
     prep, invoke = make_calls(case, chans, "profile-warm")
     await drive(prep, invoke, clients=1, count=200, server_pid=pid)
     proc = await asyncio.create_subprocess_exec(
-        spy, "record", "--pid", str(pid), "--duration", str(round(seconds)), "--rate", str(rate),
-        "--gil", "--nonblocking", "--threads", "--format", "raw", "--output", str(raw),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        spy,
+        "record",
+        "--pid",
+        str(pid),
+        "--duration",
+        str(round(seconds)),
+        "--rate",
+        str(rate),
+        "--gil",
+        "--nonblocking",
+        "--threads",
+        "--format",
+        "raw",
+        "--output",
+        str(raw),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
     calls = 0
     while proc.returncode is None:
         prep, invoke = make_calls(case, chans, f"profile-{calls}")
@@ -648,8 +756,9 @@ def summarize_profile(raw: Path, *, calls: int, possible: float, top: int = 20) 
         own[_function(frames[-1])] += count
         # Charged to the innermost daemon frame (executor/..., but not the cli's
         # asyncio.run at the bottom of every loop stack), library callees included.
-        mine = next((f for f in reversed(frames)
-                     if "(executor/" in f and "(executor/cli.py" not in f), None)
+        mine = next(
+            (f for f in reversed(frames) if "(executor/" in f and "(executor/cli.py" not in f), None
+        )
         if mine is None:
             ours["[loop] " + _function(frames[-1])] += count
             parts["event loop + grpc.aio (no daemon frame)"] += count
@@ -660,9 +769,11 @@ def summarize_profile(raw: Path, *, calls: int, possible: float, top: int = 20) 
     if not total:
         print("\nprofile: no samples")
         return {}
-    print(f"\nprofile: py-spy --gil on the daemon, noop, 1 client: {calls} calls, {total} "
-          f"samples with the GIL held = {total / possible:.0%} of wall time "
-          f"(stacks: {raw})")
+    print(
+        f"\nprofile: py-spy --gil on the daemon, noop, 1 client: {calls} calls, {total} "
+        f"samples with the GIL held = {total / possible:.0%} of wall time "
+        f"(stacks: {raw})"
+    )
     print("  GIL samples by thread:")
     for name, n in by_thread.most_common(6):
         print(f"    {n / total:6.1%}  {name}")
@@ -675,11 +786,16 @@ def summarize_profile(raw: Path, *, calls: int, possible: float, top: int = 20) 
     print("  own time (leaf function):")
     for name, n in own.most_common(top):
         print(f"    {n / total:6.1%}  {name}")
-    return {"samples": total, "gil_share": total / possible, "calls": calls, "raw": str(raw),
-            "threads": {k: v / total for k, v in by_thread.most_common(10)},
-            "components": {k: v / total for k, v in parts.most_common()},
-            "by_daemon_function": {k: v / total for k, v in ours.most_common(60)},
-            "own": {k: v / total for k, v in own.most_common(60)}}
+    return {
+        "samples": total,
+        "gil_share": total / possible,
+        "calls": calls,
+        "raw": str(raw),
+        "threads": {k: v / total for k, v in by_thread.most_common(10)},
+        "components": {k: v / total for k, v in parts.most_common()},
+        "by_daemon_function": {k: v / total for k, v in ours.most_common(60)},
+        "own": {k: v / total for k, v in own.most_common(60)},
+    }
 
 
 _COMPONENTS = {
@@ -709,20 +825,28 @@ def _function(frame: str) -> str:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="a fast smoke run (small counts, 1 round)")
     p.add_argument("--warmup", type=int, help="warm-up calls per case (default 200)")
     p.add_argument("--count1", type=int, help="measured calls with 1 client (default 2000)")
     p.add_argument("--count32", type=int, help="measured calls with 32 clients (default 4000)")
     p.add_argument("--rounds", type=int, help="interleaved rounds; the median is reported (3)")
     p.add_argument("--channels", type=int, default=4, help="channels the 32 clients share (4)")
-    p.add_argument("--profile", action="store_true",
-                   help="after the measurements, sample the daemon with py-spy under noop load")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the measurements, sample the daemon with py-spy under noop load",
+    )
     p.add_argument("--profile-seconds", type=float, default=10.0)
     p.add_argument("--json", type=Path, default=RESULTS, help=f"results file ({RESULTS})")
-    p.add_argument("--tmp", type=Path, default=None,
-                   help="where the servers' sockets, journal and workspace go (a temp dir)")
+    p.add_argument(
+        "--tmp",
+        type=Path,
+        default=None,
+        help="where the servers' sockets, journal and workspace go (a temp dir)",
+    )
     p.add_argument("--serve-echo", metavar="ADDRESS", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     quick = {"warmup": 50, "count1": 200, "count32": 400, "rounds": 1}
@@ -740,11 +864,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     tmp = Path(tempfile.mkdtemp(prefix="eg-bench-", dir=args.tmp))
     env = environment(tmp)
-    print(f"execgate dispatch bench: {env['cpus']} cpus, load {env['loadavg_at_start']}, "
-          f"python {env['python']}, grpcio {env['grpcio']}, tmp on {env['tmp_fs']}")
-    print(f"warmup {args.warmup}, measured {args.count1} (1 client) / {args.count32} "
-          f"(32 clients over {args.channels} channels), {args.rounds} round(s); "
-          f"echo payload {len(echo_payload())} bytes")
+    print(
+        f"execgate dispatch bench: {env['cpus']} cpus, load {env['loadavg_at_start']}, "
+        f"python {env['python']}, grpcio {env['grpcio']}, tmp on {env['tmp_fs']}"
+    )
+    print(
+        f"warmup {args.warmup}, measured {args.count1} (1 client) / {args.count32} "
+        f"(32 clients over {args.channels} channels), {args.rounds} round(s); "
+        f"echo payload {len(echo_payload())} bytes"
+    )
     try:
         with servers(tmp) as targets:
             result = asyncio.run(run_all(targets, args))

@@ -12,7 +12,16 @@ from ._async import AsyncClient
 from ._sync import Client
 from .errors import CallNotFound, DaemonUnavailable, ExecgateClientError, RequestError
 from .types import (
-    Call, CallRecord, Event, EventKind, Evidence, Mark, Outcome, Status, StopMode, ToolSpec,
+    Call,
+    CallRecord,
+    Event,
+    EventKind,
+    Evidence,
+    Mark,
+    Outcome,
+    Status,
+    StopMode,
+    ToolSpec,
 )
 
 __all__ = [

@@ -31,8 +31,9 @@ class AsyncClient:
     async def __aenter__(self) -> AsyncClient:
         return self
 
-    async def __aexit__(self, *exc: type[BaseException] | BaseException | TracebackType | None
-                        ) -> None:
+    async def __aexit__(
+        self, *exc: type[BaseException] | BaseException | TracebackType | None
+    ) -> None:
         await self.close()
 
     async def list_tools(self) -> list[ToolSpec]:
@@ -42,8 +43,14 @@ class AsyncClient:
             raise wire.translate(exc, self.address) from exc
         return [wire.tool_spec(t) for t in response.tools]
 
-    async def stream(self, calls: Iterable[Call], *, run_id: str | None = None,
-                     batch_id: str = "", progress: bool = True) -> AsyncIterator[Event]:
+    async def stream(
+        self,
+        calls: Iterable[Call],
+        *,
+        run_id: str | None = None,
+        batch_id: str = "",
+        progress: bool = True,
+    ) -> AsyncIterator[Event]:
         request = wire.execute_request(calls, self._run(run_id), batch_id, not progress)
         try:
             async for msg in self._stub.Execute(request):
@@ -51,13 +58,13 @@ class AsyncClient:
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address) from exc
 
-    async def execute(self, calls: Iterable[Call], *, run_id: str | None = None,
-                      batch_id: str = "") -> list[Outcome]:
+    async def execute(
+        self, calls: Iterable[Call], *, run_id: str | None = None, batch_id: str = ""
+    ) -> list[Outcome]:
         calls = with_ids(calls)
         finished = [
             event.outcome
-            async for event in self.stream(calls, run_id=run_id, batch_id=batch_id,
-                                           progress=False)
+            async for event in self.stream(calls, run_id=run_id, batch_id=batch_id, progress=False)
             if event.kind is EventKind.FINISHED and event.outcome is not None
         ]
         return in_proposal_order(calls, finished)
@@ -68,23 +75,31 @@ class AsyncClient:
     async def execute_one(self, tool: str, /, **arguments: Any) -> Outcome:
         return await self.run(Call(tool=tool, arguments=arguments))
 
-    async def get_call(self, call_id: str, *, run_id: str | None = None,
-                       include_raw: bool = False) -> CallRecord:
+    async def get_call(
+        self, call_id: str, *, run_id: str | None = None, include_raw: bool = False
+    ) -> CallRecord:
         run = self._run(run_id)
         try:
-            msg = await self._stub.GetCall(pb.GetCallRequest(run_id=run, call_id=call_id,
-                                                             include_raw=include_raw))
+            msg = await self._stub.GetCall(
+                pb.GetCallRequest(run_id=run, call_id=call_id, include_raw=include_raw)
+            )
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address, run_id=run, call_id=call_id) from exc
         return wire.record(msg)
 
-    async def list_calls(self, *, run_id: str = "", statuses: Iterable[Status] = (),
-                         tool: str = "", limit: int = 100) -> list[CallRecord]:
+    async def list_calls(
+        self, *, run_id: str = "", statuses: Iterable[Status] = (), tool: str = "", limit: int = 100
+    ) -> list[CallRecord]:
         records: list[CallRecord] = []
         token = ""
         while len(records) < limit:
-            request = wire.list_request(run_id=run_id, statuses=statuses, tool=tool,
-                                        limit=min(limit - len(records), 1000), page_token=token)
+            request = wire.list_request(
+                run_id=run_id,
+                statuses=statuses,
+                tool=tool,
+                limit=min(limit - len(records), 1000),
+                page_token=token,
+            )
             try:
                 response = await self._stub.ListCalls(request)
             except grpc.RpcError as exc:
@@ -95,10 +110,18 @@ class AsyncClient:
                 break
         return records
 
-    async def cancel(self, *, call_id: str = "", batch_id: str = "", run_id: str | None = None,
-                     reason: str = "", grace: float | None = None) -> list[str]:
-        request = pb.CancelRequest(run_id=self._run(run_id), call_id=call_id, batch_id=batch_id,
-                                   reason=reason)
+    async def cancel(
+        self,
+        *,
+        call_id: str = "",
+        batch_id: str = "",
+        run_id: str | None = None,
+        reason: str = "",
+        grace: float | None = None,
+    ) -> list[str]:
+        request = pb.CancelRequest(
+            run_id=self._run(run_id), call_id=call_id, batch_id=batch_id, reason=reason
+        )
         if grace is not None:
             request.grace.CopyFrom(wire.duration(grace))
         try:

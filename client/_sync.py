@@ -48,8 +48,14 @@ class Client:
             raise wire.translate(exc, self.address) from exc
         return [wire.tool_spec(t) for t in response.tools]
 
-    def stream(self, calls: Iterable[Call], *, run_id: str | None = None, batch_id: str = "",
-               progress: bool = True) -> Iterator[Event]:
+    def stream(
+        self,
+        calls: Iterable[Call],
+        *,
+        run_id: str | None = None,
+        batch_id: str = "",
+        progress: bool = True,
+    ) -> Iterator[Event]:
         """Every event of the batch as it happens: queued, started, finished."""
         request = wire.execute_request(calls, self._run(run_id), batch_id, not progress)
         try:
@@ -58,8 +64,9 @@ class Client:
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address) from exc
 
-    def execute(self, calls: Iterable[Call], *, run_id: str | None = None,
-                batch_id: str = "") -> list[Outcome]:
+    def execute(
+        self, calls: Iterable[Call], *, run_id: str | None = None, batch_id: str = ""
+    ) -> list[Outcome]:
         """Run a batch; the outcomes in the order the calls were given."""
         calls = with_ids(calls)
         finished = [
@@ -75,24 +82,32 @@ class Client:
     def execute_one(self, tool: str, /, **arguments: Any) -> Outcome:
         return self.run(Call(tool=tool, arguments=arguments))
 
-    def get_call(self, call_id: str, *, run_id: str | None = None,
-                 include_raw: bool = False) -> CallRecord:
+    def get_call(
+        self, call_id: str, *, run_id: str | None = None, include_raw: bool = False
+    ) -> CallRecord:
         run = self._run(run_id)
         try:
-            msg = self._stub.GetCall(pb.GetCallRequest(run_id=run, call_id=call_id,
-                                                       include_raw=include_raw))
+            msg = self._stub.GetCall(
+                pb.GetCallRequest(run_id=run, call_id=call_id, include_raw=include_raw)
+            )
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address, run_id=run, call_id=call_id) from exc
         return wire.record(msg)
 
-    def list_calls(self, *, run_id: str = "", statuses: Iterable[Status] = (), tool: str = "",
-                   limit: int = 100) -> list[CallRecord]:
+    def list_calls(
+        self, *, run_id: str = "", statuses: Iterable[Status] = (), tool: str = "", limit: int = 100
+    ) -> list[CallRecord]:
         """Newest first, following pages until `limit` records."""
         records: list[CallRecord] = []
         token = ""
         while len(records) < limit:
-            request = wire.list_request(run_id=run_id, statuses=statuses, tool=tool,
-                                        limit=min(limit - len(records), 1000), page_token=token)
+            request = wire.list_request(
+                run_id=run_id,
+                statuses=statuses,
+                tool=tool,
+                limit=min(limit - len(records), 1000),
+                page_token=token,
+            )
             try:
                 response = self._stub.ListCalls(request)
             except grpc.RpcError as exc:
@@ -103,10 +118,18 @@ class Client:
                 break
         return records
 
-    def cancel(self, *, call_id: str = "", batch_id: str = "", run_id: str | None = None,
-               reason: str = "", grace: float | None = None) -> list[str]:
-        request = pb.CancelRequest(run_id=self._run(run_id), call_id=call_id, batch_id=batch_id,
-                                   reason=reason)
+    def cancel(
+        self,
+        *,
+        call_id: str = "",
+        batch_id: str = "",
+        run_id: str | None = None,
+        reason: str = "",
+        grace: float | None = None,
+    ) -> list[str]:
+        request = pb.CancelRequest(
+            run_id=self._run(run_id), call_id=call_id, batch_id=batch_id, reason=reason
+        )
         if grace is not None:
             request.grace.CopyFrom(wire.duration(grace))
         try:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 

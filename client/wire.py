@@ -14,7 +14,16 @@ from execgate.v1 import executor_pb2 as pb
 
 from .errors import CallNotFound, DaemonUnavailable, ExecgateClientError, RequestError
 from .types import (
-    Call, CallRecord, Event, EventKind, Evidence, Mark, Outcome, Status, StopMode, ToolSpec,
+    Call,
+    CallRecord,
+    Event,
+    EventKind,
+    Evidence,
+    Mark,
+    Outcome,
+    Status,
+    StopMode,
+    ToolSpec,
 )
 
 DEFAULT_ADDRESS = "unix:var/execgate.sock"
@@ -54,12 +63,18 @@ def outcome(msg: pb.Outcome, call_id: str, replay_of: str = "") -> Outcome:
         returned_bytes=msg.result.returned_bytes,
         total_bytes=msg.result.total_bytes,
         evidence=Evidence(
-            exit_code=opt("exit_code"), signal=opt("signal"), bytes_written=opt("bytes_written"),
-            bytes_read=opt("bytes_read"), sha256_before=opt("sha256_before"),
-            sha256_after=opt("sha256_after"), path=ev.path,
+            exit_code=opt("exit_code"),
+            signal=opt("signal"),
+            bytes_written=opt("bytes_written"),
+            bytes_read=opt("bytes_read"),
+            sha256_before=opt("sha256_before"),
+            sha256_after=opt("sha256_after"),
+            path=ev.path,
         ),
-        timeline=tuple(Mark(_enum_name(pb.Phase, m.phase, "PHASE_"),
-                            m.at.ToNanoseconds() / 1e9, m.detail) for m in msg.timeline),
+        timeline=tuple(
+            Mark(_enum_name(pb.Phase, m.phase, "PHASE_"), m.at.ToNanoseconds() / 1e9, m.detail)
+            for m in msg.timeline
+        ),
         stopped_how=StopMode(_enum_name(pb.StopMode, msg.stopped_how, "STOP_MODE_")),
         replay_of=replay_of,
     )
@@ -70,21 +85,33 @@ def event(msg: pb.ExecuteEvent) -> Event:
     result = None
     if kind is EventKind.FINISHED:
         result = outcome(msg.finished.outcome, msg.call_id, msg.finished.replay_of_call_id)
-    return Event(kind=kind, call_id=msg.call_id, batch_id=msg.batch_id,
-                 at=msg.time.ToNanoseconds() / 1e9, outcome=result)
+    return Event(
+        kind=kind,
+        call_id=msg.call_id,
+        batch_id=msg.batch_id,
+        at=msg.time.ToNanoseconds() / 1e9,
+        outcome=result,
+    )
 
 
-def execute_request(calls: Iterable[Call], run_id: str, batch_id: str,
-                    outcomes_only: bool) -> pb.ExecuteRequest:
+def execute_request(
+    calls: Iterable[Call], run_id: str, batch_id: str, outcomes_only: bool
+) -> pb.ExecuteRequest:
     return pb.ExecuteRequest(
-        run_id=run_id, batch_id=batch_id, outcomes_only=outcomes_only,
+        run_id=run_id,
+        batch_id=batch_id,
+        outcomes_only=outcomes_only,
         calls=[tool_call(c) for c in calls],
     )
 
 
 def tool_call(call: Call) -> pb.ToolCall:
-    msg = pb.ToolCall(call_id=call.call_id, tool=call.tool, arguments_json=call.arguments_json(),
-                      idempotency_key=call.idempotency_key)
+    msg = pb.ToolCall(
+        call_id=call.call_id,
+        tool=call.tool,
+        arguments_json=call.arguments_json(),
+        idempotency_key=call.idempotency_key,
+    )
     if call.timeout is not None:
         msg.timeout.CopyFrom(duration(call.timeout))
     return msg
@@ -98,9 +125,11 @@ def duration(seconds: float) -> Duration:
 
 def tool_spec(msg: pb.ToolSpec) -> ToolSpec:
     return ToolSpec(
-        name=msg.name, description=msg.description,
+        name=msg.name,
+        description=msg.description,
         input_schema=json.loads(msg.input_schema_json or "{}"),
-        read_only=msg.effects.read_only, destructive=msg.effects.destructive,
+        read_only=msg.effects.read_only,
+        destructive=msg.effects.destructive,
         idempotent=msg.effects.idempotent,
     )
 
@@ -108,25 +137,37 @@ def tool_spec(msg: pb.ToolSpec) -> ToolSpec:
 def record(msg: pb.CallRecord) -> CallRecord:
     finished = msg.state == pb.CALL_STATE_FINISHED
     return CallRecord(
-        run_id=msg.run_id, call_id=msg.call_id, batch_id=msg.batch_id, tool=msg.tool,
-        arguments_json=msg.arguments_json, idempotency_key=msg.idempotency_key, agent=msg.agent,
-        may_write=msg.may_write, created_at=msg.created_at.ToNanoseconds() / 1e9,
+        run_id=msg.run_id,
+        call_id=msg.call_id,
+        batch_id=msg.batch_id,
+        tool=msg.tool,
+        arguments_json=msg.arguments_json,
+        idempotency_key=msg.idempotency_key,
+        agent=msg.agent,
+        may_write=msg.may_write,
+        created_at=msg.created_at.ToNanoseconds() / 1e9,
         running=not finished,
         outcome=outcome(msg.outcome, msg.call_id, msg.replay_of_call_id) if finished else None,
-        replay_of=msg.replay_of_call_id, raw_result=msg.raw_result,
+        replay_of=msg.replay_of_call_id,
+        raw_result=msg.raw_result,
     )
 
 
-def list_request(*, run_id: str, statuses: Iterable[Status], tool: str, limit: int,
-                 page_token: str) -> pb.ListCallsRequest:
+def list_request(
+    *, run_id: str, statuses: Iterable[Status], tool: str, limit: int, page_token: str
+) -> pb.ListCallsRequest:
     return pb.ListCallsRequest(
-        run_id=run_id, tool=tool, limit=limit, page_token=page_token,
+        run_id=run_id,
+        tool=tool,
+        limit=limit,
+        page_token=page_token,
         statuses=[pb.OutcomeStatus.Value("OUTCOME_STATUS_" + s.name) for s in statuses],
     )
 
 
-def translate(exc: grpc.RpcError, address: str, *, run_id: str = "", call_id: str = ""
-              ) -> ExecgateClientError:
+def translate(
+    exc: grpc.RpcError, address: str, *, run_id: str = "", call_id: str = ""
+) -> ExecgateClientError:
     """One place where gRPC errors become the client's exceptions."""
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)

@@ -19,15 +19,19 @@ from execgate.client import Call, Client, DaemonUnavailable, Outcome, Status
 from execgate.client.wire import resolve_address
 
 STATUS_STYLE = {
-    Status.SUCCESS: "green", Status.PARTIAL: "yellow", Status.FAILURE: "red",
-    Status.REJECTED: "magenta", Status.UNKNOWN_OUTCOME: "bold red",
+    Status.SUCCESS: "green",
+    Status.PARTIAL: "yellow",
+    Status.FAILURE: "red",
+    Status.REJECTED: "magenta",
+    Status.UNKNOWN_OUTCOME: "bold red",
 }
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--addr", help="daemon address (default: $EXECGATE_ADDR or "
-                        "unix:var/execgate.sock)")
+    common.add_argument(
+        "--addr", help="daemon address (default: $EXECGATE_ADDR or unix:var/execgate.sock)"
+    )
     common.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("tools", parents=[common], help="list the daemon's tools")
@@ -35,8 +39,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
     p = sub.add_parser("call", parents=[common], help="run one tool call")
     p.add_argument("tool")
-    p.add_argument("--arg", action="append", default=[], metavar="K=V",
-                   help="an argument; V is taken as JSON unless the tool's schema wants a string")
+    p.add_argument(
+        "--arg",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="an argument; V is taken as JSON unless the tool's schema wants a string",
+    )
     p.add_argument("--args-json", default=None, help="all arguments as one JSON object")
     p.add_argument("--run", default="", help="run id (default: the implicit run)")
     p.add_argument("--call-id", default="")
@@ -44,12 +53,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--timeout", type=float, default=None, help="seconds")
     p.set_defaults(handler=_call)
 
-    calls = sub.add_parser("calls", help="read the journal").add_subparsers(dest="calls_cmd",
-                                                                            required=True)
+    calls = sub.add_parser("calls", help="read the journal").add_subparsers(
+        dest="calls_cmd", required=True
+    )
     p = calls.add_parser("list", parents=[common], help="recent calls, newest first")
     p.add_argument("--run", default="")
-    p.add_argument("--status", action="append", default=[],
-                   choices=[s.value for s in Status])
+    p.add_argument("--status", action="append", default=[], choices=[s.value for s in Status])
     p.add_argument("--tool", default="")
     p.add_argument("--limit", type=int, default=50)
     p.set_defaults(handler=_calls_list)
@@ -79,7 +88,9 @@ def _tools(args: argparse.Namespace) -> int:
         return 0
     table = Table("tool", "effects", "arguments", "description", title="execgate tools")
     for t in tools:
-        effects = "read-only" if t.read_only else "writes" + (", destructive" if t.destructive else "")
+        effects = (
+            "read-only" if t.read_only else "writes" + (", destructive" if t.destructive else "")
+        )
         props = t.input_schema.get("properties", {})
         required = set(t.input_schema.get("required", []))
         names = ", ".join(n + ("" if n in required else "?") for n in props)
@@ -91,8 +102,15 @@ def _tools(args: argparse.Namespace) -> int:
 def _call(args: argparse.Namespace) -> int:
     with Client(args.addr, run_id=args.run) as client:
         arguments = _arguments(client, args)
-        outcome = client.run(Call(tool=args.tool, arguments=arguments, call_id=args.call_id,
-                                  idempotency_key=args.idempotency_key, timeout=args.timeout))
+        outcome = client.run(
+            Call(
+                tool=args.tool,
+                arguments=arguments,
+                call_id=args.call_id,
+                idempotency_key=args.idempotency_key,
+                timeout=args.timeout,
+            )
+        )
     if args.json:
         _print_json(_jsonable(outcome))
     else:
@@ -140,8 +158,12 @@ def _print_outcome(o: Outcome) -> None:
 
 def _calls_list(args: argparse.Namespace) -> int:
     with Client(args.addr) as client:
-        records = client.list_calls(run_id=args.run, statuses=[Status(s) for s in args.status],
-                                    tool=args.tool, limit=args.limit)
+        records = client.list_calls(
+            run_id=args.run,
+            statuses=[Status(s) for s in args.status],
+            tool=args.tool,
+            limit=args.limit,
+        )
     if args.json:
         _print_json([_jsonable(r) for r in records])
         return 0
@@ -152,8 +174,15 @@ def _calls_list(args: argparse.Namespace) -> int:
         ms = ""
         if o is not None and o.timeline:
             ms = f"{(o.timeline[-1].at - o.timeline[0].at) * 1000:.1f}"
-        table.add_row(_when(r.created_at), r.run_id, r.call_id, r.tool, status,
-                      "" if o is None else o.error_class, ms)
+        table.add_row(
+            _when(r.created_at),
+            r.run_id,
+            r.call_id,
+            r.tool,
+            status,
+            "" if o is None else o.error_class,
+            ms,
+        )
     Console().print(table)
     return 0
 
@@ -181,8 +210,13 @@ def _calls_show(args: argparse.Namespace) -> int:
 
 def _cancel(args: argparse.Namespace) -> int:
     with Client(args.addr) as client:
-        hit = client.cancel(run_id=args.run, call_id=args.call, batch_id=args.batch,
-                            reason=args.reason, grace=args.grace)
+        hit = client.cancel(
+            run_id=args.run,
+            call_id=args.call,
+            batch_id=args.batch,
+            reason=args.reason,
+            grace=args.grace,
+        )
     if args.json:
         _print_json({"cancelled": hit})
     else:

@@ -1,4 +1,4 @@
-"""The call pipeline: validate → authorize → idempotency → intent → schedule → run → record → report.
+"""The call pipeline: validate, authorize, idempotency, schedule, intent, run, record, report.
 
 One `Dispatcher` serves every Execute stream. Each call of a batch runs as its
 own task owned by the dispatcher (not by the RPC), so a client that disconnects
@@ -74,8 +74,15 @@ class _Batch:
 
 
 class Dispatcher:
-    def __init__(self, *, tools: dict[str, Tool], journal: Journal, policy: Policy,
-                 workspace: Workspace, limits: Limits) -> None:
+    def __init__(
+        self,
+        *,
+        tools: dict[str, Tool],
+        journal: Journal,
+        policy: Policy,
+        workspace: Workspace,
+        limits: Limits,
+    ) -> None:
         self.tools = tools
         self.journal = journal
         self.policy = policy
@@ -92,8 +99,15 @@ class Dispatcher:
 
     # -- the public surface ---------------------------------------------------------
 
-    async def execute(self, run_id: str, batch_id: str, calls: list[CallRequest],
-                      agent: str, *, progress: bool = True) -> AsyncIterator[Event]:
+    async def execute(
+        self,
+        run_id: str,
+        batch_id: str,
+        calls: list[CallRequest],
+        agent: str,
+        *,
+        progress: bool = True,
+    ) -> AsyncIterator[Event]:
         """Start every call of the batch and yield their events until all have finished."""
         batch = _Batch(run_id, batch_id, agent, progress)
         ids = []
@@ -112,8 +126,15 @@ class Dispatcher:
             if remaining:  # the caller went away: queued calls must not start
                 self._abandon(run_id, ids, "client disconnected")
 
-    def cancel(self, *, run_id: str, call_id: str = "", batch_id: str = "", reason: str,
-               grace: float | None) -> list[str]:
+    def cancel(
+        self,
+        *,
+        run_id: str,
+        call_id: str = "",
+        batch_id: str = "",
+        reason: str,
+        grace: float | None,
+    ) -> list[str]:
         """Ask the targeted calls to stop; returns the ids reached. Empty run_id: any run."""
         hit = []
         for (run, call), active in list(self._active.items()):
@@ -147,16 +168,22 @@ class Dispatcher:
             # A bug or a journal failure: the stream must still end with an outcome
             # for this call, and the daemon must keep serving.
             log.exception("call %s failed inside the daemon", req.call_id)
-            batch.emit(EventKind.FINISHED, req.call_id, outcome=results.from_crash(
-                exc, may_write=True, marks=(queued, mark(Phase.FINISHED))))
+            batch.emit(
+                EventKind.FINISHED,
+                req.call_id,
+                outcome=results.from_crash(
+                    exc, may_write=True, marks=(queued, mark(Phase.FINISHED))
+                ),
+            )
 
     async def _pipeline(self, req: CallRequest, batch: _Batch, queued: Mark) -> None:
         try:
             call = self._validator.validate(req)
             self._authorize(call)
             if self._closing:
-                raise ToolError(ErrorClass.CANCELLED, "the daemon is shutting down",
-                                status=Status.REJECTED)
+                raise ToolError(
+                    ErrorClass.CANCELLED, "the daemon is shutting down", status=Status.REJECTED
+                )
         except ToolError as err:
             await self._reject(req, batch, results.from_error(err, (queued,)))
             return
@@ -171,14 +198,15 @@ class Dispatcher:
         finally:
             del self._active[key]
 
-    async def _admitted(self, call: ValidCall, batch: _Batch, scope: CancelScope,
-                        queued: Mark) -> None:
+    async def _admitted(
+        self, call: ValidCall, batch: _Batch, scope: CancelScope, queued: Mark
+    ) -> None:
         req = call.request
         if req.idempotency_key:
             try:
-                replay = await self._idempotency.claim(batch.agent, req.idempotency_key,
-                                                       call.request_hash, req.run_id,
-                                                       req.call_id)
+                replay = await self._idempotency.claim(
+                    batch.agent, req.idempotency_key, call.request_hash, req.run_id, req.call_id
+                )
             except ToolError as err:
                 await self._reject(req, batch, results.from_error(err, (queued,)))
                 return
@@ -192,8 +220,9 @@ class Dispatcher:
             if req.idempotency_key:
                 self._idempotency.release(batch.agent, req.idempotency_key, outcome)
 
-    async def _journaled_run(self, call: ValidCall, batch: _Batch, scope: CancelScope,
-                             queued: Mark) -> Outcome:
+    async def _journaled_run(
+        self, call: ValidCall, batch: _Batch, scope: CancelScope, queued: Mark
+    ) -> Outcome:
         """Wait for the locks, journal the intent, run, journal the outcome, report it.
 
         The intent is written only once the locks are granted, just before the tool
@@ -207,8 +236,7 @@ class Dispatcher:
                 granted = mark(Phase.LOCK_GRANTED)
                 if scope.requested.is_set():
                     raise Abandoned
-                rec = self._record(req, batch.agent, call.request_hash, call.may_write,
-                                   queued.at)
+                rec = self._record(req, batch.agent, call.request_hash, call.may_write, queued.at)
                 if call.may_write:
                     await self.journal.record_intent(rec)
                 else:
@@ -218,8 +246,9 @@ class Dispatcher:
                 batch.emit(EventKind.STARTED, req.call_id)
                 outcome, raw = await self._run_tool(call, scope, (queued, granted, started))
         except Abandoned:
-            outcome = rejected(ErrorClass.CANCELLED,
-                               f"cancelled before it started: {scope.reason}", "")
+            outcome = rejected(
+                ErrorClass.CANCELLED, f"cancelled before it started: {scope.reason}", ""
+            )
             outcome = outcome.with_marks(queued, mark(Phase.CANCEL_REQUESTED, scope.reason))
             await self._reject(req, batch, outcome)
             return outcome
@@ -227,15 +256,17 @@ class Dispatcher:
             return await self._refuse_duplicate(req, batch, queued)
         # Recorded before it is reported: an outcome nobody can find later is never sent.
         try:
-            await self.journal.record_outcome(req.run_id, req.call_id, outcome, raw,
-                                              durable=call.may_write)
+            await self.journal.record_outcome(
+                req.run_id, req.call_id, outcome, raw, durable=call.may_write
+            )
         except DuplicateCall:  # a read-only call whose id was taken: it changed nothing
             return await self._refuse_duplicate(req, batch, queued)
         batch.emit(EventKind.FINISHED, req.call_id, outcome=outcome)
         return outcome
 
-    async def _run_tool(self, call: ValidCall, scope: CancelScope,
-                        marks: tuple[Mark, ...]) -> tuple[Outcome, str]:
+    async def _run_tool(
+        self, call: ValidCall, scope: CancelScope, marks: tuple[Mark, ...]
+    ) -> tuple[Outcome, str]:
         ctx = ToolContext(self.workspace, self.limits, call.timeout, scope)
         try:
             out = await call.tool.run(call.args, ctx)
@@ -245,8 +276,9 @@ class Dispatcher:
             log.exception("tool %s crashed on call %s", call.request.tool, call.request.call_id)
             outcome = results.from_crash(exc, may_write=call.may_write, marks=marks)
             return outcome.with_marks(mark(Phase.FINISHED)), ""
-        outcome = results.from_output(out, may_write=call.may_write,
-                                      cap=self.limits.output_cap_bytes, marks=marks)
+        outcome = results.from_output(
+            out, may_write=call.may_write, cap=self.limits.output_cap_bytes, marks=marks
+        )
         return outcome.with_marks(mark(Phase.FINISHED)), out.raw()
 
     # -- endings that do not run the tool ----------------------------------------------
@@ -298,9 +330,12 @@ class Dispatcher:
         decision = self.policy.decide(call.request.tool)
         if decision.effect is not Effect.ALLOW:
             rules = ", ".join(decision.rule_ids) or "default"
-            raise ToolError(ErrorClass.POLICY_DENIED,
-                            f"denied by policy ({rules}): {decision.reason}",
-                            field="tool", status=Status.REJECTED)
+            raise ToolError(
+                ErrorClass.POLICY_DENIED,
+                f"denied by policy ({rules}): {decision.reason}",
+                field="tool",
+                status=Status.REJECTED,
+            )
 
     def _abandon(self, run_id: str, call_ids: list[str], reason: str) -> None:
         for call_id in call_ids:
@@ -309,11 +344,18 @@ class Dispatcher:
                 active.scope.cancel(reason)
 
     @staticmethod
-    def _record(req: CallRequest, agent: str, request_hash: str, may_write: bool,
-                created_at: float) -> CallRecord:
+    def _record(
+        req: CallRequest, agent: str, request_hash: str, may_write: bool, created_at: float
+    ) -> CallRecord:
         return CallRecord(
-            run_id=req.run_id, call_id=req.call_id, batch_id=req.batch_id, tool=req.tool,
-            arguments_json=req.arguments_json, request_hash=request_hash,
-            idempotency_key=req.idempotency_key, agent=agent, may_write=may_write,
+            run_id=req.run_id,
+            call_id=req.call_id,
+            batch_id=req.batch_id,
+            tool=req.tool,
+            arguments_json=req.arguments_json,
+            request_hash=request_hash,
+            idempotency_key=req.idempotency_key,
+            agent=agent,
+            may_write=may_write,
             created_at=created_at,
         )

@@ -38,8 +38,9 @@ class Idempotency:
         # Invariant: a key is here exactly while its owning call is unfinished.
         self._inflight: dict[tuple[str, str], _Owner] = {}
 
-    async def claim(self, agent: str, key: str, request_hash: str, run_id: str,
-                    call_id: str) -> Replay | None:
+    async def claim(
+        self, agent: str, key: str, request_hash: str, run_id: str, call_id: str
+    ) -> Replay | None:
         """None: the caller owns the key and must run, then `release`. Else: the replay."""
         slot = (agent, key)
         owner = self._inflight.get(slot)
@@ -67,8 +68,11 @@ class Idempotency:
         owner = self._inflight.get((agent, key))
         if owner is None:
             return
-        result = (outcome if isinstance(outcome, BaseException)
-                  else Replay(outcome, owner.call_id, owner.run_id))
+        result = (
+            outcome
+            if isinstance(outcome, BaseException)
+            else Replay(outcome, owner.call_id, owner.run_id)
+        )
         self._settle((agent, key), result)
 
     def _settle(self, slot: tuple[str, str], result: Replay | BaseException) -> None:
@@ -85,12 +89,14 @@ def _check(recorded_hash: str, request_hash: str) -> None:
         raise ToolError(
             ErrorClass.IDEMPOTENCY_CONFLICT,
             "idempotency_key was already used with a different request",
-            field="idempotency_key", status=Status.REJECTED,
+            field="idempotency_key",
+            status=Status.REJECTED,
         )
 
 
 def _unsettled() -> Outcome:
     return Outcome(
-        status=Status.UNKNOWN_OUTCOME, error_class=ErrorClass.INTERRUPTED,
+        status=Status.UNKNOWN_OUTCOME,
+        error_class=ErrorClass.INTERRUPTED,
         message="the call with this idempotency key has no recorded outcome yet",
     )

@@ -11,6 +11,7 @@ Write rules, which crash recovery relies on:
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import threading
@@ -19,8 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
-
-import asyncio
 
 from .codec import outcome_from_json, outcome_to_json
 from .errors import ExecgateError
@@ -130,8 +129,9 @@ class Journal:
         """
         self._writer.submit_nowait(lambda c: _insert(c, rec, None, ""), durable=False)
 
-    async def record_outcome(self, run_id: str, call_id: str, outcome: Outcome, raw: str,
-                             *, durable: bool) -> None:
+    async def record_outcome(
+        self, run_id: str, call_id: str, outcome: Outcome, raw: str, *, durable: bool
+    ) -> None:
         def write(conn: sqlite3.Connection) -> None:
             updated = conn.execute(
                 "UPDATE calls SET state='finished', finished_at=?, status=?, outcome_json=?, "
@@ -152,8 +152,14 @@ class Journal:
             conn.execute(
                 "INSERT INTO refusals (at, run_id, call_id, tool, error_class, message) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                (time.time(), rec.run_id, rec.call_id, rec.tool, outcome.error_class.value,
-                 outcome.message),
+                (
+                    time.time(),
+                    rec.run_id,
+                    rec.call_id,
+                    rec.tool,
+                    outcome.error_class.value,
+                    outcome.message,
+                ),
             )
 
         await self._writer.submit(write, durable=False)
@@ -164,7 +170,9 @@ class Journal:
 
     # -- reads ----------------------------------------------------------------
 
-    async def get(self, run_id: str, call_id: str, *, include_raw: bool = False) -> CallRecord | None:
+    async def get(
+        self, run_id: str, call_id: str, *, include_raw: bool = False
+    ) -> CallRecord | None:
         cols = RECORD_COLUMNS + (", raw_result" if include_raw else "")
 
         def read(conn: sqlite3.Connection) -> CallRecord | None:
@@ -228,30 +236,63 @@ def _insert(conn: sqlite3.Connection, rec: CallRecord, outcome: Outcome | None, 
             "outcome_json, raw_result, replay_of) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
-                rec.run_id, rec.call_id, rec.batch_id, rec.tool, rec.arguments_json,
-                rec.request_hash, rec.idempotency_key or None, rec.agent, int(rec.may_write),
-                "running" if outcome is None else "finished", rec.created_at,
+                rec.run_id,
+                rec.call_id,
+                rec.batch_id,
+                rec.tool,
+                rec.arguments_json,
+                rec.request_hash,
+                rec.idempotency_key or None,
+                rec.agent,
+                int(rec.may_write),
+                "running" if outcome is None else "finished",
+                rec.created_at,
                 None if outcome is None else time.time(),
                 None if outcome is None else outcome.status.value,
                 None if outcome is None else outcome_to_json(outcome),
-                raw, rec.replay_of or None,
+                raw,
+                rec.replay_of or None,
             ),
         )
     except sqlite3.IntegrityError as exc:
         if "calls.run_id, calls.call_id" in str(exc):
-            raise DuplicateCall(f"call_id {rec.call_id!r} is already used in run {rec.run_id!r}") from exc
+            raise DuplicateCall(
+                f"call_id {rec.call_id!r} is already used in run {rec.run_id!r}"
+            ) from exc
         raise
 
 
 def _record(row: tuple[Any, ...]) -> CallRecord:
-    (run_id, call_id, batch_id, tool, args, req_hash, key, agent, may_write, _state,
-     created_at, outcome_json, replay_of, *raw) = row
+    (
+        run_id,
+        call_id,
+        batch_id,
+        tool,
+        args,
+        req_hash,
+        key,
+        agent,
+        may_write,
+        _state,
+        created_at,
+        outcome_json,
+        replay_of,
+        *raw,
+    ) = row
     return CallRecord(
-        run_id=run_id, call_id=call_id, batch_id=batch_id, tool=tool, arguments_json=args,
-        request_hash=req_hash, idempotency_key=key or "", agent=agent,
-        may_write=bool(may_write), created_at=created_at,
+        run_id=run_id,
+        call_id=call_id,
+        batch_id=batch_id,
+        tool=tool,
+        arguments_json=args,
+        request_hash=req_hash,
+        idempotency_key=key or "",
+        agent=agent,
+        may_write=bool(may_write),
+        created_at=created_at,
         outcome=outcome_from_json(outcome_json) if outcome_json else None,
-        replay_of=replay_of or "", raw_result=(raw[0] or "") if raw else "",
+        replay_of=replay_of or "",
+        raw_result=(raw[0] or "") if raw else "",
     )
 
 
@@ -285,16 +326,20 @@ def interrupted_outcome(may_write: bool, created_at: float) -> Outcome:
     timeline = (Mark(Phase.STARTED, created_at), Mark(Phase.RECOVERED, now, "daemon restarted"))
     if may_write:
         return Outcome(
-            status=Status.UNKNOWN_OUTCOME, error_class=ErrorClass.INTERRUPTED,
+            status=Status.UNKNOWN_OUTCOME,
+            error_class=ErrorClass.INTERRUPTED,
             message="the daemon stopped while this call was running; it may or may not have "
-                    "taken effect: reconcile (read back) before retrying",
-            timeline=timeline, stopped_how=StopMode.INTERRUPTED,
+            "taken effect: reconcile (read back) before retrying",
+            timeline=timeline,
+            stopped_how=StopMode.INTERRUPTED,
         )
     return Outcome(
-        status=Status.FAILURE, error_class=ErrorClass.INTERRUPTED,
+        status=Status.FAILURE,
+        error_class=ErrorClass.INTERRUPTED,
         message="the daemon stopped while this read-only call was running; nothing changed, "
-                "it is safe to retry",
-        timeline=timeline, stopped_how=StopMode.INTERRUPTED,
+        "it is safe to retry",
+        timeline=timeline,
+        stopped_how=StopMode.INTERRUPTED,
     )
 
 

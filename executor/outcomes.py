@@ -7,9 +7,9 @@ dataclasses; `wire` converts at the edge.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import time
-import dataclasses
 from dataclasses import dataclass, replace
 
 

@@ -62,8 +62,9 @@ class Policy:
             hits = [r for r in matched if r.effect is effect]
             if hits:
                 return Decision(effect, tuple(r.id for r in hits), hits[0].reason, self.revision)
-        return Decision(self.default, (), f"no rule matches; default {self.default.value}",
-                        self.revision)
+        return Decision(
+            self.default, (), f"no rule matches; default {self.default.value}", self.revision
+        )
 
 
 def default_policy_path() -> Path:

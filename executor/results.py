@@ -28,13 +28,21 @@ def from_output(out: ToolOutput, *, may_write: bool, cap: int, marks: tuple[Mark
         structured, cut = OMITTED, True
     truncated = out.truncated or cut
     result = ToolResult(
-        text=text, structured_json=structured, truncated=truncated, returned_bytes=returned,
+        text=text,
+        structured_json=structured,
+        truncated=truncated,
+        returned_bytes=returned,
         total_bytes=out.total_bytes if out.total_bytes is not None else total,
     )
     status, error, message = _status(out, may_write=may_write, truncated=truncated)
     return Outcome(
-        status=status, error_class=error, message=message, result=result,
-        evidence=out.evidence, timeline=marks + out.marks, stopped_how=out.stopped_how,
+        status=status,
+        error_class=error,
+        message=message,
+        result=result,
+        evidence=out.evidence,
+        timeline=marks + out.marks,
+        stopped_how=out.stopped_how,
     )
 
 
@@ -57,13 +65,22 @@ def from_error(err: ToolError, marks: tuple[Mark, ...]) -> Outcome:
         # swapped under it) changed nothing, which is FAILURE.
         status = Status.FAILURE
     stopped = StopMode.NOT_STARTED if status is Status.REJECTED else StopMode.COMPLETED
-    return Outcome(status=status, error_class=err.error_class, message=err.message,
-                   field=err.field, timeline=marks, stopped_how=stopped)
+    return Outcome(
+        status=status,
+        error_class=err.error_class,
+        message=err.message,
+        field=err.field,
+        timeline=marks,
+        stopped_how=stopped,
+    )
 
 
 def from_crash(exc: BaseException, *, may_write: bool, marks: tuple[Mark, ...]) -> Outcome:
     """A tool raised something unexpected: we cannot vouch for what it did."""
     status = Status.UNKNOWN_OUTCOME if may_write else Status.FAILURE
-    return Outcome(status=status, error_class=ErrorClass.INTERNAL,
-                   message=f"tool failed unexpectedly: {type(exc).__name__}: {exc}"[:500],
-                   timeline=marks)
+    return Outcome(
+        status=status,
+        error_class=ErrorClass.INTERNAL,
+        message=f"tool failed unexpectedly: {type(exc).__name__}: {exc}"[:500],
+        timeline=marks,
+    )

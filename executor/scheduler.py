@@ -26,7 +26,9 @@ class Abandoned(Exception):
 @dataclass(eq=False, slots=True)
 class _Waiter:
     mode: Mode
-    granted: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    granted: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
 
 
 class WorkspaceLock:
@@ -37,7 +39,9 @@ class WorkspaceLock:
         self._queue: collections.deque[_Waiter] = collections.deque()
 
     @contextlib.asynccontextmanager
-    async def acquire(self, mode: Mode, abandon: asyncio.Event | None = None) -> AsyncIterator[None]:
+    async def acquire(
+        self, mode: Mode, abandon: asyncio.Event | None = None
+    ) -> AsyncIterator[None]:
         waiter = _Waiter(mode)
         self._queue.append(waiter)
         self._grant()

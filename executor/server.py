@@ -41,58 +41,78 @@ class ExecutorService(pb_grpc.ExecutorServicer):
     def __init__(self, dispatcher: Dispatcher) -> None:
         self.dispatcher = dispatcher
 
-    async def ListTools(self, request: pb.ListToolsRequest, context: grpc.aio.ServicerContext
-                        ) -> pb.ListToolsResponse:
+    async def ListTools(
+        self, request: pb.ListToolsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListToolsResponse:
         return pb.ListToolsResponse(
-            tools=[wire.tool_spec(t.spec) for t in self.dispatcher.tools.values()])
+            tools=[wire.tool_spec(t.spec) for t in self.dispatcher.tools.values()]
+        )
 
-    async def Execute(self, request: pb.ExecuteRequest, context: grpc.aio.ServicerContext
-                      ) -> AsyncIterator[pb.ExecuteEvent]:
+    async def Execute(
+        self, request: pb.ExecuteRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ExecuteEvent]:
         if len(request.calls) > MAX_BATCH:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"calls: {len(request.calls)} calls; a batch holds at most {MAX_BATCH}")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"calls: {len(request.calls)} calls; a batch holds at most {MAX_BATCH}",
+            )
         if len(request.batch_id) > MAX_ID_CHARS:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "batch_id: too long")
         run_id = request.run_id or DEFAULT_RUN
         batch_id = request.batch_id or "batch_" + uuid.uuid4().hex[:16]
         calls = [
-            wire.call_request(c, run_id=run_id, batch_id=batch_id, index=i,
-                              call_id=c.call_id or self.dispatcher.new_call_id())
+            wire.call_request(
+                c,
+                run_id=run_id,
+                batch_id=batch_id,
+                index=i,
+                call_id=c.call_id or self.dispatcher.new_call_id(),
+            )
             for i, c in enumerate(request.calls)
         ]
-        events = self.dispatcher.execute(run_id, batch_id, calls, agent="local",
-                                         progress=not request.outcomes_only)
+        events = self.dispatcher.execute(
+            run_id, batch_id, calls, agent="local", progress=not request.outcomes_only
+        )
         async with contextlib.aclosing(events):
             async for event in events:
                 yield wire.event(event)
 
-    async def Cancel(self, request: pb.CancelRequest, context: grpc.aio.ServicerContext
-                     ) -> pb.CancelResponse:
+    async def Cancel(
+        self, request: pb.CancelRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CancelResponse:
         if not (request.run_id or request.call_id or request.batch_id):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "name a run_id, a call_id or a batch_id to cancel")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "name a run_id, a call_id or a batch_id to cancel"
+            )
         grace = request.grace.ToNanoseconds() / 1e9 if request.HasField("grace") else None
         # A call id is unique within its run (default: the implicit run); a batch or a
         # run is a target by itself, so a batch in any run is reached without its run.
         run_id = request.run_id or (DEFAULT_RUN if request.call_id else "")
         hit = self.dispatcher.cancel(
-            run_id=run_id, call_id=request.call_id,
-            batch_id=request.batch_id, reason=request.reason or "cancelled by client",
-            grace=grace)
+            run_id=run_id,
+            call_id=request.call_id,
+            batch_id=request.batch_id,
+            reason=request.reason or "cancelled by client",
+            grace=grace,
+        )
         return pb.CancelResponse(call_ids=hit)
 
-    async def GetCall(self, request: pb.GetCallRequest, context: grpc.aio.ServicerContext
-                      ) -> pb.CallRecord:
+    async def GetCall(
+        self, request: pb.GetCallRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CallRecord:
         run_id = request.run_id or DEFAULT_RUN
-        rec = await self.dispatcher.journal.get(run_id, request.call_id,
-                                                include_raw=request.include_raw)
+        rec = await self.dispatcher.journal.get(
+            run_id, request.call_id, include_raw=request.include_raw
+        )
         if rec is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"no call {request.call_id!r} in run {run_id!r}")
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"no call {request.call_id!r} in run {run_id!r}"
+            )
         return wire.record(rec)
 
-    async def ListCalls(self, request: pb.ListCallsRequest, context: grpc.aio.ServicerContext
-                        ) -> pb.ListCallsResponse:
+    async def ListCalls(
+        self, request: pb.ListCallsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListCallsResponse:
         before = 0
         if request.page_token:
             if not request.page_token.isdigit():
@@ -103,8 +123,10 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         limit = min(request.limit or 100, 1000)
         flt = wire.call_filter(request, run_id=request.run_id, limit=limit, before_seq=before)
         records, next_seq = await self.dispatcher.journal.list(flt)
-        return pb.ListCallsResponse(calls=[wire.record(r) for r in records],
-                                    next_page_token=str(next_seq) if next_seq else "")
+        return pb.ListCallsResponse(
+            calls=[wire.record(r) for r in records],
+            next_page_token=str(next_seq) if next_seq else "",
+        )
 
 
 def prepare_dirs(config: ServeConfig) -> int:
@@ -152,13 +174,18 @@ def build(config: ServeConfig) -> tuple[Dispatcher, Journal]:
     if recovered:
         log.warning("recovered %d call(s) left running by a previous daemon", recovered)
     dispatcher = Dispatcher(
-        tools=builtin_tools(test_tools=config.test_tools), journal=journal, policy=policy,
-        workspace=Workspace(config.workspace), limits=config.limits,
+        tools=builtin_tools(test_tools=config.test_tools),
+        journal=journal,
+        policy=policy,
+        workspace=Workspace(config.workspace),
+        limits=config.limits,
     )
     return dispatcher, journal
 
 
-async def serve(config: ServeConfig, *, on_ready: Callable[[list[str]], None] | None = None) -> None:
+async def serve(
+    config: ServeConfig, *, on_ready: Callable[[list[str]], None] | None = None
+) -> None:
     config.check()
     old_umask = os.umask(0o077)  # state dir, journal and sockets: owner only, from birth
     try:
@@ -183,20 +210,27 @@ async def serve(config: ServeConfig, *, on_ready: Callable[[list[str]], None] | 
     os.close(lock_fd)
 
 
-def _server(config: ServeConfig, dispatcher: Dispatcher) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
-    server = grpc.aio.server(options=[
-        ("grpc.max_receive_message_length", MAX_MESSAGE),
-        ("grpc.max_send_message_length", MAX_MESSAGE),
-        ("grpc.so_reuseport", 0),
-    ])
+def _server(
+    config: ServeConfig, dispatcher: Dispatcher
+) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE),
+            ("grpc.max_send_message_length", MAX_MESSAGE),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
     pb_grpc.add_ExecutorServicer_to_server(ExecutorService(dispatcher), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if config.reflection:
         from grpc_reflection.v1alpha import reflection
 
-        names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                 reflection.SERVICE_NAME)
+        names = (
+            SERVICE_NAME,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        )
         reflection.enable_server_reflection(names, server)
     return server, health_servicer
 

@@ -26,7 +26,8 @@ MAX_ID_CHARS = 256
 _SchemaValidator = jsonschema.validators.extend(
     jsonschema.Draft202012Validator,
     type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
-        "integer", lambda _checker, v: isinstance(v, int) and not isinstance(v, bool)),
+        "integer", lambda _checker, v: isinstance(v, int) and not isinstance(v, bool)
+    ),
 )
 
 
@@ -36,8 +37,7 @@ class Validator:
         self.workspace = workspace
         self.limits = limits
         self._schemas = {
-            name: _SchemaValidator(tool.spec.input_schema)
-            for name, tool in tools.items()
+            name: _SchemaValidator(tool.spec.input_schema) for name, tool in tools.items()
         }
 
     def validate(self, req: CallRequest) -> ValidCall:
@@ -46,15 +46,21 @@ class Validator:
         check_id(req.idempotency_key, "idempotency_key")
         tool = self.tools.get(req.tool)
         if tool is None:
-            raise ToolError(ErrorClass.UNKNOWN_TOOL, f"no tool named {req.tool[:100]!r}",
-                            field="tool", status=Status.REJECTED)
+            raise ToolError(
+                ErrorClass.UNKNOWN_TOOL,
+                f"no tool named {req.tool[:100]!r}",
+                field="tool",
+                status=Status.REJECTED,
+            )
         args = parse_arguments(req.arguments_json, self.limits.max_arguments_bytes)
         try:
             self._check_schema(req.tool, args)
         except RecursionError as exc:  # the error message reprs the offending value
             raise invalid("arguments_json is nested too deeply", "arguments_json") from exc
         return ValidCall(
-            request=req, tool=tool, args=args,
+            request=req,
+            tool=tool,
+            args=args,
             # Only idempotency compares hashes; skip the work on the common path.
             request_hash=request_hash(req.tool, args) if req.idempotency_key else "",
             timeout=self._timeout(req.timeout),
@@ -91,9 +97,12 @@ def check_id(value: str, field: str) -> None:
 def parse_arguments(text: str, max_bytes: int) -> dict[str, Any]:
     size = len(text.encode("utf-8", errors="surrogatepass"))
     if size > max_bytes:
-        raise ToolError(ErrorClass.RESOURCE_EXHAUSTED,
-                        f"arguments_json is {size} bytes; the limit is {max_bytes}",
-                        field="arguments_json", status=Status.REJECTED)
+        raise ToolError(
+            ErrorClass.RESOURCE_EXHAUSTED,
+            f"arguments_json is {size} bytes; the limit is {max_bytes}",
+            field="arguments_json",
+            status=Status.REJECTED,
+        )
     if text.strip() == "":
         return {}
     try:
@@ -110,8 +119,9 @@ def parse_arguments(text: str, max_bytes: int) -> dict[str, Any]:
         # also proves the value can be re-encoded, as request_hash must.)
         json.dumps(value, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise invalid("arguments_json contains a lone surrogate escape (not valid Unicode)",
-                      "arguments_json") from exc
+        raise invalid(
+            "arguments_json contains a lone surrogate escape (not valid Unicode)", "arguments_json"
+        ) from exc
     except RecursionError as exc:
         raise invalid("arguments_json is nested too deeply", "arguments_json") from exc
     return value

@@ -36,19 +36,29 @@ def tool_spec(spec: ToolSpec) -> pb.ToolSpec:
         name=spec.name,
         description=spec.description,
         input_schema_json=json.dumps(spec.input_schema, sort_keys=True),
-        effects=pb.ToolEffects(read_only=spec.read_only, destructive=spec.destructive,
-                               idempotent=spec.idempotent),
-        resources=[pb.ResourceTemplate(kind=r.kind.value, argument=r.argument, mode=_MODE[r.mode])
-                   for r in spec.resources],
+        effects=pb.ToolEffects(
+            read_only=spec.read_only, destructive=spec.destructive, idempotent=spec.idempotent
+        ),
+        resources=[
+            pb.ResourceTemplate(kind=r.kind.value, argument=r.argument, mode=_MODE[r.mode])
+            for r in spec.resources
+        ],
     )
 
 
-def call_request(msg: pb.ToolCall, *, run_id: str, batch_id: str, index: int,
-                 call_id: str) -> CallRequest:
+def call_request(
+    msg: pb.ToolCall, *, run_id: str, batch_id: str, index: int, call_id: str
+) -> CallRequest:
     timeout = msg.timeout.ToNanoseconds() / 1e9 if msg.HasField("timeout") else None
     return CallRequest(
-        run_id=run_id, call_id=call_id, batch_id=batch_id, index=index, tool=msg.tool,
-        arguments_json=msg.arguments_json, idempotency_key=msg.idempotency_key, timeout=timeout,
+        run_id=run_id,
+        call_id=call_id,
+        batch_id=batch_id,
+        index=index,
+        tool=msg.tool,
+        arguments_json=msg.arguments_json,
+        idempotency_key=msg.idempotency_key,
+        timeout=timeout,
     )
 
 
@@ -60,17 +70,25 @@ def outcome(o: Outcome) -> pb.Outcome:
         message=o.message,
         field=o.field,
         result=pb.ToolResult(
-            text=o.result.text, structured_json=o.result.structured_json,
-            truncated=o.result.truncated, returned_bytes=o.result.returned_bytes,
+            text=o.result.text,
+            structured_json=o.result.structured_json,
+            truncated=o.result.truncated,
+            returned_bytes=o.result.returned_bytes,
             total_bytes=o.result.total_bytes,
         ),
         evidence=pb.Evidence(
-            exit_code=ev.exit_code, signal=ev.signal, bytes_written=ev.bytes_written,
-            bytes_read=ev.bytes_read, sha256_before=ev.sha256_before,
-            sha256_after=ev.sha256_after, path=ev.path,
+            exit_code=ev.exit_code,
+            signal=ev.signal,
+            bytes_written=ev.bytes_written,
+            bytes_read=ev.bytes_read,
+            sha256_before=ev.sha256_before,
+            sha256_after=ev.sha256_after,
+            path=ev.path,
         ),
-        timeline=[pb.TimelineMark(phase=_PHASE[m.phase], at=timestamp(m.at), detail=m.detail)
-                  for m in o.timeline],
+        timeline=[
+            pb.TimelineMark(phase=_PHASE[m.phase], at=timestamp(m.at), detail=m.detail)
+            for m in o.timeline
+        ],
         stopped_how=_STOP[o.stopped_how],
     )
 
@@ -91,18 +109,27 @@ def event(e: Event) -> pb.ExecuteEvent:
 
 def record(r: CallRecord) -> pb.CallRecord:
     msg = pb.CallRecord(
-        run_id=r.run_id, call_id=r.call_id, batch_id=r.batch_id, tool=r.tool,
-        arguments_json=r.arguments_json, idempotency_key=r.idempotency_key, agent=r.agent,
+        run_id=r.run_id,
+        call_id=r.call_id,
+        batch_id=r.batch_id,
+        tool=r.tool,
+        arguments_json=r.arguments_json,
+        idempotency_key=r.idempotency_key,
+        agent=r.agent,
         state=pb.CALL_STATE_RUNNING if r.outcome is None else pb.CALL_STATE_FINISHED,
-        may_write=r.may_write, created_at=timestamp(r.created_at),
-        replay_of_call_id=r.replay_of, raw_result=r.raw_result,
+        may_write=r.may_write,
+        created_at=timestamp(r.created_at),
+        replay_of_call_id=r.replay_of,
+        raw_result=r.raw_result,
     )
     if r.outcome is not None:
         msg.outcome.CopyFrom(outcome(r.outcome))
     return msg
 
 
-def call_filter(req: pb.ListCallsRequest, *, run_id: str, limit: int, before_seq: int) -> CallFilter:
+def call_filter(
+    req: pb.ListCallsRequest, *, run_id: str, limit: int, before_seq: int
+) -> CallFilter:
     return CallFilter(
         run_id=run_id,
         statuses=tuple(_STATUS_BACK[s] for s in req.statuses if s in _STATUS_BACK),

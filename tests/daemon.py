@@ -28,9 +28,16 @@ class Daemon:
 
     def start(self, timeout: float = 20.0) -> Daemon:
         cmd = [
-            sys.executable, "-m", "execgate.executor.cli", "serve",
-            "--workspace", str(self.workspace), "--state-dir", str(self.state_dir),
-            "--test-tools", *self.extra_args,
+            sys.executable,
+            "-m",
+            "execgate.executor.cli",
+            "serve",
+            "--workspace",
+            str(self.workspace),
+            "--state-dir",
+            str(self.state_dir),
+            "--test-tools",
+            *self.extra_args,
         ]
         log = open(self.log_path, "ab")  # noqa: SIM115 -- owned by the child's lifetime
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
@@ -53,7 +60,8 @@ class Daemon:
         with grpc.insecure_channel(self.address) as channel:
             try:
                 reply = health_pb2_grpc.HealthStub(channel).Check(
-                    health_pb2.HealthCheckRequest(service=""), timeout=1)
+                    health_pb2.HealthCheckRequest(service=""), timeout=1
+                )
             except grpc.RpcError:
                 return False
         return reply.status == health_pb2.HealthCheckResponse.SERVING

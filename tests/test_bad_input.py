@@ -63,10 +63,18 @@ def area(shared: Daemon) -> tuple[Path, str]:
     return shared.workspace / rel, rel
 
 
-def expect(client: Client, outcome: Outcome, status: Status, error_class: str, field: str,
-           *, journaled: bool = True) -> Outcome:
-    assert (outcome.status, outcome.error_class, outcome.field) == (status, error_class, field), \
+def expect(
+    client: Client,
+    outcome: Outcome,
+    status: Status,
+    error_class: str,
+    field: str,
+    *,
+    journaled: bool = True,
+) -> Outcome:
+    assert (outcome.status, outcome.error_class, outcome.field) == (status, error_class, field), (
         outcome
+    )
     if status is not Status.SUCCESS:
         assert outcome.message
     if status is Status.REJECTED:
@@ -75,8 +83,11 @@ def expect(client: Client, outcome: Outcome, status: Status, error_class: str, f
     if journaled:
         record = client.get_call(outcome.call_id)
         assert record.outcome is not None
-        assert (record.outcome.status, record.outcome.error_class, record.outcome.field) == \
-            (status, error_class, field)
+        assert (record.outcome.status, record.outcome.error_class, record.outcome.field) == (
+            status,
+            error_class,
+            field,
+        )
     return outcome
 
 
@@ -92,97 +103,328 @@ HUGE_INT = '{"path":"a.txt","offset":' + "9" * 5000 + "}"
 
 # (id, tool, arguments: dict or raw JSON text, status, error class, field)
 CORPUS: list[tuple[str, str, Any, Status, str, str]] = [
-    ("invalid-json", "read_file", "{not json", Status.REJECTED, "invalid_argument",
-     "arguments_json"),
-    ("truncated-json", "read_file", '{"path": "a.txt"', Status.REJECTED, "invalid_argument",
-     "arguments_json"),
+    (
+        "invalid-json",
+        "read_file",
+        "{not json",
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments_json",
+    ),
+    (
+        "truncated-json",
+        "read_file",
+        '{"path": "a.txt"',
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments_json",
+    ),
     ("array", "read_file", "[1,2]", Status.REJECTED, "invalid_argument", "arguments_json"),
     ("string", "read_file", '"a.txt"', Status.REJECTED, "invalid_argument", "arguments_json"),
     ("null", "read_file", "null", Status.REJECTED, "invalid_argument", "arguments_json"),
     ("number", "read_file", "42", Status.REJECTED, "invalid_argument", "arguments_json"),
-    ("duplicate-keys", "read_file", '{"path": "a.txt", "path": "b.txt"}', Status.REJECTED,
-     "invalid_argument", "arguments_json"),
-    ("nested-duplicate-keys", "run_command",
-     '{"argv": ["env"], "env": {"A": "1", "A": "2"}}', Status.REJECTED, "invalid_argument",
-     "arguments_json"),
-    ("nan", "read_file", '{"path": "a.txt", "offset": NaN}', Status.REJECTED,
-     "invalid_argument", "arguments_json"),
-    ("infinity", "read_file", '{"path": "a.txt", "limit": -Infinity}', Status.REJECTED,
-     "invalid_argument", "arguments_json"),
+    (
+        "duplicate-keys",
+        "read_file",
+        '{"path": "a.txt", "path": "b.txt"}',
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments_json",
+    ),
+    (
+        "nested-duplicate-keys",
+        "run_command",
+        '{"argv": ["env"], "env": {"A": "1", "A": "2"}}',
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments_json",
+    ),
+    (
+        "nan",
+        "read_file",
+        '{"path": "a.txt", "offset": NaN}',
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments_json",
+    ),
+    (
+        "infinity",
+        "read_file",
+        '{"path": "a.txt", "limit": -Infinity}',
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments_json",
+    ),
     ("huge-int", "read_file", HUGE_INT, Status.REJECTED, "invalid_argument", "arguments_json"),
     ("deep-nesting", "read_file", DEEP, Status.REJECTED, "invalid_argument", "arguments_json"),
-    ("lone-surrogate-path", "read_file", '{"path": "\\ud800.txt"}', Status.REJECTED,
-     "invalid_argument", "arguments_json"),
-    ("lone-surrogate-content", "write_file", '{"path": "s.txt", "content": "\\udfff"}',
-     Status.REJECTED, "invalid_argument", "arguments_json"),
-    ("lone-surrogate-argv", "run_command", '{"argv": ["echo", "\\ud83d"]}', Status.REJECTED,
-     "invalid_argument", "arguments_json"),
-    ("wrong-type-string", "read_file", {"path": "a.txt", "offset": "x"}, Status.REJECTED,
-     "invalid_argument", "arguments.offset"),
-    ("wrong-type-bool", "read_file", {"path": "a.txt", "offset": True}, Status.REJECTED,
-     "invalid_argument", "arguments.offset"),
-    ("wrong-type-float", "list_dir", {"max_entries": 2.0}, Status.REJECTED, "invalid_argument",
-     "arguments.max_entries"),
-    ("float-overflow", "read_file", '{"path": "a.txt", "offset": 1e400}', Status.REJECTED,
-     "invalid_argument", "arguments.offset"),
-    ("wrong-type-path", "read_file", {"path": 5}, Status.REJECTED, "invalid_argument",
-     "arguments.path"),
-    ("below-minimum", "read_file", {"path": "a.txt", "offset": 0}, Status.REJECTED,
-     "invalid_argument", "arguments.offset"),
-    ("above-maximum", "search", {"pattern": "x", "max_results": 10_001}, Status.REJECTED,
-     "invalid_argument", "arguments.max_results"),
-    ("wrong-type-bool-arg", "write_file", {"path": "a.txt", "content": "x", "create_dirs": "no"},
-     Status.REJECTED, "invalid_argument", "arguments.create_dirs"),
-    ("argv-item-type", "run_command", {"argv": ["echo", 1]}, Status.REJECTED,
-     "invalid_argument", "arguments.argv[1]"),
-    ("argv-empty", "run_command", {"argv": []}, Status.REJECTED, "invalid_argument",
-     "arguments.argv"),
-    ("env-value-type", "run_command", {"argv": ["env"], "env": {"A": 1}}, Status.REJECTED,
-     "invalid_argument", "arguments.env.A"),
-    ("env-bad-name", "run_command", {"argv": ["env"], "env": {"1BAD": "x"}}, Status.REJECTED,
-     "invalid_argument", "arguments.env"),
-    ("missing-required", "read_file", {}, Status.REJECTED, "invalid_argument",
-     "arguments.path"),
-    ("missing-required-empty-text", "read_file", "", Status.REJECTED, "invalid_argument",
-     "arguments.path"),
-    ("missing-new-string", "edit_file", {"path": "a.txt", "old_string": "a"}, Status.REJECTED,
-     "invalid_argument", "arguments.new_string"),
-    ("empty-path", "read_file", {"path": ""}, Status.REJECTED, "invalid_argument",
-     "arguments.path"),
-    ("empty-old-string", "edit_file", {"path": "a.txt", "old_string": "", "new_string": "x"},
-     Status.REJECTED, "invalid_argument", "arguments.old_string"),
-    ("unknown-argument", "read_file", {"path": "a.txt", "bogus": 1}, Status.REJECTED,
-     "invalid_argument", "arguments.bogus"),
+    (
+        "lone-surrogate-path",
+        "read_file",
+        '{"path": "\\ud800.txt"}',
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments_json",
+    ),
+    (
+        "lone-surrogate-content",
+        "write_file",
+        '{"path": "s.txt", "content": "\\udfff"}',
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments_json",
+    ),
+    (
+        "lone-surrogate-argv",
+        "run_command",
+        '{"argv": ["echo", "\\ud83d"]}',
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments_json",
+    ),
+    (
+        "wrong-type-string",
+        "read_file",
+        {"path": "a.txt", "offset": "x"},
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments.offset",
+    ),
+    (
+        "wrong-type-bool",
+        "read_file",
+        {"path": "a.txt", "offset": True},
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments.offset",
+    ),
+    (
+        "wrong-type-float",
+        "list_dir",
+        {"max_entries": 2.0},
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments.max_entries",
+    ),
+    (
+        "float-overflow",
+        "read_file",
+        '{"path": "a.txt", "offset": 1e400}',
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments.offset",
+    ),
+    (
+        "wrong-type-path",
+        "read_file",
+        {"path": 5},
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments.path",
+    ),
+    (
+        "below-minimum",
+        "read_file",
+        {"path": "a.txt", "offset": 0},
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments.offset",
+    ),
+    (
+        "above-maximum",
+        "search",
+        {"pattern": "x", "max_results": 10_001},
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments.max_results",
+    ),
+    (
+        "wrong-type-bool-arg",
+        "write_file",
+        {"path": "a.txt", "content": "x", "create_dirs": "no"},
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments.create_dirs",
+    ),
+    (
+        "argv-item-type",
+        "run_command",
+        {"argv": ["echo", 1]},
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments.argv[1]",
+    ),
+    (
+        "argv-empty",
+        "run_command",
+        {"argv": []},
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments.argv",
+    ),
+    (
+        "env-value-type",
+        "run_command",
+        {"argv": ["env"], "env": {"A": 1}},
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments.env.A",
+    ),
+    (
+        "env-bad-name",
+        "run_command",
+        {"argv": ["env"], "env": {"1BAD": "x"}},
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments.env",
+    ),
+    ("missing-required", "read_file", {}, Status.REJECTED, "invalid_argument", "arguments.path"),
+    (
+        "missing-required-empty-text",
+        "read_file",
+        "",
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments.path",
+    ),
+    (
+        "missing-new-string",
+        "edit_file",
+        {"path": "a.txt", "old_string": "a"},
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments.new_string",
+    ),
+    (
+        "empty-path",
+        "read_file",
+        {"path": ""},
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments.path",
+    ),
+    (
+        "empty-old-string",
+        "edit_file",
+        {"path": "a.txt", "old_string": "", "new_string": "x"},
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments.old_string",
+    ),
+    (
+        "unknown-argument",
+        "read_file",
+        {"path": "a.txt", "bogus": 1},
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments.bogus",
+    ),
     ("unknown-tool", "rm_rf", {"path": "/"}, Status.REJECTED, "unknown_tool", "tool"),
     ("empty-tool", "", {}, Status.REJECTED, "unknown_tool", "tool"),
     ("tool-case", "READ_FILE", {"path": "a.txt"}, Status.REJECTED, "unknown_tool", "tool"),
-    ("nul-in-path", "read_file", {"path": "a\x00b.txt"}, Status.REJECTED, "invalid_argument",
-     "arguments.path"),
-    ("nul-in-write-path", "write_file", {"path": "nul\x00.txt", "content": "x"},
-     Status.REJECTED, "invalid_argument", "arguments.path"),
-    ("nul-in-cwd", "run_command", {"argv": ["pwd"], "cwd": "a\x00"}, Status.REJECTED,
-     "invalid_argument", "arguments.cwd"),
-    ("nul-in-argv", "run_command", {"argv": ["echo", "a\x00b"]}, Status.FAILURE,
-     "invalid_argument", "arguments.argv[1]"),
-    ("nul-in-env", "run_command", {"argv": ["env"], "env": {"A": "x\x00y"}}, Status.FAILURE,
-     "invalid_argument", "arguments.env.A"),
-    ("dotdot-read", "read_file", {"path": "../daemon.log"}, Status.REJECTED,
-     "permission_denied", "arguments.path"),
-    ("dotdot-inner", "read_file", {"path": "a/../../daemon.log"}, Status.REJECTED,
-     "permission_denied", "arguments.path"),
-    ("dotdot-list", "list_dir", {"path": ".."}, Status.REJECTED, "permission_denied",
-     "arguments.path"),
-    ("dotdot-search", "search", {"pattern": "INFO", "path": ".."}, Status.REJECTED,
-     "permission_denied", "arguments.path"),
-    ("dotdot-cwd", "run_command", {"argv": ["cat", "daemon.log"], "cwd": ".."}, Status.REJECTED,
-     "permission_denied", "arguments.cwd"),
-    ("absolute-outside", "read_file", {"path": "/etc/passwd"}, Status.REJECTED,
-     "permission_denied", "arguments.path"),
-    ("absolute-root", "list_dir", {"path": "/"}, Status.REJECTED, "permission_denied",
-     "arguments.path"),
-    ("absolute-outside-edit", "edit_file",
-     {"path": "/etc/hostname", "old_string": "a", "new_string": "b"}, Status.REJECTED,
-     "permission_denied", "arguments.path"),
+    (
+        "nul-in-path",
+        "read_file",
+        {"path": "a\x00b.txt"},
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments.path",
+    ),
+    (
+        "nul-in-write-path",
+        "write_file",
+        {"path": "nul\x00.txt", "content": "x"},
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments.path",
+    ),
+    (
+        "nul-in-cwd",
+        "run_command",
+        {"argv": ["pwd"], "cwd": "a\x00"},
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments.cwd",
+    ),
+    (
+        "nul-in-argv",
+        "run_command",
+        {"argv": ["echo", "a\x00b"]},
+        Status.FAILURE,
+        "invalid_argument",
+        "arguments.argv[1]",
+    ),
+    (
+        "nul-in-env",
+        "run_command",
+        {"argv": ["env"], "env": {"A": "x\x00y"}},
+        Status.FAILURE,
+        "invalid_argument",
+        "arguments.env.A",
+    ),
+    (
+        "dotdot-read",
+        "read_file",
+        {"path": "../daemon.log"},
+        Status.REJECTED,
+        "permission_denied",
+        "arguments.path",
+    ),
+    (
+        "dotdot-inner",
+        "read_file",
+        {"path": "a/../../daemon.log"},
+        Status.REJECTED,
+        "permission_denied",
+        "arguments.path",
+    ),
+    (
+        "dotdot-list",
+        "list_dir",
+        {"path": ".."},
+        Status.REJECTED,
+        "permission_denied",
+        "arguments.path",
+    ),
+    (
+        "dotdot-search",
+        "search",
+        {"pattern": "INFO", "path": ".."},
+        Status.REJECTED,
+        "permission_denied",
+        "arguments.path",
+    ),
+    (
+        "dotdot-cwd",
+        "run_command",
+        {"argv": ["cat", "daemon.log"], "cwd": ".."},
+        Status.REJECTED,
+        "permission_denied",
+        "arguments.cwd",
+    ),
+    (
+        "absolute-outside",
+        "read_file",
+        {"path": "/etc/passwd"},
+        Status.REJECTED,
+        "permission_denied",
+        "arguments.path",
+    ),
+    (
+        "absolute-root",
+        "list_dir",
+        {"path": "/"},
+        Status.REJECTED,
+        "permission_denied",
+        "arguments.path",
+    ),
+    (
+        "absolute-outside-edit",
+        "edit_file",
+        {"path": "/etc/hostname", "old_string": "a", "new_string": "b"},
+        Status.REJECTED,
+        "permission_denied",
+        "arguments.path",
+    ),
 ]
 
 
@@ -190,8 +432,9 @@ CORPUS: list[tuple[str, str, Any, Status, str, str]] = [
     ("tool", "arguments", "status", "error_class", "field"),
     [pytest.param(*case[1:], id=case[0]) for case in CORPUS],
 )
-def test_corpus(eg: Client, tool: str, arguments: Any, status: Status, error_class: str,
-                field: str) -> None:
+def test_corpus(
+    eg: Client, tool: str, arguments: Any, status: Status, error_class: str, field: str
+) -> None:
     outcome = eg.run(Call(tool=tool, arguments=arguments))
     expect(eg, outcome, status, error_class, field)
     if status is Status.REJECTED:
@@ -205,8 +448,9 @@ def test_corpus_as_one_batch(eg: Client) -> None:
     """The same bad calls together: each gets its own outcome, in order."""
     calls = [Call(tool=c[1], arguments=c[2]) for c in CORPUS]
     outcomes = eg.execute(calls)
-    assert [(o.status, o.error_class, o.field) for o in outcomes] == \
-        [(c[3], c[4], c[5]) for c in CORPUS]
+    assert [(o.status, o.error_class, o.field) for o in outcomes] == [
+        (c[3], c[4], c[5]) for c in CORPUS
+    ]
 
 
 def test_five_mib_arguments_are_resource_exhausted(eg: Client) -> None:
@@ -218,19 +462,27 @@ def test_five_mib_arguments_are_resource_exhausted(eg: Client) -> None:
 
 def test_deep_nesting_at_the_recursion_limit(eg: Client) -> None:
     """Every depth around Python's recursion limit is a clean REJECTED, never a crash."""
-    calls = [Call(tool="noop", arguments='{"echo":' + "[" * n + "]" * n + "}")
-             for n in range(900, 1101)]
+    calls = [
+        Call(tool="noop", arguments='{"echo":' + "[" * n + "]" * n + "}") for n in range(900, 1101)
+    ]
     outcomes = eg.execute(calls)
     for n, outcome in zip(range(900, 1101), outcomes, strict=True):
-        assert (outcome.status, outcome.error_class) == (Status.REJECTED, "invalid_argument"), \
-            (n, outcome)
+        assert (outcome.status, outcome.error_class) == (Status.REJECTED, "invalid_argument"), (
+            n,
+            outcome,
+        )
         assert outcome.field in ("arguments.echo", "arguments_json"), (n, outcome)
 
 
 def test_nul_in_write_path_writes_nothing(eg: Client, shared: Daemon) -> None:
     before = sorted(os.listdir(shared.workspace))
-    expect(eg, eg.execute_one("write_file", path="zz\x00.txt", content="x"), Status.REJECTED,
-           "invalid_argument", "arguments.path")
+    expect(
+        eg,
+        eg.execute_one("write_file", path="zz\x00.txt", content="x"),
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments.path",
+    )
     assert sorted(os.listdir(shared.workspace)) == before
 
 
@@ -254,8 +506,9 @@ def test_absolute_outside_reads_nothing(eg: Client) -> None:
     assert "root:" not in eg.get_call(outcome.call_id, include_raw=True).raw_result
 
 
-def test_symlink_to_outside_file_is_refused(eg: Client, shared: Daemon, area: tuple[Path, str],
-                                            outside: Path) -> None:
+def test_symlink_to_outside_file_is_refused(
+    eg: Client, shared: Daemon, area: tuple[Path, str], outside: Path
+) -> None:
     path, rel = area
     secret = outside / "secret.txt"
     (path / "link.txt").symlink_to(secret)
@@ -264,8 +517,10 @@ def test_symlink_to_outside_file_is_refused(eg: Client, shared: Daemon, area: tu
     calls = [
         Call(tool="read_file", arguments={"path": f"{rel}/link.txt"}),
         Call(tool="write_file", arguments={"path": f"{rel}/link.txt", "content": "pwned"}),
-        Call(tool="edit_file", arguments={"path": f"{rel}/link.txt", "old_string": "TOP",
-                                          "new_string": "NO"}),
+        Call(
+            tool="edit_file",
+            arguments={"path": f"{rel}/link.txt", "old_string": "TOP", "new_string": "NO"},
+        ),
         Call(tool="search", arguments={"pattern": "SECRET", "path": f"{rel}/link.txt"}),
     ]
     for outcome in eg.execute(calls):
@@ -283,12 +538,14 @@ def test_symlink_to_outside_file_is_refused(eg: Client, shared: Daemon, area: tu
     # Listing shows the link as a link and does not follow it.
     listed = eg.execute_one("list_dir", path=rel)
     assert listed.status is Status.SUCCESS
-    assert listed.structured["entries"] == [{"name": "link.txt", "type": "symlink",
-                                             "size": len(str(secret))}]
+    assert listed.structured["entries"] == [
+        {"name": "link.txt", "type": "symlink", "size": len(str(secret))}
+    ]
 
 
-def test_symlink_to_outside_dir_is_refused(eg: Client, area: tuple[Path, str],
-                                           outside: Path) -> None:
+def test_symlink_to_outside_dir_is_refused(
+    eg: Client, area: tuple[Path, str], outside: Path
+) -> None:
     path, rel = area
     (path / "out").symlink_to(outside, target_is_directory=True)
     before = snapshot(outside / "secret.txt")
@@ -308,8 +565,9 @@ def test_symlink_to_outside_dir_is_refused(eg: Client, area: tuple[Path, str],
     assert sorted(os.listdir(outside)) == ["secret.txt"]
 
 
-def test_dangling_symlink_to_outside_is_refused(eg: Client, area: tuple[Path, str],
-                                                outside: Path) -> None:
+def test_dangling_symlink_to_outside_is_refused(
+    eg: Client, area: tuple[Path, str], outside: Path
+) -> None:
     path, rel = area
     target = outside / "not-yet.txt"
     (path / "dangling").symlink_to(target)
@@ -327,25 +585,33 @@ def test_symlink_inside_is_allowed(eg: Client, area: tuple[Path, str]) -> None:
     (path / "dir" / "f").write_text("f\n")
     (path / "dirlink").symlink_to("dir", target_is_directory=True)
 
-    read = expect(eg, eg.execute_one("read_file", path=f"{rel}/alias.txt"), Status.SUCCESS,
-                  "none", "")
+    read = expect(
+        eg, eg.execute_one("read_file", path=f"{rel}/alias.txt"), Status.SUCCESS, "none", ""
+    )
     assert read.text == "real content\n"
     assert read.evidence.path == str((path / "real.txt").resolve())
 
     # A write through the link replaces the file it points to; the link stays a link.
-    wrote = expect(eg, eg.execute_one("write_file", path=f"{rel}/alias.txt", content="new\n"),
-                   Status.SUCCESS, "none", "")
+    wrote = expect(
+        eg,
+        eg.execute_one("write_file", path=f"{rel}/alias.txt", content="new\n"),
+        Status.SUCCESS,
+        "none",
+        "",
+    )
     assert wrote.evidence.path == str((path / "real.txt").resolve())
     assert (path / "alias.txt").is_symlink()
     assert (path / "real.txt").read_text() == "new\n"
 
-    listed = expect(eg, eg.execute_one("list_dir", path=f"{rel}/dirlink"), Status.SUCCESS,
-                    "none", "")
+    listed = expect(
+        eg, eg.execute_one("list_dir", path=f"{rel}/dirlink"), Status.SUCCESS, "none", ""
+    )
     assert listed.text == "f"
 
 
-def test_absolute_path_inside_is_allowed(eg: Client, shared: Daemon,
-                                         area: tuple[Path, str]) -> None:
+def test_absolute_path_inside_is_allowed(
+    eg: Client, shared: Daemon, area: tuple[Path, str]
+) -> None:
     path, _ = area
     target = path / "abs.txt"
     wrote = eg.execute_one("write_file", path=str(target), content="absolute\n")
@@ -365,10 +631,14 @@ def test_fifo_is_refused_without_blocking(eg: Client, area: tuple[Path, str]) ->
     path, rel = area
     os.mkfifo(path / "pipe")
     (path / "plain.txt").write_text("needle\n")
-    for call in (Call(tool="read_file", arguments={"path": f"{rel}/pipe"}),
-                 Call(tool="write_file", arguments={"path": f"{rel}/pipe", "content": "x"}),
-                 Call(tool="edit_file", arguments={"path": f"{rel}/pipe", "old_string": "a",
-                                                   "new_string": "b"})):
+    for call in (
+        Call(tool="read_file", arguments={"path": f"{rel}/pipe"}),
+        Call(tool="write_file", arguments={"path": f"{rel}/pipe", "content": "x"}),
+        Call(
+            tool="edit_file",
+            arguments={"path": f"{rel}/pipe", "old_string": "a", "new_string": "b"},
+        ),
+    ):
         outcome = eg.run(call)
         expect(eg, outcome, Status.FAILURE, "invalid_argument", "arguments.path")
         assert "not a regular file" in outcome.message
@@ -386,11 +656,17 @@ def test_fifo_is_refused_without_blocking(eg: Client, area: tuple[Path, str]) ->
 def test_duplicate_call_id_across_batches(eg: Client, area: tuple[Path, str]) -> None:
     path, rel = area
     call_id = "dup-" + uuid.uuid4().hex
-    first = eg.run(Call(tool="write_file", arguments={"path": f"{rel}/one.txt", "content": "1"},
-                        call_id=call_id))
+    first = eg.run(
+        Call(
+            tool="write_file", arguments={"path": f"{rel}/one.txt", "content": "1"}, call_id=call_id
+        )
+    )
     assert first.status is Status.SUCCESS
-    second = eg.run(Call(tool="write_file", arguments={"path": f"{rel}/two.txt", "content": "2"},
-                         call_id=call_id))
+    second = eg.run(
+        Call(
+            tool="write_file", arguments={"path": f"{rel}/two.txt", "content": "2"}, call_id=call_id
+        )
+    )
     expect(eg, second, Status.REJECTED, "duplicate_call_id", "call_id", journaled=False)
     assert second.call_id == call_id
     assert not (path / "two.txt").exists()
@@ -403,8 +679,10 @@ def test_duplicate_call_id_across_batches(eg: Client, area: tuple[Path, str]) ->
     assert record.outcome.status is Status.SUCCESS
 
     # The same id in another run is a different call.
-    other = eg.run(Call(tool="noop", arguments={"echo": "other run"}, call_id=call_id),
-                   run_id="other-" + uuid.uuid4().hex[:8])
+    other = eg.run(
+        Call(tool="noop", arguments={"echo": "other run"}, call_id=call_id),
+        run_id="other-" + uuid.uuid4().hex[:8],
+    )
     assert other.status is Status.SUCCESS
 
 
@@ -412,10 +690,12 @@ def test_duplicate_call_id_in_one_batch(eg: Client, area: tuple[Path, str]) -> N
     path, rel = area
     call_id = "dup-" + uuid.uuid4().hex
     calls = [
-        Call(tool="write_file", arguments={"path": f"{rel}/a.txt", "content": "a"},
-             call_id=call_id),
-        Call(tool="write_file", arguments={"path": f"{rel}/b.txt", "content": "b"},
-             call_id=call_id),
+        Call(
+            tool="write_file", arguments={"path": f"{rel}/a.txt", "content": "a"}, call_id=call_id
+        ),
+        Call(
+            tool="write_file", arguments={"path": f"{rel}/b.txt", "content": "b"}, call_id=call_id
+        ),
     ]
     outcomes = eg.execute(calls)
     assert sorted(o.status.value for o in outcomes) == ["rejected", "success"]
@@ -458,8 +738,7 @@ def test_bad_run_id_and_idempotency_key(eg: Client) -> None:
     outcome = eg.run(Call(tool="noop", arguments={"echo": "x"}), run_id="run\nid")
     expect(eg, outcome, Status.REJECTED, "invalid_argument", "run_id", journaled=False)
     outcome = eg.run(Call(tool="noop", arguments={"echo": "x"}, idempotency_key="k" * 257))
-    expect(eg, outcome, Status.REJECTED, "invalid_argument", "idempotency_key",
-           journaled=False)
+    expect(eg, outcome, Status.REJECTED, "invalid_argument", "idempotency_key", journaled=False)
 
 
 def test_batch_over_1000_calls_is_a_request_error(eg: Client) -> None:

@@ -34,13 +34,15 @@ def client(daemon: Daemon) -> Iterator[Client]:
         yield c
 
 
-def execgate(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-             script: bool = False) -> subprocess.CompletedProcess[str]:
+def execgate(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, script: bool = False
+) -> subprocess.CompletedProcess[str]:
     cmd = [str(CONSOLE_SCRIPT)] if script else [sys.executable, "-m", "execgate.executor.cli"]
     full_env = {k: v for k, v in os.environ.items() if k != "EXECGATE_ADDR"}
     full_env.update({"COLUMNS": "200", "NO_COLOR": "1", **(env or {})})
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=60,
-                          env=full_env, cwd=cwd)
+    return subprocess.run(
+        [*cmd, *args], capture_output=True, text=True, timeout=60, env=full_env, cwd=cwd
+    )
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:
@@ -57,8 +59,15 @@ def test_console_script_is_installed(daemon: Daemon) -> None:
 
 def test_tools(daemon: Daemon) -> None:
     out = ok(execgate("tools", "--addr", daemon.address))
-    for name in ("read_file", "write_file", "edit_file", "list_dir", "search", "run_command",
-                 "noop"):
+    for name in (
+        "read_file",
+        "write_file",
+        "edit_file",
+        "list_dir",
+        "search",
+        "run_command",
+        "noop",
+    ):
         assert name in out
 
 
@@ -81,8 +90,21 @@ def test_call_prints_the_content(daemon: Daemon) -> None:
 
 def test_call_json(daemon: Daemon, client: Client) -> None:
     (daemon.workspace / "a.txt").write_text("one\ntwo\nthree\n")
-    out = ok(execgate("call", "read_file", "--arg", "path=a.txt", "--arg", "offset=2",
-                      "--call-id", "cli-1", "--json", "--addr", daemon.address))
+    out = ok(
+        execgate(
+            "call",
+            "read_file",
+            "--arg",
+            "path=a.txt",
+            "--arg",
+            "offset=2",
+            "--call-id",
+            "cli-1",
+            "--json",
+            "--addr",
+            daemon.address,
+        )
+    )
     data = json.loads(out)
     assert data["status"] == "success"
     assert data["error_class"] == "none"
@@ -95,12 +117,31 @@ def test_call_json(daemon: Daemon, client: Client) -> None:
 
 
 def test_call_with_args_json(daemon: Daemon) -> None:
-    out = ok(execgate("call", "write_file", "--args-json", '{"path": "n.txt", "content": "42"}',
-                      "--json", "--addr", daemon.address))
+    out = ok(
+        execgate(
+            "call",
+            "write_file",
+            "--args-json",
+            '{"path": "n.txt", "content": "42"}',
+            "--json",
+            "--addr",
+            daemon.address,
+        )
+    )
     assert json.loads(out)["status"] == "success"
     # "42" for a string-typed argument stays a string, even via --arg.
-    ok(execgate("call", "write_file", "--arg", "path=m.txt", "--arg", "content=42",
-                "--addr", daemon.address))
+    ok(
+        execgate(
+            "call",
+            "write_file",
+            "--arg",
+            "path=m.txt",
+            "--arg",
+            "content=42",
+            "--addr",
+            daemon.address,
+        )
+    )
     assert (daemon.workspace / "n.txt").read_text() == "42"
     assert (daemon.workspace / "m.txt").read_text() == "42"
 
@@ -111,8 +152,9 @@ def test_failing_call_exits_1(daemon: Daemon) -> None:
     assert "FAILURE" in result.stdout
     assert "not_found" in result.stdout
     assert "Traceback" not in result.stderr
-    result = execgate("call", "read_file", "--arg", "path=missing.txt", "--json",
-                      "--addr", daemon.address)
+    result = execgate(
+        "call", "read_file", "--arg", "path=missing.txt", "--json", "--addr", daemon.address
+    )
     assert result.returncode == 1
     assert json.loads(result.stdout)["error_class"] == "not_found"
 
@@ -128,18 +170,54 @@ def test_rejected_call_exits_1(daemon: Daemon) -> None:
 def test_calls_list_and_show(daemon: Daemon) -> None:
     (daemon.workspace / "a.txt").write_text("x\n")
     run = ["--run", "cli-listing"]
-    ok(execgate("call", "read_file", "--arg", "path=a.txt", "--call-id", "shown", *run,
-                "--addr", daemon.address))
-    ok(execgate("call", "noop", "--arg", "echo=hi", "--call-id", "latest", *run,
-                "--addr", daemon.address))
+    ok(
+        execgate(
+            "call",
+            "read_file",
+            "--arg",
+            "path=a.txt",
+            "--call-id",
+            "shown",
+            *run,
+            "--addr",
+            daemon.address,
+        )
+    )
+    ok(
+        execgate(
+            "call",
+            "noop",
+            "--arg",
+            "echo=hi",
+            "--call-id",
+            "latest",
+            *run,
+            "--addr",
+            daemon.address,
+        )
+    )
 
     records = json.loads(ok(execgate("calls", "list", "--json", *run, "--addr", daemon.address)))
     assert [r["call_id"] for r in records] == ["latest", "shown"]
     assert records[1]["tool"] == "read_file"
     assert records[1]["run_id"] == "cli-listing"
     assert records[1]["outcome"]["status"] == "success"
-    filtered = json.loads(ok(execgate("calls", "list", "--json", "--tool", "noop", *run,
-                                      "--status", "success", "--addr", daemon.address)))
+    filtered = json.loads(
+        ok(
+            execgate(
+                "calls",
+                "list",
+                "--json",
+                "--tool",
+                "noop",
+                *run,
+                "--status",
+                "success",
+                "--addr",
+                daemon.address,
+            )
+        )
+    )
     assert [r["call_id"] for r in filtered] == ["latest"]
     table = ok(execgate("calls", "list", *run, "--addr", daemon.address))
     assert "shown" in table
@@ -149,8 +227,9 @@ def test_calls_list_and_show(daemon: Daemon) -> None:
     assert "shown" in shown
     assert "read_file" in shown
     assert "SUCCESS" in shown
-    data = json.loads(ok(execgate("calls", "show", "shown", "--json", "--raw", *run,
-                                  "--addr", daemon.address)))
+    data = json.loads(
+        ok(execgate("calls", "show", "shown", "--json", "--raw", *run, "--addr", daemon.address))
+    )
     assert data["call_id"] == "shown"
     assert data["outcome"]["status"] == "success"
     assert json.loads(data["raw_result"])["text"] == "x\n"
@@ -197,8 +276,9 @@ NO_DAEMON_CASES = [
 
 
 @pytest.mark.parametrize(("command", "via"), NO_DAEMON_CASES)
-def test_no_daemon_is_one_clear_line_and_exit_69(tmp_path: Path, command: list[str],
-                                                 via: str) -> None:
+def test_no_daemon_is_one_clear_line_and_exit_69(
+    tmp_path: Path, command: list[str], via: str
+) -> None:
     address = f"unix:{tmp_path / 'nobody-here.sock'}"
     if via == "flag":
         result = execgate(*command, "--addr", address)

@@ -23,8 +23,12 @@ def wait_until(predicate: Callable[[], object], what: str, timeout: float = 15.0
 
 def bump(call_id: str, key: str, *, extra: str = "") -> Call:
     """A writing command whose every execution appends one line to `counter`."""
-    return Call(tool="run_command", call_id=call_id, idempotency_key=key,
-                arguments={"argv": ["sh", "-c", f"echo x >> counter{extra}"]})
+    return Call(
+        tool="run_command",
+        call_id=call_id,
+        idempotency_key=key,
+        arguments={"argv": ["sh", "-c", f"echo x >> counter{extra}"]},
+    )
 
 
 def lines(path: Path) -> int:
@@ -64,8 +68,12 @@ def test_same_key_same_request_runs_once(daemon: Daemon, client: Client) -> None
 
 def test_same_key_joins_a_call_in_flight(daemon: Daemon, client: Client) -> None:
     counter = daemon.workspace / "counter"
-    slow = Call(tool="run_command", call_id="owner", idempotency_key="k-slow",
-                arguments={"argv": ["sh", "-c", "echo x >> counter; exec sleep 1"]})
+    slow = Call(
+        tool="run_command",
+        call_id="owner",
+        idempotency_key="k-slow",
+        arguments={"argv": ["sh", "-c", "echo x >> counter; exec sleep 1"]},
+    )
     events: list[Event] = []
 
     def stream() -> None:
@@ -75,8 +83,9 @@ def test_same_key_joins_a_call_in_flight(daemon: Daemon, client: Client) -> None
     t = threading.Thread(target=stream, daemon=True)
     t.start()
     wait_until(lambda: any(e.kind is EventKind.STARTED for e in events), "the owner to start")
-    joined = client.run(Call(tool=slow.tool, arguments=slow.arguments, call_id="joiner",
-                             idempotency_key="k-slow"))
+    joined = client.run(
+        Call(tool=slow.tool, arguments=slow.arguments, call_id="joiner", idempotency_key="k-slow")
+    )
     t.join(15)
     assert not t.is_alive()
     owner = next(e.outcome for e in events if e.kind is EventKind.FINISHED)
@@ -98,8 +107,14 @@ def test_same_key_sent_concurrently_runs_once(daemon: Daemon) -> None:
         with Client(daemon.address) as c:
             c.list_tools()  # connect before the barrier, so both requests leave together
             barrier.wait(10)
-            outcomes[call_id] = c.run(Call(tool="run_command", arguments={"argv": argv},
-                                           call_id=call_id, idempotency_key="k-race"))
+            outcomes[call_id] = c.run(
+                Call(
+                    tool="run_command",
+                    arguments={"argv": argv},
+                    call_id=call_id,
+                    idempotency_key="k-race",
+                )
+            )
 
     threads = [threading.Thread(target=send, args=(cid,), daemon=True) for cid in ("a", "b")]
     for t in threads:
@@ -132,8 +147,9 @@ def test_same_key_different_request_is_a_conflict(daemon: Daemon, client: Client
     assert rec.outcome.error_class == "idempotency_conflict"
 
     # Another tool with the same key is also a different request.
-    read = client.run(Call(tool="read_file", arguments={"path": "counter"}, call_id="read",
-                           idempotency_key="k1"))
+    read = client.run(
+        Call(tool="read_file", arguments={"path": "counter"}, call_id="read", idempotency_key="k1")
+    )
     assert read.status is Status.REJECTED
     assert read.error_class == "idempotency_conflict"
 
@@ -144,8 +160,12 @@ def test_same_key_different_request_is_a_conflict(daemon: Daemon, client: Client
 
 
 def test_conflict_with_a_call_in_flight(daemon: Daemon, client: Client) -> None:
-    slow = Call(tool="run_command", call_id="owner", idempotency_key="k-slow",
-                arguments={"argv": ["sh", "-c", "echo x >> counter; exec sleep 1"]})
+    slow = Call(
+        tool="run_command",
+        call_id="owner",
+        idempotency_key="k-slow",
+        arguments={"argv": ["sh", "-c", "echo x >> counter; exec sleep 1"]},
+    )
     events: list[Event] = []
 
     def stream() -> None:
@@ -166,8 +186,9 @@ def test_conflict_with_a_call_in_flight(daemon: Daemon, client: Client) -> None:
 
 def test_rejected_call_does_not_consume_its_key(daemon: Daemon, client: Client) -> None:
     """A call refused before it ran binds nothing: the key is still free afterwards."""
-    bad = client.run(Call(tool="run_command", arguments={"argv": []}, call_id="bad",
-                          idempotency_key="k-fresh"))
+    bad = client.run(
+        Call(tool="run_command", arguments={"argv": []}, call_id="bad", idempotency_key="k-fresh")
+    )
     assert bad.status is Status.REJECTED
     assert bad.error_class == "invalid_argument"
     unknown = client.run(Call(tool="no_such_tool", call_id="unknown", idempotency_key="k-fresh"))
@@ -201,8 +222,7 @@ def test_keys_survive_a_restart(daemon: Daemon, client: Client, how: str) -> Non
     assert lines(counter) == 1
 
 
-def test_resending_the_same_call_with_its_key_replays_it(daemon: Daemon,
-                                                         client: Client) -> None:
+def test_resending_the_same_call_with_its_key_replays_it(daemon: Daemon, client: Client) -> None:
     counter = daemon.workspace / "counter"
     assert client.run(bump("same", "k-same")).status is Status.SUCCESS
     again = client.run(bump("same", "k-same"))  # a client resending its whole batch
@@ -216,8 +236,7 @@ def test_resending_the_same_call_with_its_key_replays_it(daemon: Daemon,
     assert rec.replay_of == ""
 
 
-def test_resending_a_call_id_without_a_key_is_a_duplicate(daemon: Daemon,
-                                                          client: Client) -> None:
+def test_resending_a_call_id_without_a_key_is_a_duplicate(daemon: Daemon, client: Client) -> None:
     counter = daemon.workspace / "counter"
     assert client.run(bump("nokey", "")).status is Status.SUCCESS
     again = client.run(bump("nokey", ""))

@@ -50,8 +50,9 @@ class Streamer:
     def __init__(self, address: str, calls: list[Call], **kwargs: object) -> None:
         self.events: list[Event] = []
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(address, calls, kwargs),
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(address, calls, kwargs), daemon=True
+        )
         self._thread.start()
 
     def _run(self, address: str, calls: list[Call], kwargs: dict[str, object]) -> None:
@@ -100,13 +101,22 @@ def at(o: Outcome, phase: str) -> float:
 
 
 def sh(script: str, call_id: str, **kw: object) -> Call:
-    return Call(tool="run_command", arguments={"argv": ["sh", "-c", script]}, call_id=call_id,
-                **kw)  # type: ignore[arg-type]
+    return Call(tool="run_command", arguments={"argv": ["sh", "-c", script]}, call_id=call_id, **kw)  # type: ignore[arg-type]
 
 
 def serve_cmd(workspace: Path, state_dir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "execgate.executor.cli", "serve", "--workspace", str(workspace),
-            "--state-dir", str(state_dir), "--test-tools", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "execgate.executor.cli",
+        "serve",
+        "--workspace",
+        str(workspace),
+        "--state-dir",
+        str(state_dir),
+        "--test-tools",
+        *extra,
+    ]
 
 
 # ---------------------------------------------------------------- files, sockets, one daemon
@@ -143,8 +153,13 @@ def _assert_still_serving(daemon: Daemon, client: Client) -> None:
 
 def test_second_daemon_on_the_same_state_dir_refuses(daemon: Daemon, client: Client) -> None:
     inode = os.stat(daemon.socket).st_ino
-    second = subprocess.run(serve_cmd(daemon.workspace, daemon.state_dir),
-                            capture_output=True, text=True, timeout=30, cwd=daemon.root)
+    second = subprocess.run(
+        serve_cmd(daemon.workspace, daemon.state_dir),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=daemon.root,
+    )
     assert second.returncode != 0
     err = second.stderr.strip()
     assert "Traceback" not in err
@@ -154,12 +169,17 @@ def test_second_daemon_on_the_same_state_dir_refuses(daemon: Daemon, client: Cli
     _assert_still_serving(daemon, client)
 
 
-def test_second_daemon_on_the_same_socket_refuses(daemon: Daemon, client: Client,
-                                                  tmp_path: Path) -> None:
+def test_second_daemon_on_the_same_socket_refuses(
+    daemon: Daemon, client: Client, tmp_path: Path
+) -> None:
     other = tmp_path / "other"
     second = subprocess.run(
         serve_cmd(other / "workspace", other / "state", "--listen", daemon.address),
-        capture_output=True, text=True, timeout=30, cwd=daemon.root)
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=daemon.root,
+    )
     assert second.returncode != 0
     err = second.stderr.strip()
     assert "Traceback" not in err
@@ -168,8 +188,9 @@ def test_second_daemon_on_the_same_socket_refuses(daemon: Daemon, client: Client
     _assert_still_serving(daemon, client)
 
 
-def test_stale_socket_from_a_killed_daemon_does_not_block_a_restart(daemon: Daemon,
-                                                                     client: Client) -> None:
+def test_stale_socket_from_a_killed_daemon_does_not_block_a_restart(
+    daemon: Daemon, client: Client
+) -> None:
     assert client.execute_one("noop", echo="before").ok
     daemon.kill()
     assert daemon.socket.exists()  # left behind: nobody listens on it
@@ -184,14 +205,17 @@ def test_stale_socket_from_a_killed_daemon_does_not_block_a_restart(daemon: Daem
 
 def test_sigterm_drains_a_running_command_and_records_it(daemon: Daemon, client: Client) -> None:
     marker = daemon.workspace / "marker"
-    stream = Streamer(daemon.address, [sh("echo up > marker; exec sleep 30", "long"),
-                                       sh("echo ran > ran.txt", "behind")])
+    stream = Streamer(
+        daemon.address,
+        [sh("echo up > marker; exec sleep 30", "long"), sh("echo ran > ran.txt", "behind")],
+    )
     wait_until(lambda: stream.seen(EventKind.STARTED, "long"), "the command to start")
     wait_until(lambda: stream.seen(EventKind.QUEUED, "behind"), "the second call to queue")
     wait_until(marker.exists, "the marker")
     assert daemon.proc is not None
-    sleepers = [p for p in psutil.Process(daemon.proc.pid).children(recursive=True)
-                if p.name() == "sleep"]
+    sleepers = [
+        p for p in psutil.Process(daemon.proc.pid).children(recursive=True) if p.name() == "sleep"
+    ]
     assert sleepers
 
     t0 = time.monotonic()
@@ -258,8 +282,7 @@ def test_cancel_a_running_call(daemon: Daemon, client: Client) -> None:
 
 
 def test_cancel_a_queued_call(daemon: Daemon, client: Client) -> None:
-    stream = Streamer(daemon.address, [sh("exec sleep 30", "w1"),
-                                       sh("echo ran > ran.txt", "w2")])
+    stream = Streamer(daemon.address, [sh("exec sleep 30", "w1"), sh("echo ran > ran.txt", "w2")])
     wait_until(lambda: stream.seen(EventKind.STARTED, "w1"), "the first call to start")
     wait_until(lambda: stream.seen(EventKind.QUEUED, "w2"), "the second call to queue")
     assert client.cancel(call_id="w2") == ["w2"]
@@ -292,8 +315,12 @@ def test_cancel_needs_a_target(daemon: Daemon, client: Client) -> None:
 @pytest.mark.parametrize("target", ["batch", "run", "call"])
 def test_cancel_targets_in_a_named_run(daemon: Daemon, client: Client, target: str) -> None:
     """A batch or a run is a target by itself; a call is named with its run."""
-    stream = Streamer(daemon.address, [sh("exec sleep 30", "c1"), sh("echo x > x.txt", "c2")],
-                      run_id="named-run", batch_id="b-named")
+    stream = Streamer(
+        daemon.address,
+        [sh("exec sleep 30", "c1"), sh("echo x > x.txt", "c2")],
+        run_id="named-run",
+        batch_id="b-named",
+    )
     wait_until(lambda: stream.seen(EventKind.STARTED, "c1"), "the call to start")
     wait_until(lambda: stream.seen(EventKind.QUEUED, "c2"), "the second call to queue")
     if target == "batch":
@@ -322,9 +349,12 @@ def test_client_disconnect_mid_stream(daemon: Daemon, client: Client, how: str) 
     ws = daemon.workspace
     calls = [sh("sleep 1.5; echo done > first.txt", "d1"), sh("echo ran > second.txt", "d2")]
     if how == "grpc-cancel":
-        request = pb.ExecuteRequest(calls=[
-            pb.ToolCall(call_id=c.call_id, tool=c.tool, arguments_json=json.dumps(c.arguments))
-            for c in calls])
+        request = pb.ExecuteRequest(
+            calls=[
+                pb.ToolCall(call_id=c.call_id, tool=c.tool, arguments_json=json.dumps(c.arguments))
+                for c in calls
+            ]
+        )
         with grpc.insecure_channel(daemon.address) as channel:
             call = pb_grpc.ExecutorStub(channel).Execute(request)
             for msg in call:
@@ -363,14 +393,17 @@ def test_client_disconnect_mid_stream(daemon: Daemon, client: Client, how: str) 
 
 
 def test_reads_of_different_files_overlap(daemon: Daemon, client: Client) -> None:
-    lines = "".join(f"line {i} of a file big enough to take a while to search\n"
-                    for i in range(40_000))
+    lines = "".join(
+        f"line {i} of a file big enough to take a while to search\n" for i in range(40_000)
+    )
     for name in ("one.txt", "two.txt"):
         (daemon.workspace / name).write_text(lines)
-    a, b = client.execute([
-        Call(tool="search", arguments={"pattern": "no such text", "path": "one.txt"}),
-        Call(tool="search", arguments={"pattern": "no such text", "path": "two.txt"}),
-    ])
+    a, b = client.execute(
+        [
+            Call(tool="search", arguments={"pattern": "no such text", "path": "one.txt"}),
+            Call(tool="search", arguments={"pattern": "no such text", "path": "two.txt"}),
+        ]
+    )
     assert a.status is Status.SUCCESS
     assert b.status is Status.SUCCESS
     # Read-only calls share the workspace: each started before the other finished.
@@ -378,25 +411,35 @@ def test_reads_of_different_files_overlap(daemon: Daemon, client: Client) -> Non
     assert at(b, "started") < at(a, "finished")
 
 
-def test_writers_in_one_batch_never_overlap_and_keep_proposal_order(daemon: Daemon,
-                                                                     client: Client) -> None:
-    calls = [sh(f"echo {i} >> order; sleep 0.05; echo {i} >> order", f"w{i}")
-             for i in range(4)]
+def test_writers_in_one_batch_never_overlap_and_keep_proposal_order(
+    daemon: Daemon, client: Client
+) -> None:
+    calls = [sh(f"echo {i} >> order; sleep 0.05; echo {i} >> order", f"w{i}") for i in range(4)]
     outcomes = client.execute(calls)
     assert [o.status for o in outcomes] == [Status.SUCCESS] * 4
     for prev, nxt in itertools.pairwise(outcomes):
         assert at(nxt, "started") >= at(prev, "finished")
     assert (daemon.workspace / "order").read_text().split() == [
-        "0", "0", "1", "1", "2", "2", "3", "3"]
+        "0",
+        "0",
+        "1",
+        "1",
+        "2",
+        "2",
+        "3",
+        "3",
+    ]
 
 
 def test_a_writer_waits_for_readers_and_readers_for_it(daemon: Daemon, client: Client) -> None:
     (daemon.workspace / "f.txt").write_text("x\n")
-    r1, w, r2 = client.execute([
-        Call(tool="read_file", arguments={"path": "f.txt"}),
-        sh("sleep 0.2; echo y > f.txt", "writer"),
-        Call(tool="read_file", arguments={"path": "f.txt"}),
-    ])
+    r1, w, r2 = client.execute(
+        [
+            Call(tool="read_file", arguments={"path": "f.txt"}),
+            sh("sleep 0.2; echo y > f.txt", "writer"),
+            Call(tool="read_file", arguments={"path": "f.txt"}),
+        ]
+    )
     assert at(w, "started") >= at(r1, "finished")
     assert at(r2, "started") >= at(w, "finished")
     assert r1.text == "x\n"
@@ -414,8 +457,9 @@ def test_list_calls_filters_and_pages(daemon: Daemon, client: Client) -> None:
         assert o.ok
         ids.append(o.call_id)
     for i in range(2):
-        o = client.run(Call(tool="read_file", arguments={"path": f"missing{i}"},
-                            call_id=f"bad{i}"), run_id=run)
+        o = client.run(
+            Call(tool="read_file", arguments={"path": f"missing{i}"}, call_id=f"bad{i}"), run_id=run
+        )
         assert o.status is Status.FAILURE
         ids.append(o.call_id)
     client.run(Call(tool="noop", call_id="elsewhere"), run_id="other-run")
@@ -429,8 +473,7 @@ def test_list_calls_filters_and_pages(daemon: Daemon, client: Client) -> None:
 
     failed = client.list_calls(run_id=run, statuses=[Status.FAILURE])
     assert [r.call_id for r in failed] == ["bad1", "bad0"]
-    assert [r.call_id for r in client.list_calls(run_id=run, tool="noop")] == [
-        "ok2", "ok1", "ok0"]
+    assert [r.call_id for r in client.list_calls(run_id=run, tool="noop")] == ["ok2", "ok1", "ok0"]
     assert client.list_calls(run_id=run, tool="noop", statuses=[Status.FAILURE]) == []
     both = client.list_calls(run_id=run, statuses=[Status.FAILURE, Status.SUCCESS])
     assert len(both) == 5

@@ -42,8 +42,9 @@ class Streamer:
     def __init__(self, address: str, calls: list[Call], **kwargs: object) -> None:
         self.events: list[Event] = []
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(address, calls, kwargs),
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(address, calls, kwargs), daemon=True
+        )
         self._thread.start()
 
     def _run(self, address: str, calls: list[Call], kwargs: dict[str, object]) -> None:
@@ -90,15 +91,21 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def test_sigkill_with_a_writer_in_flight(daemon: Daemon, client: Client,
-                                         orphans: list[psutil.Process]) -> None:
-    done = client.run(Call(tool="write_file", arguments={"path": "a.txt", "content": "hello"},
-                           call_id="w1"))
+def test_sigkill_with_a_writer_in_flight(
+    daemon: Daemon, client: Client, orphans: list[psutil.Process]
+) -> None:
+    done = client.run(
+        Call(tool="write_file", arguments={"path": "a.txt", "content": "hello"}, call_id="w1")
+    )
     assert done.status is Status.SUCCESS
 
     marker = daemon.workspace / "marker"
-    slow = Call(tool="run_command", call_id="slow", idempotency_key="slow-key",
-                arguments={"argv": ["sh", "-c", "echo started >> marker; exec sleep 60"]})
+    slow = Call(
+        tool="run_command",
+        call_id="slow",
+        idempotency_key="slow-key",
+        arguments={"argv": ["sh", "-c", "echo started >> marker; exec sleep 60"]},
+    )
     stream = Streamer(daemon.address, [slow])
     wait_until(lambda: stream.seen(EventKind.STARTED, "slow"), "the STARTED event")
     wait_until(marker.exists, "the command to write its marker")
@@ -144,8 +151,14 @@ def test_sigkill_with_a_writer_in_flight(daemon: Daemon, client: Client,
 
     # Retrying with the same idempotency key does not run the command again: the
     # caller gets the recorded UNKNOWN_OUTCOME and must reconcile.
-    retry = client.run(Call(tool=slow.tool, arguments=slow.arguments, call_id="slow-retry",
-                            idempotency_key="slow-key"))
+    retry = client.run(
+        Call(
+            tool=slow.tool,
+            arguments=slow.arguments,
+            call_id="slow-retry",
+            idempotency_key="slow-key",
+        )
+    )
     assert retry.status is Status.UNKNOWN_OUTCOME
     assert retry.replay_of == "slow"
     assert marker.read_text() == "started\n"
@@ -159,18 +172,28 @@ def test_sigkill_with_a_reader_in_flight(daemon: Daemon, client: Client) -> None
     started.
     """
     (daemon.workspace / "evil.txt").write_text("a" * 40 + "b\n")
-    calls = [Call(tool="search", arguments={"pattern": "^(a|a)*$", "path": "evil.txt"},
-                  call_id="r1", timeout=30),
-             Call(tool="write_file", arguments={"path": "queued.txt", "content": "x"},
-                  call_id="w-queued")]
+    calls = [
+        Call(
+            tool="search",
+            arguments={"pattern": "^(a|a)*$", "path": "evil.txt"},
+            call_id="r1",
+            timeout=30,
+        ),
+        Call(
+            tool="write_file", arguments={"path": "queued.txt", "content": "x"}, call_id="w-queued"
+        ),
+    ]
     stream = Streamer(daemon.address, calls)
-    wait_until(lambda: stream.seen(EventKind.STARTED, "r1")
-               or stream.seen(EventKind.FINISHED, "r1"), "the search to start")
+    wait_until(
+        lambda: stream.seen(EventKind.STARTED, "r1") or stream.seen(EventKind.FINISHED, "r1"),
+        "the search to start",
+    )
     wait_until(lambda: stream.seen(EventKind.QUEUED, "w-queued"), "the writer to queue")
     if stream.seen(EventKind.FINISHED, "r1"):
         stream.join()
-        pytest.skip("the backtracking search no longer stays in flight; "
-                    "covered by the journal-level test")
+        pytest.skip(
+            "the backtracking search no longer stays in flight; covered by the journal-level test"
+        )
     # The writer's intent is journaled only once its locks are granted, just before it
     # starts: while it waits behind the search it has no row at all.
     assert not _exists(client, "w-queued")
@@ -208,9 +231,18 @@ def _exists(client: Client, call_id: str) -> bool:
 
 
 def _rec(call_id: str, *, may_write: bool, key: str = "") -> CallRecord:
-    return CallRecord(run_id="r", call_id=call_id, batch_id="b", tool="t", arguments_json="{}",
-                      request_hash="h-" + call_id, idempotency_key=key, agent="local",
-                      may_write=may_write, created_at=time.time())
+    return CallRecord(
+        run_id="r",
+        call_id=call_id,
+        batch_id="b",
+        tool="t",
+        arguments_json="{}",
+        request_hash="h-" + call_id,
+        idempotency_key=key,
+        agent="local",
+        may_write=may_write,
+        created_at=time.time(),
+    )
 
 
 def test_journal_recover_settles_running_rows(tmp_path: Path) -> None:

@@ -8,4 +8,5 @@ def test_read_file_roundtrip(daemon: Daemon, client: Client) -> None:
     assert outcome.status is Status.SUCCESS
     assert outcome.text == "hello\n"
     record = client.get_call(outcome.call_id)
-    assert record.outcome is not None and record.outcome.status is Status.SUCCESS
+    assert record.outcome is not None
+    assert record.outcome.status is Status.SUCCESS

@@ -68,8 +68,13 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def check(client: Client, outcome: Outcome, status: Status, error_class: str = "none",
-          field: str | None = None) -> Outcome:
+def check(
+    client: Client,
+    outcome: Outcome,
+    status: Status,
+    error_class: str = "none",
+    field: str | None = None,
+) -> Outcome:
     """Assert the outcome, and that the journal holds the same one for its call id."""
     assert (outcome.status, outcome.error_class) == (status, error_class), outcome
     if field is not None:
@@ -119,20 +124,25 @@ def test_read_file_whole(eg: Client, area: Area) -> None:
     assert out.returned_bytes == size
     assert out.evidence.bytes_read == size
     assert out.evidence.path == str((area.path / "a.txt").resolve())
-    assert out.structured == {"path": area.arg("a.txt"), "start_line": 1, "end_line": 3,
-                              "file_bytes": size, "binary": False}
+    assert out.structured == {
+        "path": area.arg("a.txt"),
+        "start_line": 1,
+        "end_line": 3,
+        "file_bytes": size,
+        "binary": False,
+    }
 
 
 def test_read_file_offset_and_limit(eg: Client, area: Area) -> None:
     (area.path / "n.txt").write_text("".join(f"line {i}\n" for i in range(1, 11)))
-    out = check(eg, run(eg, "read_file", path=area.arg("n.txt"), offset=3, limit=2),
-                Status.SUCCESS)
+    out = check(eg, run(eg, "read_file", path=area.arg("n.txt"), offset=3, limit=2), Status.SUCCESS)
     assert out.text == "line 3\nline 4\n"
     assert (out.structured["start_line"], out.structured["end_line"]) == (3, 4)
     assert out.evidence.bytes_read == len("line 3\nline 4\n")
 
-    tail = check(eg, run(eg, "read_file", path=area.arg("n.txt"), offset=9, limit=5),
-                 Status.SUCCESS)
+    tail = check(
+        eg, run(eg, "read_file", path=area.arg("n.txt"), offset=9, limit=5), Status.SUCCESS
+    )
     assert tail.text == "line 9\nline 10\n"
     assert tail.structured["end_line"] == 10
 
@@ -144,16 +154,26 @@ def test_read_file_offset_and_limit(eg: Client, area: Area) -> None:
 
 
 def test_read_file_missing_is_not_found(eg: Client, area: Area) -> None:
-    out = check(eg, run(eg, "read_file", path=area.arg("nope.txt")), Status.FAILURE,
-                "not_found", "arguments.path")
+    out = check(
+        eg,
+        run(eg, "read_file", path=area.arg("nope.txt")),
+        Status.FAILURE,
+        "not_found",
+        "arguments.path",
+    )
     assert out.text == ""
     assert not (area.path / "nope.txt").exists()
 
 
 def test_read_file_of_a_directory_is_invalid(eg: Client, area: Area) -> None:
     (area.path / "d").mkdir()
-    out = check(eg, run(eg, "read_file", path=area.arg("d")), Status.FAILURE,
-                "invalid_argument", "arguments.path")
+    out = check(
+        eg,
+        run(eg, "read_file", path=area.arg("d")),
+        Status.FAILURE,
+        "invalid_argument",
+        "arguments.path",
+    )
     assert "directory" in out.message
 
 
@@ -198,8 +218,9 @@ def test_output_cap_partial_results(tmp_path: Path) -> None:
             assert (echo.returned_bytes, echo.total_bytes) == (1024, 2000)
 
             # A command's output too; the journal keeps all of it.
-            cmd = check(c, run(c, "run_command", argv=["sh", "-c", "yes x | head -c 5000"]),
-                        Status.PARTIAL)
+            cmd = check(
+                c, run(c, "run_command", argv=["sh", "-c", "yes x | head -c 5000"]), Status.PARTIAL
+            )
             assert cmd.evidence.exit_code == 0
             assert cmd.truncated
             assert (cmd.returned_bytes, cmd.total_bytes) == (1024, 5000)
@@ -217,8 +238,9 @@ def test_output_cap_partial_results(tmp_path: Path) -> None:
 
 def test_write_file_creates(eg: Client, area: Area) -> None:
     content = "hello\nwörld\n"
-    out = check(eg, run(eg, "write_file", path=area.arg("new.txt"), content=content),
-                Status.SUCCESS)
+    out = check(
+        eg, run(eg, "write_file", path=area.arg("new.txt"), content=content), Status.SUCCESS
+    )
     target = area.path / "new.txt"
     data = target.read_bytes()
     assert data == content.encode()
@@ -233,8 +255,7 @@ def test_write_file_creates(eg: Client, area: Area) -> None:
 def test_write_file_overwrites(eg: Client, area: Area) -> None:
     target = area.path / "f.txt"
     target.write_bytes(b"old contents\n")
-    out = check(eg, run(eg, "write_file", path=area.arg("f.txt"), content="new\n"),
-                Status.SUCCESS)
+    out = check(eg, run(eg, "write_file", path=area.arg("f.txt"), content="new\n"), Status.SUCCESS)
     assert target.read_bytes() == b"new\n"
     assert out.evidence.sha256_before == sha(b"old contents\n")
     assert out.evidence.sha256_after == sha(target.read_bytes())
@@ -249,13 +270,18 @@ def test_write_file_overwrites(eg: Client, area: Area) -> None:
 
 
 def test_write_file_create_dirs(eg: Client, area: Area) -> None:
-    check(eg, run(eg, "write_file", path=area.arg("a", "b", "c.txt"), content="deep"),
-          Status.SUCCESS)
+    check(
+        eg, run(eg, "write_file", path=area.arg("a", "b", "c.txt"), content="deep"), Status.SUCCESS
+    )
     assert (area.path / "a" / "b" / "c.txt").read_text() == "deep"
 
-    out = check(eg, run(eg, "write_file", path=area.arg("x", "y.txt"), content="z",
-                        create_dirs=False),
-                Status.FAILURE, "not_found", "arguments.path")
+    out = check(
+        eg,
+        run(eg, "write_file", path=area.arg("x", "y.txt"), content="z", create_dirs=False),
+        Status.FAILURE,
+        "not_found",
+        "arguments.path",
+    )
     assert out.evidence.sha256_after is None
     assert not (area.path / "x").exists()
 
@@ -264,8 +290,11 @@ def test_write_file_leaves_no_temp_files(eg: Client, area: Area) -> None:
     for i in range(5):
         check(eg, run(eg, "write_file", path=area.arg("f.txt"), content=f"v{i}"), Status.SUCCESS)
         check(eg, run(eg, "write_file", path=area.arg(f"g{i}.txt"), content="g"), Status.SUCCESS)
-    check(eg, run(eg, "edit_file", path=area.arg("f.txt"), old_string="v4", new_string="v5"),
-          Status.SUCCESS)
+    check(
+        eg,
+        run(eg, "edit_file", path=area.arg("f.txt"), old_string="v4", new_string="v5"),
+        Status.SUCCESS,
+    )
     assert sorted(os.listdir(area.path)) == ["f.txt"] + [f"g{i}.txt" for i in range(5)]
     assert (area.path / "f.txt").read_text() == "v5"
 
@@ -281,16 +310,24 @@ def test_write_file_preserves_mode(eg: Client, area: Area) -> None:
         assert stat.S_IMODE(target.stat().st_mode) == mode, name
         assert target.stat().st_ino != inode  # replaced by a rename, not written in place
     # edit_file goes through the same atomic replace.
-    check(eg, run(eg, "edit_file", path=area.arg("script.sh"), old_string="after",
-                  new_string="edited"), Status.SUCCESS)
+    check(
+        eg,
+        run(eg, "edit_file", path=area.arg("script.sh"), old_string="after", new_string="edited"),
+        Status.SUCCESS,
+    )
     assert stat.S_IMODE((area.path / "script.sh").stat().st_mode) == 0o755
 
 
 def test_write_file_onto_directory_fails(eg: Client, area: Area) -> None:
     (area.path / "d").mkdir()
     (area.path / "d" / "inside.txt").write_text("keep")
-    out = check(eg, run(eg, "write_file", path=area.arg("d"), content="x"), Status.FAILURE,
-                "invalid_argument", "arguments.path")
+    out = check(
+        eg,
+        run(eg, "write_file", path=area.arg("d"), content="x"),
+        Status.FAILURE,
+        "invalid_argument",
+        "arguments.path",
+    )
     assert "directory" in out.message
     assert (area.path / "d").is_dir()
     assert os.listdir(area.path / "d") == ["inside.txt"]
@@ -300,10 +337,20 @@ def test_write_file_onto_directory_fails(eg: Client, area: Area) -> None:
 
 def test_write_file_under_a_file_fails(eg: Client, area: Area) -> None:
     (area.path / "f.txt").write_text("plain")
-    check(eg, run(eg, "write_file", path=area.arg("f.txt", "x.txt"), content="x"),
-          Status.FAILURE, "invalid_argument", "arguments.path")
-    check(eg, run(eg, "write_file", path=area.arg("f.txt", "a", "x.txt"), content="x"),
-          Status.FAILURE, "invalid_argument", "arguments.path")
+    check(
+        eg,
+        run(eg, "write_file", path=area.arg("f.txt", "x.txt"), content="x"),
+        Status.FAILURE,
+        "invalid_argument",
+        "arguments.path",
+    )
+    check(
+        eg,
+        run(eg, "write_file", path=area.arg("f.txt", "a", "x.txt"), content="x"),
+        Status.FAILURE,
+        "invalid_argument",
+        "arguments.path",
+    )
     assert (area.path / "f.txt").read_text() == "plain"
     assert sorted(os.listdir(area.path)) == ["f.txt"]
 
@@ -315,8 +362,11 @@ def test_edit_file_replaces_exactly_once(eg: Client, area: Area) -> None:
     target = area.path / "m.py"
     before = b"def f():\n    return 1\n\ndef g():\n    return 2\n"
     target.write_bytes(before)
-    out = check(eg, run(eg, "edit_file", path=area.arg("m.py"), old_string="return 1",
-                        new_string="return 10"), Status.SUCCESS)
+    out = check(
+        eg,
+        run(eg, "edit_file", path=area.arg("m.py"), old_string="return 1", new_string="return 10"),
+        Status.SUCCESS,
+    )
     after = target.read_bytes()
     assert after == b"def f():\n    return 10\n\ndef g():\n    return 2\n"
     assert out.structured["replacements"] == 1
@@ -329,8 +379,13 @@ def test_edit_file_no_match_changes_nothing(eg: Client, area: Area) -> None:
     target = area.path / "m.txt"
     target.write_bytes(b"one two three\n")
     st = target.stat()
-    check(eg, run(eg, "edit_file", path=area.arg("m.txt"), old_string="four", new_string="4"),
-          Status.FAILURE, "no_match", "arguments.old_string")
+    check(
+        eg,
+        run(eg, "edit_file", path=area.arg("m.txt"), old_string="four", new_string="4"),
+        Status.FAILURE,
+        "no_match",
+        "arguments.old_string",
+    )
     assert target.read_bytes() == b"one two three\n"
     assert (target.stat().st_ino, target.stat().st_mtime_ns) == (st.st_ino, st.st_mtime_ns)
 
@@ -339,9 +394,13 @@ def test_edit_file_ambiguous_match_changes_nothing(eg: Client, area: Area) -> No
     target = area.path / "m.txt"
     target.write_bytes(b"x = 1\ny = 2\nx = 1\n")
     st = target.stat()
-    out = check(eg, run(eg, "edit_file", path=area.arg("m.txt"), old_string="x = 1",
-                        new_string="x = 3"),
-                Status.FAILURE, "ambiguous_match", "arguments.old_string")
+    out = check(
+        eg,
+        run(eg, "edit_file", path=area.arg("m.txt"), old_string="x = 1", new_string="x = 3"),
+        Status.FAILURE,
+        "ambiguous_match",
+        "arguments.old_string",
+    )
     assert "2 times" in out.message
     assert target.read_bytes() == b"x = 1\ny = 2\nx = 1\n"
     assert (target.stat().st_ino, target.stat().st_mtime_ns) == (st.st_ino, st.st_mtime_ns)
@@ -350,16 +409,31 @@ def test_edit_file_ambiguous_match_changes_nothing(eg: Client, area: Area) -> No
 def test_edit_file_replace_all(eg: Client, area: Area) -> None:
     target = area.path / "m.txt"
     target.write_bytes(b"x = 1\ny = 2\nx = 1\n")
-    out = check(eg, run(eg, "edit_file", path=area.arg("m.txt"), old_string="x = 1",
-                        new_string="x = 3", replace_all=True), Status.SUCCESS)
+    out = check(
+        eg,
+        run(
+            eg,
+            "edit_file",
+            path=area.arg("m.txt"),
+            old_string="x = 1",
+            new_string="x = 3",
+            replace_all=True,
+        ),
+        Status.SUCCESS,
+    )
     assert target.read_bytes() == b"x = 3\ny = 2\nx = 3\n"
     assert out.structured["replacements"] == 2
     assert out.evidence.sha256_after == sha(target.read_bytes())
 
 
 def test_edit_file_missing_is_not_found(eg: Client, area: Area) -> None:
-    check(eg, run(eg, "edit_file", path=area.arg("nope.txt"), old_string="a", new_string="b"),
-          Status.FAILURE, "not_found", "arguments.path")
+    check(
+        eg,
+        run(eg, "edit_file", path=area.arg("nope.txt"), old_string="a", new_string="b"),
+        Status.FAILURE,
+        "not_found",
+        "arguments.path",
+    )
     assert not (area.path / "nope.txt").exists()
 
 
@@ -375,7 +449,11 @@ def test_list_dir(eg: Client, area: Area) -> None:
     assert out.text.splitlines() == ["a.txt", "b.txt", "link", "sub/"]
     entries = {e["name"]: e for e in out.structured["entries"]}
     assert {n: e["type"] for n, e in entries.items()} == {
-        "a.txt": "file", "b.txt": "file", "link": "symlink", "sub": "dir"}
+        "a.txt": "file",
+        "b.txt": "file",
+        "link": "symlink",
+        "sub": "dir",
+    }
     assert entries["b.txt"]["size"] == 2
     assert out.structured["total_entries"] == 4
     assert not out.truncated
@@ -396,10 +474,20 @@ def test_list_dir_max_entries_is_partial(eg: Client, area: Area) -> None:
 
 def test_list_dir_failures(eg: Client, area: Area) -> None:
     (area.path / "f.txt").write_text("x")
-    check(eg, run(eg, "list_dir", path=area.arg("f.txt")), Status.FAILURE, "invalid_argument",
-          "arguments.path")
-    check(eg, run(eg, "list_dir", path=area.arg("nope")), Status.FAILURE, "not_found",
-          "arguments.path")
+    check(
+        eg,
+        run(eg, "list_dir", path=area.arg("f.txt")),
+        Status.FAILURE,
+        "invalid_argument",
+        "arguments.path",
+    )
+    check(
+        eg,
+        run(eg, "list_dir", path=area.arg("nope")),
+        Status.FAILURE,
+        "not_found",
+        "arguments.path",
+    )
 
 
 def test_list_dir_defaults_to_the_workspace(eg: Client, area: Area) -> None:
@@ -435,39 +523,47 @@ def test_search_finds_file_and_line(eg: Client, tree: Area) -> None:
 def test_search_glob(eg: Client, tree: Area) -> None:
     out = check(eg, run(eg, "search", pattern="foo", path=tree.rel, glob="*.py"), Status.SUCCESS)
     assert out.text.splitlines() == [f"{tree.rel}/src/a.py:1: def foo():"]
-    none = check(eg, run(eg, "search", pattern="foo", path=tree.rel, glob="*.md"),
-                 Status.SUCCESS)
+    none = check(eg, run(eg, "search", pattern="foo", path=tree.rel, glob="*.md"), Status.SUCCESS)
     assert none.text == ""
     assert none.structured["matches"] == 0
 
 
 def test_search_case_insensitive(eg: Client, tree: Area) -> None:
-    out = check(eg, run(eg, "search", pattern="foo", path=tree.arg("src", "a.py"),
-                        case_insensitive=True), Status.SUCCESS)
+    out = check(
+        eg,
+        run(eg, "search", pattern="foo", path=tree.arg("src", "a.py"), case_insensitive=True),
+        Status.SUCCESS,
+    )
     assert out.text.splitlines() == [
         f"{tree.rel}/src/a.py:1: def foo():",
         f"{tree.rel}/src/a.py:2:     return FOO",
     ]
-    exact = check(eg, run(eg, "search", pattern="FOO", path=tree.arg("src", "a.py")),
-                  Status.SUCCESS)
+    exact = check(
+        eg, run(eg, "search", pattern="FOO", path=tree.arg("src", "a.py")), Status.SUCCESS
+    )
     assert exact.text.splitlines() == [f"{tree.rel}/src/a.py:2:     return FOO"]
 
 
 def test_search_invalid_regex_fails(eg: Client, tree: Area) -> None:
     # The pattern is compiled inside the tool, so this is FAILURE (not REJECTED).
-    out = check(eg, run(eg, "search", pattern="(unclosed", path=tree.rel), Status.FAILURE,
-                "invalid_argument", "arguments.pattern")
+    out = check(
+        eg,
+        run(eg, "search", pattern="(unclosed", path=tree.rel),
+        Status.FAILURE,
+        "invalid_argument",
+        "arguments.pattern",
+    )
     assert "not a valid regex" in out.message
 
 
 def test_search_max_results_is_partial(eg: Client, area: Area) -> None:
     for i in range(5):
         (area.path / f"f{i}.txt").write_text(f"hit {i}\nmiss\nhit again {i}\n")
-    out = check(eg, run(eg, "search", pattern="hit", path=area.rel, max_results=3),
-                Status.PARTIAL)
+    out = check(eg, run(eg, "search", pattern="hit", path=area.rel, max_results=3), Status.PARTIAL)
     assert out.truncated
     assert out.text.splitlines() == [
-        f"{area.rel}/f0.txt:1: hit 0", f"{area.rel}/f0.txt:3: hit again 0",
+        f"{area.rel}/f0.txt:1: hit 0",
+        f"{area.rel}/f0.txt:3: hit again 0",
         f"{area.rel}/f1.txt:1: hit 1",
     ]
     assert out.structured["matches"] == 3
@@ -477,22 +573,31 @@ def test_search_max_results_is_partial(eg: Client, area: Area) -> None:
 def test_search_exactly_max_results_is_complete(eg: Client, area: Area) -> None:
     for i in range(3):
         (area.path / f"f{i}.txt").write_text(f"hit {i}\n")
-    out = check(eg, run(eg, "search", pattern="hit", path=area.rel, max_results=3),
-                Status.SUCCESS)
+    out = check(eg, run(eg, "search", pattern="hit", path=area.rel, max_results=3), Status.SUCCESS)
     assert len(out.text.splitlines()) == 3
     assert out.structured["limited"] is False
 
 
 def test_search_missing_path_is_not_found(eg: Client, area: Area) -> None:
-    check(eg, run(eg, "search", pattern="x", path=area.arg("nope")), Status.FAILURE,
-          "not_found", "arguments.path")
+    check(
+        eg,
+        run(eg, "search", pattern="x", path=area.arg("nope")),
+        Status.FAILURE,
+        "not_found",
+        "arguments.path",
+    )
 
 
 def test_search_catastrophic_pattern_times_out(eg: Client, area: Area) -> None:
     (area.path / "evil.txt").write_text("a" * 40 + "!\n")
     started = time.monotonic()
-    out = check(eg, run(eg, "search", timeout=0.5, pattern="(a|aa)+$", path=area.rel),
-                Status.FAILURE, "timeout", "arguments.pattern")
+    out = check(
+        eg,
+        run(eg, "search", timeout=0.5, pattern="(a|aa)+$", path=area.rel),
+        Status.FAILURE,
+        "timeout",
+        "arguments.pattern",
+    )
     assert time.monotonic() - started < 10
     assert "evil.txt:1" in out.message
 
@@ -505,15 +610,17 @@ def test_run_command_success(eg: Client) -> None:
     assert out.text == "hello\n"
     assert out.evidence.exit_code == 0
     assert out.evidence.signal is None
-    assert out.structured == {"exit_code": 0, "signal": None, "stdout_bytes": 6,
-                              "stderr_bytes": 0}
+    assert out.structured == {"exit_code": 0, "signal": None, "stdout_bytes": 6, "stderr_bytes": 0}
     assert eg.get_call(out.call_id).may_write
 
 
 def test_run_command_nonzero_exit(eg: Client) -> None:
-    out = check(eg, run(eg, "run_command",
-                        argv=["sh", "-c", "echo out; echo err >&2; exit 3"]),
-                Status.FAILURE, "nonzero_exit")
+    out = check(
+        eg,
+        run(eg, "run_command", argv=["sh", "-c", "echo out; echo err >&2; exit 3"]),
+        Status.FAILURE,
+        "nonzero_exit",
+    )
     assert out.evidence.exit_code == 3
     assert out.message == "exited with status 3"
     assert out.text == "out\n\n[stderr]\nerr\n"
@@ -522,25 +629,40 @@ def test_run_command_nonzero_exit(eg: Client) -> None:
 
 
 def test_run_command_killed_by_signal(eg: Client) -> None:
-    out = check(eg, run(eg, "run_command", argv=["sh", "-c", "kill -KILL $$"]), Status.FAILURE,
-                "nonzero_exit")
+    out = check(
+        eg,
+        run(eg, "run_command", argv=["sh", "-c", "kill -KILL $$"]),
+        Status.FAILURE,
+        "nonzero_exit",
+    )
     assert out.evidence.exit_code is None
     assert out.evidence.signal == 9
     assert out.message == "killed by signal 9"
 
 
 def test_run_command_program_not_found(eg: Client, area: Area) -> None:
-    check(eg, run(eg, "run_command", argv=["no-such-program-execgate"]), Status.FAILURE,
-          "not_found", "arguments.argv[0]")
+    check(
+        eg,
+        run(eg, "run_command", argv=["no-such-program-execgate"]),
+        Status.FAILURE,
+        "not_found",
+        "arguments.argv[0]",
+    )
     (area.path / "not-executable").write_text("#!/bin/sh\necho hi > ran.txt\n")
-    check(eg, run(eg, "run_command", argv=["./not-executable"], cwd=area.rel), Status.FAILURE,
-          "permission_denied", "arguments.argv[0]")
+    check(
+        eg,
+        run(eg, "run_command", argv=["./not-executable"], cwd=area.rel),
+        Status.FAILURE,
+        "permission_denied",
+        "arguments.argv[0]",
+    )
     assert not (area.path / "ran.txt").exists()
 
 
 def test_run_command_stdin(eg: Client) -> None:
-    out = check(eg, run(eg, "run_command", argv=["cat"], stdin="piped\ninput ünïcode"),
-                Status.SUCCESS)
+    out = check(
+        eg, run(eg, "run_command", argv=["cat"], stdin="piped\ninput ünïcode"), Status.SUCCESS
+    )
     assert out.text == "piped\ninput ünïcode"
     # Without stdin the command reads /dev/null and does not wait.
     empty = check(eg, run(eg, "run_command", argv=["cat"], timeout=10), Status.SUCCESS)
@@ -553,17 +675,35 @@ def test_run_command_cwd(eg: Client, shared: Daemon, area: Area) -> None:
     assert out.text == f"{(area.path / 'sub').resolve()}\n"
     default = check(eg, run(eg, "run_command", argv=["pwd"]), Status.SUCCESS)
     assert default.text == f"{shared.workspace.resolve()}\n"
-    check(eg, run(eg, "run_command", argv=["sh", "-c", "echo made > made.txt"], cwd=area.rel),
-          Status.SUCCESS)
+    check(
+        eg,
+        run(eg, "run_command", argv=["sh", "-c", "echo made > made.txt"], cwd=area.rel),
+        Status.SUCCESS,
+    )
     assert (area.path / "made.txt").read_text() == "made\n"
 
-    check(eg, run(eg, "run_command", argv=["pwd"], cwd=".."), Status.REJECTED,
-          "permission_denied", "arguments.cwd")
-    check(eg, run(eg, "run_command", argv=["pwd"], cwd=area.arg("nope")), Status.FAILURE,
-          "not_found", "arguments.cwd")
+    check(
+        eg,
+        run(eg, "run_command", argv=["pwd"], cwd=".."),
+        Status.REJECTED,
+        "permission_denied",
+        "arguments.cwd",
+    )
+    check(
+        eg,
+        run(eg, "run_command", argv=["pwd"], cwd=area.arg("nope")),
+        Status.FAILURE,
+        "not_found",
+        "arguments.cwd",
+    )
     (area.path / "f.txt").write_text("x")
-    check(eg, run(eg, "run_command", argv=["pwd"], cwd=area.arg("f.txt")), Status.FAILURE,
-          "not_found", "arguments.cwd")
+    check(
+        eg,
+        run(eg, "run_command", argv=["pwd"], cwd=area.arg("f.txt")),
+        Status.FAILURE,
+        "not_found",
+        "arguments.cwd",
+    )
 
 
 def test_run_command_env_is_scrubbed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -581,11 +721,14 @@ def test_run_command_env_is_scrubbed(tmp_path: Path, monkeypatch: pytest.MonkeyP
             assert "EXECGATE_TEST_SECRET" not in out.text
             env = dict(line.split("=", 1) for line in out.text.splitlines())
             assert env == {
-                "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+                "PATH": "/usr/local/bin:/usr/bin:/bin",
+                "LANG": "C.UTF-8",
+                "LC_ALL": "C.UTF-8",
                 "HOME": str(d.workspace.resolve()),
             }
-            extra = check(c, run(c, "run_command", argv=["env"], env={"FOO": "bar baz"}),
-                          Status.SUCCESS)
+            extra = check(
+                c, run(c, "run_command", argv=["env"], env={"FOO": "bar baz"}), Status.SUCCESS
+            )
             assert "FOO=bar baz" in extra.text.splitlines()
             assert secret not in extra.text
     finally:
@@ -601,8 +744,12 @@ def test_run_command_no_shell_interpretation(eg: Client, area: Area) -> None:
 
 def test_run_command_timeout_cooperative(eg: Client) -> None:
     started = time.monotonic()
-    out = check(eg, run(eg, "run_command", timeout=0.5, argv=["sleep", "30"]),
-                Status.UNKNOWN_OUTCOME, "timeout")
+    out = check(
+        eg,
+        run(eg, "run_command", timeout=0.5, argv=["sleep", "30"]),
+        Status.UNKNOWN_OUTCOME,
+        "timeout",
+    )
     elapsed = time.monotonic() - started
     assert out.stopped_how is StopMode.COOPERATIVE
     assert out.evidence.signal == 15
@@ -610,8 +757,13 @@ def test_run_command_timeout_cooperative(eg: Client) -> None:
     p = phases(out)
     for phase in ("started", "cancel_requested", "signal_sent", "stopped", "finished"):
         assert phase in p, p
-    assert p.index("started") < p.index("cancel_requested") < p.index("signal_sent") \
-        < p.index("stopped") < p.index("finished")
+    assert (
+        p.index("started")
+        < p.index("cancel_requested")
+        < p.index("signal_sent")
+        < p.index("stopped")
+        < p.index("finished")
+    )
     assert "grace_expired" not in p
     assert "force_terminated" not in p
     assert out.mark("cancel_requested").detail == "timeout"
@@ -624,9 +776,12 @@ def test_run_command_timeout_cooperative(eg: Client) -> None:
 def test_run_command_timeout_force_terminated(eg: Client, area: Area) -> None:
     started = time.monotonic()
     script = "trap '' TERM; sleep 30 & echo $$ $! > pids; wait"
-    out = check(eg, run(eg, "run_command", timeout=0.5, argv=["sh", "-c", script],
-                        cwd=area.rel),
-                Status.UNKNOWN_OUTCOME, "timeout")
+    out = check(
+        eg,
+        run(eg, "run_command", timeout=0.5, argv=["sh", "-c", script], cwd=area.rel),
+        Status.UNKNOWN_OUTCOME,
+        "timeout",
+    )
     elapsed = time.monotonic() - started
     assert out.stopped_how is StopMode.FORCE_TERMINATED
     assert out.evidence.signal == 9
@@ -657,13 +812,18 @@ def test_every_status_is_reachable_and_journaled(daemon: Daemon, client: Client)
         Status.FAILURE: Call(tool="read_file", arguments={"path": "missing.txt"}),
         Status.REJECTED: Call(tool="no_such_tool", arguments={}),
         Status.PARTIAL: Call(tool="list_dir", arguments={"path": "d", "max_entries": 1}),
-        Status.UNKNOWN_OUTCOME: Call(tool="run_command", arguments={"argv": ["sleep", "30"]},
-                                    timeout=0.3),
+        Status.UNKNOWN_OUTCOME: Call(
+            tool="run_command", arguments={"argv": ["sleep", "30"]}, timeout=0.3
+        ),
     }
     outcomes = dict(zip(calls, client.execute(list(calls.values())), strict=True))
-    expected = {Status.SUCCESS: "none", Status.FAILURE: "not_found",
-                Status.REJECTED: "unknown_tool", Status.PARTIAL: "none",
-                Status.UNKNOWN_OUTCOME: "timeout"}
+    expected = {
+        Status.SUCCESS: "none",
+        Status.FAILURE: "not_found",
+        Status.REJECTED: "unknown_tool",
+        Status.PARTIAL: "none",
+        Status.UNKNOWN_OUTCOME: "timeout",
+    }
     for status, outcome in outcomes.items():
         check(client, outcome, status, expected[status])
     assert outcomes[Status.SUCCESS].text == "hi"

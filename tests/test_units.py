@@ -36,15 +36,22 @@ async def settle(rounds: int = 20) -> None:
 class Holder:
     """A task that takes the lock, reports when it holds it, and keeps it until told."""
 
-    def __init__(self, lock: WorkspaceLock, mode: Mode, log: list[str], name: str,
-                 abandon: asyncio.Event | None = None) -> None:
+    def __init__(
+        self,
+        lock: WorkspaceLock,
+        mode: Mode,
+        log: list[str],
+        name: str,
+        abandon: asyncio.Event | None = None,
+    ) -> None:
         self.name = name
         self.granted = asyncio.Event()
         self.release = asyncio.Event()
         self.task = asyncio.create_task(self._run(lock, mode, log, abandon))
 
-    async def _run(self, lock: WorkspaceLock, mode: Mode, log: list[str],
-                   abandon: asyncio.Event | None) -> None:
+    async def _run(
+        self, lock: WorkspaceLock, mode: Mode, log: list[str], abandon: asyncio.Event | None
+    ) -> None:
         async with lock.acquire(mode, abandon):
             log.append(f"+{self.name}")
             self.granted.set()
@@ -247,8 +254,9 @@ def test_writer_many_concurrent_submits_all_land(tmp_path: Path) -> None:
     writer, _ = _writer(db)
 
     async def body() -> None:
-        got = await asyncio.gather(*(writer.submit(_insert(k), durable=k % 7 == 0)
-                                     for k in range(300)))
+        got = await asyncio.gather(
+            *(writer.submit(_insert(k), durable=k % 7 == 0) for k in range(300))
+        )
         assert got == list(range(300))
 
     try:
@@ -271,8 +279,7 @@ def test_writer_groups_queued_jobs_into_one_commit(tmp_path: Path) -> None:
     async def body() -> None:
         first = asyncio.ensure_future(writer.submit(blocker, durable=True))
         assert await asyncio.to_thread(started.wait, 10)
-        rest = [asyncio.ensure_future(writer.submit(_insert(k), durable=False))
-                for k in range(50)]
+        rest = [asyncio.ensure_future(writer.submit(_insert(k), durable=False)) for k in range(50)]
         await asyncio.sleep(0)  # every submit has queued its job
         go.set()
         assert await first == "blocker"
@@ -291,7 +298,7 @@ def test_writer_groups_queued_jobs_into_one_commit(tmp_path: Path) -> None:
 def test_writer_fast_path_never_overtakes_a_pending_job(tmp_path: Path) -> None:
     """A non-durable write runs inline only when nothing is pending, so order holds."""
     db = tmp_path / "w.db"
-    writer, statements = _writer(db)
+    writer, _ = _writer(db)
     started, go = threading.Event(), threading.Event()
     seen: list[int] = []
 
@@ -343,10 +350,12 @@ def test_writer_failing_job_rolls_back_alone(tmp_path: Path) -> None:
     async def body() -> None:
         first = asyncio.ensure_future(writer.submit(blocker, durable=True))
         assert await asyncio.to_thread(started.wait, 10)
-        jobs = [writer.submit(_insert(1), durable=True),
-                writer.submit(half_then_fail, durable=True),
-                writer.submit(_insert(1), durable=False),  # duplicate key: IntegrityError
-                writer.submit(_insert(2), durable=False)]
+        jobs = [
+            writer.submit(_insert(1), durable=True),
+            writer.submit(half_then_fail, durable=True),
+            writer.submit(_insert(1), durable=False),  # duplicate key: IntegrityError
+            writer.submit(_insert(2), durable=False),
+        ]
         futures = [asyncio.ensure_future(j) for j in jobs]
         await asyncio.sleep(0)
         go.set()
@@ -426,7 +435,9 @@ def test_parse_arguments_empty_is_empty_object(text: str) -> None:
 
 def test_parse_arguments_object() -> None:
     assert parse_arguments('{"a": [1, {"b": null}], "c": "é"}', 100) == {
-        "a": [1, {"b": None}], "c": "é"}
+        "a": [1, {"b": None}],
+        "c": "é",
+    }
 
 
 @pytest.mark.parametrize("text", ["[]", "1", '"x"', "null", "true", "[{}]"])
@@ -516,11 +527,16 @@ def test_policy_deny_beats_allow_in_any_order(tmp_path: Path, text: str) -> None
 
 
 def test_policy_default_is_deny(tmp_path: Path) -> None:
-    policy = load_policy(_policy(tmp_path, """
+    policy = load_policy(
+        _policy(
+            tmp_path,
+            """
 version: 1
 rules:
   - {id: reads, effect: allow, tools: [read_file]}
-"""))
+""",
+        )
+    )
     assert policy.decide("read_file").effect is Effect.ALLOW
     decision = policy.decide("write_file")
     assert decision.effect is Effect.DENY
@@ -529,17 +545,27 @@ rules:
 
 def test_shipped_policy_allows_builtins_and_denies_the_rest() -> None:
     policy = load_policy(default_policy_path())
-    for tool in ("read_file", "write_file", "edit_file", "list_dir", "search", "run_command",
-                 "noop"):
+    for tool in (
+        "read_file",
+        "write_file",
+        "edit_file",
+        "list_dir",
+        "search",
+        "run_command",
+        "noop",
+    ):
         assert policy.decide(tool).effect is Effect.ALLOW, tool
     assert policy.decide("delete_everything").effect is Effect.DENY
 
 
-@pytest.mark.parametrize(("text", "key"), [
-    ("version: 1\ndefualt: allow\n", "defualt"),
-    ("version: 1\nrules:\n  - {id: a, effect: allow, tools: [x], tool: y}\n", "tool"),
-    ("version: 1\nrules:\n  - {id: a, effect: allow, tools: [x], when: always}\n", "when"),
-])
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("version: 1\ndefualt: allow\n", "defualt"),
+        ("version: 1\nrules:\n  - {id: a, effect: allow, tools: [x], tool: y}\n", "tool"),
+        ("version: 1\nrules:\n  - {id: a, effect: allow, tools: [x], when: always}\n", "when"),
+    ],
+)
 def test_policy_unknown_key_refused_by_name(tmp_path: Path, text: str, key: str) -> None:
     path = _policy(tmp_path, text)
     with pytest.raises(PolicyError) as info:
@@ -548,16 +574,19 @@ def test_policy_unknown_key_refused_by_name(tmp_path: Path, text: str, key: str)
     assert str(path) in str(info.value)
 
 
-@pytest.mark.parametrize("text", [
-    "version: 2\n",
-    "- a\n- b\n",
-    "version: 1\ndefault: maybe\n",
-    "version: 1\nrules: {a: 1}\n",
-    "version: 1\nrules:\n  - {id: a, effect: allow}\n",
-    "version: 1\nrules:\n  - {id: a, effect: allow, tools: [x]}\n"
-    "  - {id: a, effect: deny, tools: [y]}\n",
-    "version: 1\nrules: [\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "version: 2\n",
+        "- a\n- b\n",
+        "version: 1\ndefault: maybe\n",
+        "version: 1\nrules: {a: 1}\n",
+        "version: 1\nrules:\n  - {id: a, effect: allow}\n",
+        "version: 1\nrules:\n  - {id: a, effect: allow, tools: [x]}\n"
+        "  - {id: a, effect: deny, tools: [y]}\n",
+        "version: 1\nrules: [\n",
+    ],
+)
 def test_policy_malformed_refused(tmp_path: Path, text: str) -> None:
     with pytest.raises(PolicyError):
         load_policy(_policy(tmp_path, text))
@@ -574,9 +603,22 @@ def test_policy_missing_file_refused(tmp_path: Path) -> None:
 def test_client_public_names_are_frozen() -> None:
     """Changing the public surface of `execgate.client` must be a deliberate act."""
     assert execgate.client.__all__ == [
-        "AsyncClient", "Call", "CallNotFound", "CallRecord", "Client", "DaemonUnavailable",
-        "Event", "EventKind", "Evidence", "ExecgateClientError", "Mark", "Outcome",
-        "RequestError", "Status", "StopMode", "ToolSpec",
+        "AsyncClient",
+        "Call",
+        "CallNotFound",
+        "CallRecord",
+        "Client",
+        "DaemonUnavailable",
+        "Event",
+        "EventKind",
+        "Evidence",
+        "ExecgateClientError",
+        "Mark",
+        "Outcome",
+        "RequestError",
+        "Status",
+        "StopMode",
+        "ToolSpec",
     ]
     for name in execgate.client.__all__:
         assert getattr(execgate.client, name) is not None
@@ -589,10 +631,13 @@ def test_client_does_not_import_the_daemon() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, execgate.client; "
-            "print(sorted(m for m in sys.modules if m.startswith('execgate.executor')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=30)
+    code = (
+        "import sys, execgate.client; "
+        "print(sorted(m for m in sys.modules if m.startswith('execgate.executor')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=30
+    )
     assert out.stdout.strip() == "[]"
 
 

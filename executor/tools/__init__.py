@@ -5,16 +5,33 @@ from __future__ import annotations
 from typing import Any
 
 from .base import (
-    CancelScope, Limits, Mode, ResourceKind, ResourceTemplate, Tool, ToolContext, ToolOutput,
-    ToolSpec, schema,
+    CancelScope,
+    Limits,
+    Mode,
+    ResourceKind,
+    ResourceTemplate,
+    Tool,
+    ToolContext,
+    ToolOutput,
+    ToolSpec,
+    schema,
 )
 from .command import RunCommand
 from .files import EditFile, ListDir, ReadFile, WriteFile
 from .search import Search
 
 __all__ = [
-    "CancelScope", "Limits", "Mode", "Noop", "ResourceKind", "ResourceTemplate", "Tool",
-    "ToolContext", "ToolOutput", "ToolSpec", "builtin_tools",
+    "CancelScope",
+    "Limits",
+    "Mode",
+    "Noop",
+    "ResourceKind",
+    "ResourceTemplate",
+    "Tool",
+    "ToolContext",
+    "ToolOutput",
+    "ToolSpec",
+    "builtin_tools",
 ]
 
 

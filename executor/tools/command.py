@@ -48,45 +48,62 @@ class RunCommand:
         destructive=True,
         # `cwd` is listed so that validation resolves it: a cwd outside the workspace
         # is REJECTED before the call starts, like every other path argument.
-        resources=(ResourceTemplate(ResourceKind.WORKSPACE, "", Mode.WRITE),
-                   ResourceTemplate(ResourceKind.TREE, "cwd", Mode.WRITE)),
+        resources=(
+            ResourceTemplate(ResourceKind.WORKSPACE, "", Mode.WRITE),
+            ResourceTemplate(ResourceKind.TREE, "cwd", Mode.WRITE),
+        ),
     )
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         argv = args["argv"]
         for i, item in enumerate(argv):
             if "\x00" in item:
-                raise ToolError(ErrorClass.INVALID_ARGUMENT, "argv item contains a NUL byte",
-                                field=f"arguments.argv[{i}]")
+                raise ToolError(
+                    ErrorClass.INVALID_ARGUMENT,
+                    "argv item contains a NUL byte",
+                    field=f"arguments.argv[{i}]",
+                )
         for name, value in args.get("env", {}).items():
             if "\x00" in value:
-                raise ToolError(ErrorClass.INVALID_ARGUMENT, "env value contains a NUL byte",
-                                field=f"arguments.env.{name}")
+                raise ToolError(
+                    ErrorClass.INVALID_ARGUMENT,
+                    "env value contains a NUL byte",
+                    field=f"arguments.env.{name}",
+                )
         cwd = ctx.workspace.resolve(args.get("cwd", "."), "arguments.cwd")
         if not cwd.is_dir():
-            raise ToolError(ErrorClass.NOT_FOUND, f"{cwd} is not a directory",
-                            field="arguments.cwd")
+            raise ToolError(
+                ErrorClass.NOT_FOUND, f"{cwd} is not a directory", field="arguments.cwd"
+            )
         env = {**BASE_ENV, "HOME": str(ctx.workspace.root), **args.get("env", {})}
         stdin = args.get("stdin")
         try:
             proc = await asyncio.create_subprocess_exec(
-                *argv, cwd=cwd, env=env, start_new_session=True,
+                *argv,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
                 stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
             )
         except FileNotFoundError as exc:
-            raise ToolError(ErrorClass.NOT_FOUND, f"program not found: {argv[0]}",
-                            field="arguments.argv[0]") from exc
+            raise ToolError(
+                ErrorClass.NOT_FOUND, f"program not found: {argv[0]}", field="arguments.argv[0]"
+            ) from exc
         except PermissionError as exc:
-            raise ToolError(ErrorClass.PERMISSION_DENIED, f"cannot execute {argv[0]}",
-                            field="arguments.argv[0]") from exc
+            raise ToolError(
+                ErrorClass.PERMISSION_DENIED, f"cannot execute {argv[0]}", field="arguments.argv[0]"
+            ) from exc
         return await _supervise(proc, stdin, ctx)
 
 
-async def _supervise(proc: asyncio.subprocess.Process, stdin: str | None,
-                     ctx: ToolContext) -> ToolOutput:
+async def _supervise(
+    proc: asyncio.subprocess.Process, stdin: str | None, ctx: ToolContext
+) -> ToolOutput:
     cap = ctx.limits.raw_cap_bytes
-    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout is not None
+    assert proc.stderr is not None
     async with asyncio.TaskGroup() as tg:
         out_task = tg.create_task(_drain(proc.stdout, cap))
         err_task = tg.create_task(_drain(proc.stderr, cap))
@@ -108,8 +125,9 @@ async def _wait_or_stop(
     waiter = asyncio.ensure_future(proc.wait())
     cancel = asyncio.ensure_future(ctx.cancel.requested.wait())
     try:
-        done, _ = await asyncio.wait({waiter, cancel}, timeout=ctx.timeout,
-                                     return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(
+            {waiter, cancel}, timeout=ctx.timeout, return_when=asyncio.FIRST_COMPLETED
+        )
         if waiter in done:
             return StopMode.COMPLETED, (), ErrorClass.NONE
         reason = ErrorClass.CANCELLED if cancel in done else ErrorClass.TIMEOUT
@@ -164,8 +182,16 @@ async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
     proc.stdin.close()
 
 
-def _output(code: int | None, out: bytes, out_total: int, err: bytes, err_total: int,
-            stopped: StopMode, marks: tuple[Mark, ...], reason: ErrorClass) -> ToolOutput:
+def _output(
+    code: int | None,
+    out: bytes,
+    out_total: int,
+    err: bytes,
+    err_total: int,
+    stopped: StopMode,
+    marks: tuple[Mark, ...],
+    reason: ErrorClass,
+) -> ToolOutput:
     stdout = out.decode("utf-8", errors="replace")
     stderr = err.decode("utf-8", errors="replace")
     text = stdout if not stderr else f"{stdout}\n[stderr]\n{stderr}" if stdout else stderr
@@ -179,8 +205,12 @@ def _output(code: int | None, out: bytes, out_total: int, err: bytes, err_total:
         message = f"{reason.value}: stopped {stopped.value}"
     return ToolOutput(
         text=text,
-        structured={"exit_code": exit_code, "signal": sig, "stdout_bytes": out_total,
-                    "stderr_bytes": err_total},
+        structured={
+            "exit_code": exit_code,
+            "signal": sig,
+            "stdout_bytes": out_total,
+            "stderr_bytes": err_total,
+        },
         evidence=Evidence(exit_code=exit_code, signal=sig),
         truncated=out_total > len(out) or err_total > len(err),
         total_bytes=out_total + err_total,

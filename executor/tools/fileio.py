@@ -43,11 +43,15 @@ def atomic_write(ws: Workspace, path: Path, data: bytes, field: str, *, make_dir
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError) as exc:
-            raise ToolError(ErrorClass.INVALID_ARGUMENT,
-                            f"{path.parent}: a parent is not a directory", field=field) from exc
+            raise ToolError(
+                ErrorClass.INVALID_ARGUMENT,
+                f"{path.parent}: a parent is not a directory",
+                field=field,
+            ) from exc
         except OSError as exc:
-            raise ToolError(ErrorClass.IO_ERROR, f"{path.parent}: {exc.strerror}",
-                            field=field) from exc
+            raise ToolError(
+                ErrorClass.IO_ERROR, f"{path.parent}: {exc.strerror}", field=field
+            ) from exc
     dir_fd = ws.open_dir(path.parent, field)
     try:
         mode = _existing_mode(path)

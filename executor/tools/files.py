@@ -52,7 +52,7 @@ class ReadFile:
             used = 0
             line_no = 0
             next_offset = None
-            for line_no, line in enumerate(fh, start=1):  # noqa: B007 -- read after the loop
+            for line_no, line in enumerate(fh, start=1):
                 if line_no < first:
                     continue
                 if limit is not None and line_no >= first + limit:
@@ -154,7 +154,8 @@ class EditFile:
         count = text.count(args["old_string"])
         if count == 0:
             raise ToolError(
-                ErrorClass.NO_MATCH, "old_string does not occur in the file",
+                ErrorClass.NO_MATCH,
+                "old_string does not occur in the file",
                 field="arguments.old_string",
             )
         if count > 1 and not args.get("replace_all", False):
@@ -181,8 +182,7 @@ class ListDir:
         input_schema=schema(
             {
                 "path": {**_PATH, "default": "."},
-                "max_entries": {"type": "integer", "minimum": 1, "maximum": 10000,
-                                "default": 1000},
+                "max_entries": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 1000},
             },
             [],
         ),
@@ -205,14 +205,24 @@ class ListDir:
         lines = [e["name"] + ("/" if e["type"] == "dir" else "") for e in entries]
         return ToolOutput(
             text="\n".join(lines),
-            structured={"path": ctx.workspace.relative(path), "entries": entries,
-                        "total_entries": len(names)},
+            structured={
+                "path": ctx.workspace.relative(path),
+                "entries": entries,
+                "total_entries": len(names),
+            },
             truncated=len(names) > max_entries,
         )
 
 
 def _entry(dir_fd: int, name: str) -> dict[str, Any]:
     st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    kind = ("dir" if stat.S_ISDIR(st.st_mode) else "symlink" if stat.S_ISLNK(st.st_mode)
-            else "file" if stat.S_ISREG(st.st_mode) else "other")
+    kind = (
+        "dir"
+        if stat.S_ISDIR(st.st_mode)
+        else "symlink"
+        if stat.S_ISLNK(st.st_mode)
+        else "file"
+        if stat.S_ISREG(st.st_mode)
+        else "other"
+    )
     return {"name": name, "type": kind, "size": st.st_size}

@@ -37,11 +37,12 @@ class Search:
             {
                 "pattern": {"type": "string", "minLength": 1, "maxLength": 4096},
                 "path": {"type": "string", "minLength": 1, "default": "."},
-                "glob": {"type": "string", "description": "Only files whose relative path "
-                         "matches this glob, e.g. '*.py'."},
+                "glob": {
+                    "type": "string",
+                    "description": "Only files whose relative path matches this glob, e.g. '*.py'.",
+                },
                 "case_insensitive": {"type": "boolean", "default": False},
-                "max_results": {"type": "integer", "minimum": 1, "maximum": 10000,
-                                "default": 200},
+                "max_results": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 200},
             },
             ["pattern"],
         ),
@@ -56,7 +57,8 @@ class Search:
             compiled = regex.compile(args["pattern"], flags)
         except regex.error as exc:
             raise ToolError(
-                ErrorClass.INVALID_ARGUMENT, f"pattern is not a valid regex: {exc}",
+                ErrorClass.INVALID_ARGUMENT,
+                f"pattern is not a valid regex: {exc}",
                 field="arguments.pattern",
             ) from exc
         root = ctx.workspace.resolve(args.get("path", "."), "arguments.path")
@@ -67,14 +69,19 @@ class Search:
             return await asyncio.to_thread(self._search, compiled, root, args, ctx, deadline)
         except _Cancelled:
             return ToolOutput(
-                error_class=ErrorClass.CANCELLED, message=f"cancelled: {ctx.cancel.reason}",
+                error_class=ErrorClass.CANCELLED,
+                message=f"cancelled: {ctx.cancel.reason}",
                 stopped_how=StopMode.COOPERATIVE,
                 marks=(mark(Phase.CANCEL_REQUESTED, ctx.cancel.reason), mark(Phase.STOPPED)),
             )
 
     def _search(
-        self, pattern: regex.Pattern[str], root: Path, args: dict[str, Any],
-        ctx: ToolContext, deadline: float,
+        self,
+        pattern: regex.Pattern[str],
+        root: Path,
+        args: dict[str, Any],
+        ctx: ToolContext,
+        deadline: float,
     ) -> ToolOutput:
         limit = args.get("max_results", 200)
         glob = args.get("glob")
@@ -118,8 +125,9 @@ class _Cancelled(Exception):
     """The call's cancel scope fired; raised inside the worker thread."""
 
 
-def _matches(pattern: regex.Pattern[str], path: Path, rel: str, deadline: float,
-             ctx: ToolContext) -> list[str]:
+def _matches(
+    pattern: regex.Pattern[str], path: Path, rel: str, deadline: float, ctx: ToolContext
+) -> list[str]:
     try:
         st = path.stat()
         # Not a FIFO or device: reading one could block the worker thread forever.
