@@ -22,20 +22,6 @@ from tests.daemon import Daemon
 # ---------------------------------------------------------------- fixtures and helpers
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    d = Daemon(tmp_path_factory.mktemp("bad_input")).start()
-    yield d
-    if d.proc is not None and d.proc.poll() is None:
-        d.stop()
-
-
-@pytest.fixture(scope="module")
-def eg(shared: Daemon) -> Iterator[Client]:
-    with Client(shared.address) as c:
-        yield c
-
-
 @pytest.fixture(autouse=True)
 def still_serving(shared: Daemon, eg: Client) -> Iterator[None]:
     """After each test: the daemon is alive and answers a noop."""

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -15,7 +14,6 @@ import pytest
 from execgate.client import (
     Call,
     Client,
-    Event,
     EventKind,
     ExecgateClientError,
     Status,
@@ -26,41 +24,7 @@ from execgate.executor.outcomes import ErrorClass, Outcome, Phase
 from execgate.executor.outcomes import Status as DStatus
 from execgate.executor.outcomes import StopMode as DStopMode
 from tests.daemon import Daemon
-
-
-def wait_until(predicate: Callable[[], object], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
-
-
-class Streamer:
-    """`client.stream(calls)` in a background thread, with its own client; events collected."""
-
-    def __init__(self, address: str, calls: list[Call], **kwargs: object) -> None:
-        self.events: list[Event] = []
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._run, args=(address, calls, kwargs), daemon=True
-        )
-        self._thread.start()
-
-    def _run(self, address: str, calls: list[Call], kwargs: dict[str, object]) -> None:
-        try:
-            with Client(address) as c:
-                for event in c.stream(calls, **kwargs):  # type: ignore[arg-type]
-                    self.events.append(event)
-        except ExecgateClientError as exc:  # the daemon went away under the stream
-            self.error = exc
-
-    def seen(self, kind: EventKind, call_id: str) -> bool:
-        return any(e.kind is kind and e.call_id == call_id for e in list(self.events))
-
-    def join(self, timeout: float = 15.0) -> None:
-        self._thread.join(timeout)
-        assert not self._thread.is_alive(), "the stream did not end"
+from tests.support import Streamer, wait_until
 
 
 def descendants(pid: int) -> list[psutil.Process]:

@@ -13,7 +13,6 @@ import os
 import stat
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,20 +22,6 @@ from execgate.client import Call, Client, Outcome, Status, StopMode
 from tests.daemon import Daemon
 
 # ---------------------------------------------------------------- fixtures and helpers
-
-
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    d = Daemon(tmp_path_factory.mktemp("tools")).start()
-    yield d
-    if d.proc is not None and d.proc.poll() is None:
-        d.stop()
-
-
-@pytest.fixture(scope="module")
-def eg(shared: Daemon) -> Iterator[Client]:
-    with Client(shared.address) as c:
-        yield c
 
 
 @dataclass(frozen=True)
