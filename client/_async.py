@@ -12,8 +12,7 @@ from execgate.v1 import executor_pb2 as pb
 from execgate.v1 import executor_pb2_grpc as pb_grpc
 
 from . import wire
-from .batch import in_proposal_order, with_ids
-from .types import Call, CallRecord, Event, EventKind, Outcome, Status, ToolSpec
+from .types import Call, CallRecord, Event, Outcome, Status, ToolSpec
 
 
 class AsyncClient:
@@ -61,13 +60,13 @@ class AsyncClient:
     async def execute(
         self, calls: Iterable[Call], *, run_id: str | None = None, batch_id: str = ""
     ) -> list[Outcome]:
-        calls = with_ids(calls)
-        finished = [
-            event.outcome
-            async for event in self.stream(calls, run_id=run_id, batch_id=batch_id, progress=False)
-            if event.kind is EventKind.FINISHED and event.outcome is not None
-        ]
-        return in_proposal_order(calls, finished)
+        """Run a batch (one model turn); the outcomes in the order the calls were given."""
+        request = wire.execute_request(calls, self._run(run_id), batch_id, True)
+        try:
+            response = await self._stub.ExecuteBatch(request)
+        except grpc.RpcError as exc:
+            raise wire.translate(exc, self.address) from exc
+        return wire.outcomes(response)
 
     async def run(self, call: Call, *, run_id: str | None = None) -> Outcome:
         return (await self.execute([call], run_id=run_id))[0]

@@ -115,6 +115,8 @@ class Event:
     call_id: str
     batch_id: str
     at: float
+    # The call's position in the batch, from 0 (tells duplicate call ids apart).
+    index: int = 0
     outcome: Outcome | None = None
 
 

@@ -89,9 +89,18 @@ def event(msg: pb.ExecuteEvent) -> Event:
         kind=kind,
         call_id=msg.call_id,
         batch_id=msg.batch_id,
+        index=msg.index,
         at=msg.time.ToNanoseconds() / 1e9,
         outcome=result,
     )
+
+
+def outcomes(response: pb.ExecuteResponse) -> list[Outcome]:
+    """The outcomes of an ExecuteBatch, in proposal order."""
+    return [
+        outcome(e.finished.outcome, e.call_id, e.finished.replay_of_call_id)
+        for e in response.outcomes
+    ]
 
 
 def execute_request(

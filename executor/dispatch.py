@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import itertools
 import logging
+import secrets
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
@@ -43,6 +44,7 @@ class Event:
     call_id: str
     batch_id: str
     at: float
+    # The call's position in its batch: how duplicate call ids are told apart.
     index: int = 0
     outcome: Outcome | None = None
     replay_of: str = ""
@@ -67,10 +69,13 @@ class _Batch:
     progress: bool = True
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
 
-    def emit(self, kind: EventKind, call_id: str, **extra: object) -> None:
+    def emit(
+        self, kind: EventKind, req: CallRequest, outcome: Outcome | None = None, replay_of: str = ""
+    ) -> None:
         if not self.progress and kind is not EventKind.FINISHED:
             return
-        self.events.put_nowait(Event(kind, call_id, self.batch_id, time.time(), **extra))  # type: ignore[arg-type]
+        event = Event(kind, req.call_id, self.batch_id, time.time(), req.index, outcome, replay_of)
+        self.events.put_nowait(event)
 
 
 class Dispatcher:
@@ -96,6 +101,8 @@ class Dispatcher:
         self._active: dict[tuple[str, str], _Active] = {}
         # Set by close(): calls that arrive afterwards are REJECTED, never started.
         self._closing = False
+        self._id_prefix = secrets.token_hex(6) + "_"
+        self._ids = itertools.count(1)
 
     # -- the public surface ---------------------------------------------------------
 
@@ -154,14 +161,15 @@ class Dispatcher:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def new_call_id(self) -> str:
-        return "call_" + uuid.uuid4().hex[:20]
+    def new_id(self, kind: str) -> str:
+        """A daemon-assigned call or batch id: unique across restarts, cheap to make."""
+        return f"{kind}_{self._id_prefix}{next(self._ids):x}"
 
     # -- one call ----------------------------------------------------------------------
 
     async def _call(self, req: CallRequest, batch: _Batch) -> None:
         queued = mark(Phase.QUEUED)
-        batch.emit(EventKind.QUEUED, req.call_id, index=req.index)
+        batch.emit(EventKind.QUEUED, req)
         try:
             await self._pipeline(req, batch, queued)
         except Exception as exc:
@@ -170,7 +178,7 @@ class Dispatcher:
             log.exception("call %s failed inside the daemon", req.call_id)
             batch.emit(
                 EventKind.FINISHED,
-                req.call_id,
+                req,
                 outcome=results.from_crash(
                     exc, may_write=True, marks=(queued, mark(Phase.FINISHED))
                 ),
@@ -243,7 +251,7 @@ class Dispatcher:
                     self.journal.record_intent_nowait(rec)
                 self._active[(req.run_id, req.call_id)].started = True
                 started = mark(Phase.STARTED)
-                batch.emit(EventKind.STARTED, req.call_id)
+                batch.emit(EventKind.STARTED, req)
                 outcome, raw = await self._run_tool(call, scope, (queued, granted, started))
         except Abandoned:
             outcome = rejected(
@@ -261,7 +269,7 @@ class Dispatcher:
             )
         except DuplicateCall:  # a read-only call whose id was taken: it changed nothing
             return await self._refuse_duplicate(req, batch, queued)
-        batch.emit(EventKind.FINISHED, req.call_id, outcome=outcome)
+        batch.emit(EventKind.FINISHED, req, outcome=outcome)
         return outcome
 
     async def _run_tool(
@@ -294,7 +302,7 @@ class Dispatcher:
             await self.journal.record_finished(rec, outcome)
         except DuplicateCall:
             await self.journal.record_refusal(rec, outcome)
-        batch.emit(EventKind.FINISHED, req.call_id, outcome=outcome)
+        batch.emit(EventKind.FINISHED, req, outcome=outcome)
 
     async def _refuse_duplicate(self, req: CallRequest, batch: _Batch, queued: Mark) -> Outcome:
         outcome = rejected(
@@ -305,7 +313,7 @@ class Dispatcher:
         ).with_marks(queued, mark(Phase.FINISHED))
         rec = self._record(req, batch.agent, "", False, queued.at)
         await self.journal.record_refusal(rec, outcome)
-        batch.emit(EventKind.FINISHED, req.call_id, outcome=outcome)
+        batch.emit(EventKind.FINISHED, req, outcome=outcome)
         return outcome
 
     async def _replay(self, call: ValidCall, batch: _Batch, replay: Replay) -> None:
@@ -313,7 +321,7 @@ class Dispatcher:
         outcome, original = replay.outcome, replay.call_id
         if (replay.run_id, replay.call_id) == (req.run_id, req.call_id):
             # The very same call resent (a client retrying its batch): report, add nothing.
-            batch.emit(EventKind.FINISHED, req.call_id, outcome=outcome, replay_of=original)
+            batch.emit(EventKind.FINISHED, req, outcome=outcome, replay_of=original)
             return
         rec = self._record(req, batch.agent, call.request_hash, call.may_write, time.time())
         rec = replace(rec, idempotency_key="", replay_of=original)
@@ -322,7 +330,7 @@ class Dispatcher:
         except DuplicateCall:
             await self._refuse_duplicate(req, batch, mark(Phase.QUEUED))
             return
-        batch.emit(EventKind.FINISHED, req.call_id, outcome=outcome, replay_of=original)
+        batch.emit(EventKind.FINISHED, req, outcome=outcome, replay_of=original)
 
     # -- helpers -------------------------------------------------------------------------
 

@@ -9,7 +9,6 @@ import logging
 import os
 import signal
 import socket
-import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from execgate.v1 import executor_pb2 as pb
 from execgate.v1 import executor_pb2_grpc as pb_grpc
 
 from . import wire
+from .calls import CallRequest
 from .config import JOURNAL_NAME, Listener, ServeConfig
 from .dispatch import Dispatcher
 from .errors import ConfigError
@@ -51,6 +51,29 @@ class ExecutorService(pb_grpc.ExecutorServicer):
     async def Execute(
         self, request: pb.ExecuteRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ExecuteEvent]:
+        run_id, batch_id, calls = await self._batch(request, context)
+        events = self.dispatcher.execute(
+            run_id, batch_id, calls, agent="local", progress=not request.outcomes_only
+        )
+        async with contextlib.aclosing(events):
+            async for event in events:
+                yield wire.event(event)
+
+    async def ExecuteBatch(
+        self, request: pb.ExecuteRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ExecuteResponse:
+        run_id, batch_id, calls = await self._batch(request, context)
+        finished: list[pb.ExecuteEvent] = [pb.ExecuteEvent()] * len(calls)
+        events = self.dispatcher.execute(run_id, batch_id, calls, agent="local", progress=False)
+        async with contextlib.aclosing(events):
+            async for event in events:
+                finished[event.index] = wire.event(event)
+        return pb.ExecuteResponse(batch_id=batch_id, outcomes=finished)
+
+    async def _batch(
+        self, request: pb.ExecuteRequest, context: grpc.aio.ServicerContext
+    ) -> tuple[str, str, list[CallRequest]]:
+        """The request's calls as the dispatcher takes them; aborts a malformed envelope."""
         if len(request.calls) > MAX_BATCH:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -59,23 +82,18 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         if len(request.batch_id) > MAX_ID_CHARS:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "batch_id: too long")
         run_id = request.run_id or DEFAULT_RUN
-        batch_id = request.batch_id or "batch_" + uuid.uuid4().hex[:16]
+        batch_id = request.batch_id or self.dispatcher.new_id("batch")
         calls = [
             wire.call_request(
                 c,
                 run_id=run_id,
                 batch_id=batch_id,
                 index=i,
-                call_id=c.call_id or self.dispatcher.new_call_id(),
+                call_id=c.call_id or self.dispatcher.new_id("call"),
             )
             for i, c in enumerate(request.calls)
         ]
-        events = self.dispatcher.execute(
-            run_id, batch_id, calls, agent="local", progress=not request.outcomes_only
-        )
-        async with contextlib.aclosing(events):
-            async for event in events:
-                yield wire.event(event)
+        return run_id, batch_id, calls
 
     async def Cancel(
         self, request: pb.CancelRequest, context: grpc.aio.ServicerContext

@@ -94,10 +94,12 @@ def outcome(o: Outcome) -> pb.Outcome:
 
 
 def event(e: Event) -> pb.ExecuteEvent:
-    msg = pb.ExecuteEvent(call_id=e.call_id, batch_id=e.batch_id, time=timestamp(e.at))
+    msg = pb.ExecuteEvent(
+        call_id=e.call_id, batch_id=e.batch_id, time=timestamp(e.at), index=e.index
+    )
     match e.kind:
         case EventKind.QUEUED:
-            msg.queued.index = e.index
+            msg.queued.SetInParent()
         case EventKind.STARTED:
             msg.started.SetInParent()
         case EventKind.FINISHED:

@@ -456,3 +456,25 @@ def test_list_calls_filters_and_pages(daemon: Daemon, client: Client) -> None:
         # The cap: at most 1000 per page, whatever is asked.
         resp = stub.ListCalls(pb.ListCallsRequest(run_id=run, limit=10**6))
         assert [r.call_id for r in resp.calls] == newest_first
+
+
+def test_batch_outcomes_in_proposal_order_and_events_carry_the_index(
+    daemon: Daemon, client: Client
+) -> None:
+    """Outcomes finish in any order; ExecuteBatch and the stream's index map them back."""
+    calls = [
+        Call(tool="run_command", arguments={"argv": ["sleep", "0.3"]}, call_id="slow"),
+        Call(tool="noop", arguments={"echo": "quick"}, call_id="quick"),
+        Call(tool="noop", arguments={"echo": "dup"}, call_id="quick"),  # duplicate id
+    ]
+    outcomes = client.execute(calls, run_id="order")
+    assert [o.call_id for o in outcomes] == ["slow", "quick", "quick"]
+    assert outcomes[0].status is Status.SUCCESS
+    assert {outcomes[1].error_class, outcomes[2].error_class} == {"none", "duplicate_call_id"}
+
+    events = list(client.stream(calls, run_id="order-stream"))
+    finished = {e.index: e for e in events if e.kind is EventKind.FINISHED}
+    assert sorted(finished) == [0, 1, 2]
+    assert finished[0].call_id == "slow"
+    queued = [e.index for e in events if e.kind is EventKind.QUEUED]
+    assert sorted(queued) == [0, 1, 2]
