@@ -30,7 +30,9 @@ T = TypeVar("T")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
-    seq             INTEGER PRIMARY KEY AUTOINCREMENT,
+    -- No AUTOINCREMENT: it writes sqlite_sequence on every insert. Rows are never
+    -- deleted, so rowid order is insertion order all the same.
+    seq             INTEGER PRIMARY KEY,
     run_id          TEXT NOT NULL,
     call_id         TEXT NOT NULL,
     batch_id        TEXT NOT NULL,
@@ -51,10 +53,11 @@ CREATE TABLE IF NOT EXISTS calls (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS calls_idempotency
     ON calls (agent, idempotency_key) WHERE idempotency_key IS NOT NULL;
-CREATE INDEX IF NOT EXISTS calls_state ON calls (state);
+-- Only recovery looks for running calls, and there are few: a partial index.
+CREATE INDEX IF NOT EXISTS calls_running ON calls (state) WHERE state = 'running';
 CREATE INDEX IF NOT EXISTS calls_created ON calls (created_at);
 CREATE TABLE IF NOT EXISTS refusals (
-    seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq         INTEGER PRIMARY KEY,
     at          REAL NOT NULL,
     run_id      TEXT NOT NULL,
     call_id     TEXT NOT NULL,

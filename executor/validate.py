@@ -62,13 +62,16 @@ class Validator:
             tool=tool,
             args=args,
             # Only idempotency compares hashes; skip the work on the common path.
-            request_hash=request_hash(req.tool, args) if req.idempotency_key else "",
+            request_hash=_hash_or_reject(req.tool, args) if req.idempotency_key else "",
             timeout=self._timeout(req.timeout),
             paths=self._resolve_paths(tool, args),
         )
 
     def _check_schema(self, tool: str, args: dict[str, Any]) -> None:
-        error = best_match(self._schemas[tool].iter_errors(args))
+        schema = self._schemas[tool]
+        if schema.is_valid(args):  # the common case, without building error objects
+            return
+        error = best_match(schema.iter_errors(args))
         if error is not None:
             raise invalid(_describe(error), _field(error))
 
@@ -113,6 +116,8 @@ def parse_arguments(text: str, max_bytes: int) -> dict[str, Any]:
         raise invalid(f"arguments_json is not acceptable JSON: {exc}", "arguments_json") from exc
     if not isinstance(value, dict):
         raise invalid("arguments_json must be a JSON object", "arguments_json")
+    if "\\u" not in text:  # no escapes: the text was valid UTF-8, so is the value
+        return value
     try:
         # A \uD800-style escape decodes to a lone surrogate, which no path, file
         # content or argv can hold; refuse it here rather than crash a tool. (This
@@ -125,6 +130,13 @@ def parse_arguments(text: str, max_bytes: int) -> dict[str, Any]:
     except RecursionError as exc:
         raise invalid("arguments_json is nested too deeply", "arguments_json") from exc
     return value
+
+
+def _hash_or_reject(tool: str, args: dict[str, Any]) -> str:
+    try:
+        return request_hash(tool, args)
+    except RecursionError as exc:
+        raise invalid("arguments_json is nested too deeply", "arguments_json") from exc
 
 
 def request_hash(tool: str, args: dict[str, Any]) -> str:

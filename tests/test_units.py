@@ -670,3 +670,27 @@ def test_writer_survives_a_cancelled_submit(tmp_path: Path) -> None:
     finally:
         writer.close()
     assert _count(db) == [6, 8]  # the cancelled job was not written behind its caller's back
+
+
+def test_writer_checkpoints_on_its_own_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Autocheckpoint is off; the writer thread checkpoints every CHECKPOINT_EVERY commits."""
+    import execgate.executor.sqlite_writer as sw
+
+    monkeypatch.setattr(sw, "CHECKPOINT_EVERY", 10)
+    db = tmp_path / "w.db"
+    writer, statements = _writer(db)
+
+    async def body() -> None:
+        for k in range(35):
+            await writer.submit(_insert(k), durable=False)
+
+    try:
+        run_async(body)
+    finally:
+        writer.close()
+    checkpoints = [s for s in statements if "wal_checkpoint(PASSIVE)" in s]
+    assert len(checkpoints) == 3  # after commits 10, 20 and 30 (1-in-10 via the thread)
+    assert "PRAGMA wal_autocheckpoint=0" in statements
+    assert _count(db) == list(range(35))
