@@ -13,6 +13,7 @@ from ._sync import Client
 from .errors import CallNotFound, DaemonUnavailable, ExecgateClientError, RequestError
 from .types import (
     Call,
+    CallPlan,
     CallRecord,
     Event,
     EventKind,
@@ -28,6 +29,7 @@ __all__ = [
     "AsyncClient",
     "Call",
     "CallNotFound",
+    "CallPlan",
     "CallRecord",
     "Client",
     "DaemonUnavailable",

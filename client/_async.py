@@ -12,7 +12,7 @@ from execgate.v1 import executor_pb2 as pb
 from execgate.v1 import executor_pb2_grpc as pb_grpc
 
 from . import wire
-from .types import Call, CallRecord, Event, Outcome, Status, ToolSpec
+from .types import Call, CallPlan, CallRecord, Event, Outcome, Status, ToolSpec
 
 
 class AsyncClient:
@@ -67,6 +67,15 @@ class AsyncClient:
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address) from exc
         return wire.outcomes(response)
+
+    async def explain(self, calls: Iterable[Call], *, run_id: str | None = None) -> list[CallPlan]:
+        """How the daemon would schedule these calls (locks, who waits for whom); runs nothing."""
+        request = wire.execute_request(calls, self._run(run_id), "", True)
+        try:
+            response = await self._stub.Explain(request)
+        except grpc.RpcError as exc:
+            raise wire.translate(exc, self.address) from exc
+        return wire.call_plans(response)
 
     async def run(self, call: Call, *, run_id: str | None = None) -> Outcome:
         return (await self.execute([call], run_id=run_id))[0]

@@ -103,6 +103,7 @@ class ToolSpec:
 
 class EventKind(enum.Enum):
     QUEUED = "queued"
+    WAITING = "waiting"
     STARTED = "started"
     FINISHED = "finished"
 
@@ -117,6 +118,9 @@ class Event:
     at: float
     # The call's position in the batch, from 0 (tells duplicate call ids apart).
     index: int = 0
+    # WAITING only: the resources it conflicts on, and the calls ("run/call") it waits for.
+    keys: tuple[str, ...] = ()
+    blocked_by: tuple[str, ...] = ()
     outcome: Outcome | None = None
 
 
@@ -138,3 +142,21 @@ class CallRecord:
     outcome: Outcome | None = None
     replay_of: str = ""
     raw_result: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallPlan:
+    """How the daemon would schedule one call of a batch (Explain); nothing runs."""
+
+    call_id: str
+    index: int
+    tool: str
+    may_write: bool
+    # (key, "read" | "write"): what the call touches, e.g. ("file:/ws/a.txt", "read").
+    claims: tuple[tuple[str, str], ...]
+    # (key, mode) with modes IS, IX, S, SIX, X: the locks that implies.
+    locks: tuple[tuple[str, str], ...]
+    # Earlier calls of the batch it would wait for.
+    waits_for: tuple[str, ...]
+    # Set when the call would be REJECTED before scheduling.
+    rejected: Outcome | None = None

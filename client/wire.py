@@ -15,6 +15,7 @@ from execgate.v1 import executor_pb2 as pb
 from .errors import CallNotFound, DaemonUnavailable, ExecgateClientError, RequestError
 from .types import (
     Call,
+    CallPlan,
     CallRecord,
     Event,
     EventKind,
@@ -92,7 +93,29 @@ def event(msg: pb.ExecuteEvent) -> Event:
         index=msg.index,
         at=msg.time.ToNanoseconds() / 1e9,
         outcome=result,
+        keys=tuple(msg.waiting.keys),
+        blocked_by=tuple(msg.waiting.blocked_by),
     )
+
+
+def call_plans(response: pb.ExplainResponse) -> list[CallPlan]:
+    return [
+        CallPlan(
+            call_id=p.call_id,
+            index=p.index,
+            tool=p.tool,
+            may_write=p.may_write,
+            claims=tuple(
+                (c.key, _enum_name(pb.AccessMode, c.mode, "ACCESS_MODE_")) for c in p.claims
+            ),
+            locks=tuple(
+                (r.key, pb.LockMode.Name(r.mode).removeprefix("LOCK_MODE_")) for r in p.locks
+            ),
+            waits_for=tuple(p.waits_for),
+            rejected=outcome(p.rejected, p.call_id) if p.HasField("rejected") else None,
+        )
+        for p in response.calls
+    ]
 
 
 def outcomes(response: pb.ExecuteResponse) -> list[Outcome]:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .locks import Key, LockMode
+from .resources import CallEffects
 from .tools import Tool
 
 
@@ -37,7 +40,11 @@ class ValidCall:
     timeout: float
     # Canonical paths of the path arguments, keyed by argument name.
     paths: dict[str, Path]
+    # What it touches and whether it may change anything (resources.analyse).
+    effects: CallEffects
+    # The locks that implies (intention locks on ancestors included).
+    lock_plan: Mapping[Key, LockMode]
 
     @property
     def may_write(self) -> bool:
-        return self.tool.spec.may_write
+        return self.effects.may_write

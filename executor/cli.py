@@ -91,6 +91,19 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         default=Limits().output_cap_bytes,
         help="bytes of result text returned to the model",
     )
+    p.add_argument(
+        "--locks",
+        default="inprocess",
+        choices=["inprocess", "filelock", "none"],
+        help="lock backend: inprocess (default); filelock when several daemons share a "
+        "workspace; none turns scheduling off (tests only, with --test-tools)",
+    )
+    p.add_argument(
+        "--lock-dir",
+        type=Path,
+        default=None,
+        help="filelock backend directory (default: per workspace, ~/.cache/execgate)",
+    )
     p.add_argument("--reflection", action="store_true", help="serve gRPC server reflection")
     p.add_argument("--test-tools", action="store_true", help="also serve the `noop` probe tool")
     p.add_argument(
@@ -121,6 +134,8 @@ def _serve(args: argparse.Namespace) -> int:
         reflection=args.reflection,
         test_tools=args.test_tools,
         allow_remote=args.allow_remote,
+        locks=args.locks,
+        lock_dir=args.lock_dir,
     )
 
     def ready(addresses: list[str]) -> None:

@@ -8,6 +8,7 @@ import datetime
 import enum
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -75,6 +76,16 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--reason", default="cancelled from the CLI")
     p.add_argument("--grace", type=float, default=None)
     p.set_defaults(handler=_cancel)
+
+    p = sub.add_parser(
+        "explain", parents=[common], help="show how a batch would be scheduled, run nothing"
+    )
+    p.add_argument(
+        "batch",
+        help='a JSON file (or - for stdin): [{"tool": ..., "arguments": {...}, "call_id": ...}]',
+    )
+    p.add_argument("--run", default="")
+    p.set_defaults(handler=_explain)
 
     p = sub.add_parser("health", parents=[common], help="exit 0 if the daemon is serving")
     p.set_defaults(handler=_health)
@@ -221,6 +232,36 @@ def _cancel(args: argparse.Namespace) -> int:
         _print_json({"cancelled": hit})
     else:
         print(f"cancel reached {len(hit)} call(s)" + (": " + ", ".join(hit) if hit else ""))
+    return 0
+
+
+def _explain(args: argparse.Namespace) -> int:
+    text = sys.stdin.read() if args.batch == "-" else Path(args.batch).read_text()
+    try:
+        calls = [Call(**item) for item in json.loads(text)]
+    except (ValueError, TypeError) as exc:
+        raise SystemExit(f"execgate: {args.batch}: not a JSON list of calls: {exc}") from exc
+    with Client(args.addr, run_id=args.run) as client:
+        plans = client.explain(calls)
+    if args.json:
+        _print_json([_jsonable(p) for p in plans])
+        return 0
+    table = Table("#", "call", "tool", "writes", "resources", "waits for", title="lock plan")
+    for p in plans:
+        if p.rejected is not None:
+            what = f"REJECTED {p.rejected.error_class}: {p.rejected.message}"
+            table.add_row(str(p.index), p.call_id, p.tool, "", what, "")
+            continue
+        claims = "\n".join(f"{mode} {key}" for key, mode in p.claims)
+        table.add_row(
+            str(p.index),
+            p.call_id,
+            p.tool,
+            "yes" if p.may_write else "no",
+            claims,
+            ", ".join(p.waits_for) or "-",
+        )
+    Console().print(table)
     return 0
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +15,7 @@ DEFAULT_STATE_DIR = Path("var")
 DEFAULT_WORKSPACE = Path("workspace")
 SOCKET_NAME = "execgate.sock"
 JOURNAL_NAME = "journal.db"
+LOCK_BACKENDS = ("inprocess", "filelock", "none")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,6 +70,12 @@ class ServeConfig:
     reflection: bool = False
     # Serve the `noop` probe tool (benchmarks, smoke tests).
     test_tools: bool = False
+    # Lock backend: "inprocess" (default), "filelock" (several daemons on one host
+    # sharing a workspace), or "none" (test-only: no scheduling; needs test_tools).
+    locks: str = "inprocess"
+    # Where the filelock backend keeps its table; default: per workspace under
+    # ~/.cache/execgate/locks/.
+    lock_dir: Path | None = None
     # Permit a TCP listener on a non-loopback address. Until token/mTLS
     # authentication lands, anyone who can reach such a port can run tools.
     allow_remote: bool = False
@@ -76,7 +85,21 @@ class ServeConfig:
             return self.listen
         return (Listener(unix_path=(self.state_dir / SOCKET_NAME).absolute()),)
 
+    def shared_lock_dir(self) -> Path:
+        """The filelock backend's directory: every daemon on this workspace agrees on it."""
+        if self.lock_dir is not None:
+            return self.lock_dir
+        root = os.path.realpath(self.workspace)
+        digest = hashlib.sha256(root.encode()).hexdigest()[:16]
+        return Path.home() / ".cache" / "execgate" / "locks" / digest
+
     def check(self) -> None:
+        if self.locks not in LOCK_BACKENDS:
+            raise ConfigError(f"--locks must be one of {', '.join(LOCK_BACKENDS)}")
+        if self.locks == "none" and not self.test_tools:
+            raise ConfigError(
+                "--locks none turns the scheduler off; it is for tests only and needs --test-tools"
+            )
         for lst in self.listeners():
             if not lst.is_loopback and not self.allow_remote:
                 raise ConfigError(

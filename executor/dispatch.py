@@ -22,11 +22,12 @@ from .calls import CallRequest, ValidCall
 from .errors import ToolError
 from .idempotency import Idempotency, Replay
 from .journal import CallRecord, DuplicateCall, Journal
+from .locks import Abandoned, LockBackend, WaitInfo
+from .locks import explain as explain_plans
 from .outcomes import ErrorClass, Mark, Outcome, Phase, Status, mark, rejected
 from .paths import Workspace
 from .policy import Effect, Policy
-from .scheduler import Abandoned, WorkspaceLock
-from .tools import CancelScope, Limits, Mode, Tool, ToolContext
+from .tools import CancelScope, Limits, Tool, ToolContext
 from .validate import Validator
 
 log = logging.getLogger("execgate.dispatch")
@@ -34,6 +35,7 @@ log = logging.getLogger("execgate.dispatch")
 
 class EventKind(enum.Enum):
     QUEUED = "queued"
+    WAITING = "waiting"
     STARTED = "started"
     FINISHED = "finished"
 
@@ -48,6 +50,19 @@ class Event:
     index: int = 0
     outcome: Outcome | None = None
     replay_of: str = ""
+    # WAITING only: the rendered keys it conflicts on, and the owners it waits for.
+    waiting: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRow:
+    """One call of an Explain: its validated form (or why it would be REJECTED)."""
+
+    request: CallRequest
+    call: ValidCall | None
+    rejected: Outcome | None
+    # Earlier calls of the batch it conflicts with, so would wait for.
+    waits_for: tuple[str, ...]
 
 
 @dataclass(slots=True)
@@ -70,11 +85,17 @@ class _Batch:
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
 
     def emit(
-        self, kind: EventKind, req: CallRequest, outcome: Outcome | None = None, replay_of: str = ""
+        self,
+        kind: EventKind,
+        req: CallRequest,
+        outcome: Outcome | None = None,
+        replay_of: str = "",
+        waiting: tuple[tuple[str, ...], tuple[str, ...]] | None = None,
     ) -> None:
         if not self.progress and kind is not EventKind.FINISHED:
             return
-        event = Event(kind, req.call_id, self.batch_id, time.time(), req.index, outcome, replay_of)
+        at = time.time()
+        event = Event(kind, req.call_id, self.batch_id, at, req.index, outcome, replay_of, waiting)
         self.events.put_nowait(event)
 
 
@@ -87,6 +108,7 @@ class Dispatcher:
         policy: Policy,
         workspace: Workspace,
         limits: Limits,
+        locks: LockBackend,
     ) -> None:
         self.tools = tools
         self.journal = journal
@@ -95,7 +117,8 @@ class Dispatcher:
         self.limits = limits
         self._validator = Validator(tools, workspace, limits)
         self._idempotency = Idempotency(journal)
-        self._lock = WorkspaceLock()
+        self._locks = locks
+        self._root = str(workspace.root)
         # Invariant: every task here is a call that has not yet recorded its outcome.
         self._tasks: set[asyncio.Task[None]] = set()
         self._active: dict[tuple[str, str], _Active] = {}
@@ -133,6 +156,21 @@ class Dispatcher:
             if remaining:  # the caller went away: queued calls must not start
                 self._abandon(run_id, ids, "client disconnected")
 
+    def explain(self, calls: list[CallRequest], agent: str) -> list[PlanRow]:
+        """The lock plan of a batch, computed exactly as Execute would, running nothing."""
+        rows: list[PlanRow] = []
+        for req in calls:
+            try:
+                call = self._validator.validate(req)
+                self._authorize(call)
+            except ToolError as err:
+                rows.append(PlanRow(req, None, results.from_error(err, ()), ()))
+                continue
+            rows.append(PlanRow(req, call, None, ()))
+        planned = [(r.request.call_id, r.call.lock_plan) for r in rows if r.call is not None]
+        waits = dict(explain_plans(planned))
+        return [replace(r, waits_for=waits.get(r.request.call_id, ())) for r in rows]
+
     def cancel(
         self,
         *,
@@ -160,6 +198,7 @@ class Dispatcher:
             active.scope.cancel(reason)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._locks.close()
 
     def new_id(self, kind: str) -> str:
         """A daemon-assigned call or batch id: unique across restarts, cheap to make."""
@@ -238,12 +277,21 @@ class Dispatcher:
         never to have started, so recovery never calls it UNKNOWN_OUTCOME.
         """
         req = call.request
-        mode = Mode.WRITE if call.may_write else Mode.READ
+        waited: list[Mark] = []
+
+        def on_wait(info: WaitInfo) -> None:
+            keys = tuple(k.render(self._root) for k in info.keys)
+            waited.append(mark(Phase.WAITING, "behind " + ", ".join(info.blockers)))
+            batch.emit(EventKind.WAITING, req, waiting=(keys, info.blockers))
+
         try:
-            async with self._lock.acquire(mode, scope.requested):
+            lease = await self._locks.acquire(
+                _owner(req), call.lock_plan, cancel=scope.requested, on_wait=on_wait
+            )
+            async with lease:  # released on every exit path, a crashing tool included
                 granted = mark(Phase.LOCK_GRANTED)
                 if scope.requested.is_set():
-                    raise Abandoned
+                    raise Abandoned(_owner(req))
                 rec = self._record(req, batch.agent, call.request_hash, call.may_write, queued.at)
                 if call.may_write:
                     await self.journal.record_intent(rec)
@@ -252,12 +300,15 @@ class Dispatcher:
                 self._active[(req.run_id, req.call_id)].started = True
                 started = mark(Phase.STARTED)
                 batch.emit(EventKind.STARTED, req)
-                outcome, raw = await self._run_tool(call, scope, (queued, granted, started))
+                marks = (queued, *waited, granted, started)
+                outcome, raw = await self._run_tool(call, scope, marks)
         except Abandoned:
             outcome = rejected(
                 ErrorClass.CANCELLED, f"cancelled before it started: {scope.reason}", ""
             )
-            outcome = outcome.with_marks(queued, mark(Phase.CANCEL_REQUESTED, scope.reason))
+            outcome = outcome.with_marks(
+                queued, *waited, mark(Phase.CANCEL_REQUESTED, scope.reason)
+            )
             await self._reject(req, batch, outcome)
             return outcome
         except DuplicateCall:
@@ -275,7 +326,7 @@ class Dispatcher:
     async def _run_tool(
         self, call: ValidCall, scope: CancelScope, marks: tuple[Mark, ...]
     ) -> tuple[Outcome, str]:
-        ctx = ToolContext(self.workspace, self.limits, call.timeout, scope)
+        ctx = ToolContext(self.workspace, self.limits, call.timeout, scope, call.effects.detail)
         try:
             out = await call.tool.run(call.args, ctx)
         except ToolError as err:
@@ -367,3 +418,8 @@ class Dispatcher:
             may_write=may_write,
             created_at=created_at,
         )
+
+
+def _owner(req: CallRequest) -> str:
+    """How a call is named in the lock table and in WAITING events."""
+    return f"{req.run_id}/{req.call_id}"

@@ -63,6 +63,7 @@ class Phase(enum.Enum):
     STOPPED = "stopped"
     FINISHED = "finished"
     RECOVERED = "recovered"
+    WAITING = "waiting"
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,8 +48,10 @@ def from_output(out: ToolOutput, *, may_write: bool, cap: int, marks: tuple[Mark
 
 def _status(out: ToolOutput, *, may_write: bool, truncated: bool) -> tuple[Status, ErrorClass, str]:
     if out.stopped_how is not StopMode.COMPLETED:
-        # Interrupted: a reader changed nothing; a writer may have done anything.
-        status = Status.UNKNOWN_OUTCOME if may_write else Status.FAILURE
+        # Interrupted: a reader changed nothing; a writer may have done anything,
+        # unless it proves it rolled back.
+        unknown = may_write and not out.rolled_back
+        status = Status.UNKNOWN_OUTCOME if unknown else Status.FAILURE
         return status, out.error_class, out.message
     if out.error_class is not ErrorClass.NONE:
         return Status.FAILURE, out.error_class, out.message

@@ -24,6 +24,7 @@ from .config import JOURNAL_NAME, Listener, ServeConfig
 from .dispatch import Dispatcher
 from .errors import ConfigError
 from .journal import Journal
+from .locks import FileLockManager, LockBackend, LockManager, NoLocks
 from .paths import Workspace
 from .policy import default_policy_path, load_policy
 from .tools import builtin_tools
@@ -69,6 +70,14 @@ class ExecutorService(pb_grpc.ExecutorServicer):
             async for event in events:
                 finished[event.index] = wire.event(event)
         return pb.ExecuteResponse(batch_id=batch_id, outcomes=finished)
+
+    async def Explain(
+        self, request: pb.ExecuteRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ExplainResponse:
+        _, _, calls = await self._batch(request, context)
+        rows = self.dispatcher.explain(calls, agent="local")
+        root = str(self.dispatcher.workspace.root)
+        return pb.ExplainResponse(calls=[wire.call_plan(r, root) for r in rows])
 
     async def _batch(
         self, request: pb.ExecuteRequest, context: grpc.aio.ServicerContext
@@ -197,8 +206,20 @@ def build(config: ServeConfig) -> tuple[Dispatcher, Journal]:
         policy=policy,
         workspace=Workspace(config.workspace),
         limits=config.limits,
+        locks=_lock_backend(config),
     )
     return dispatcher, journal
+
+
+def _lock_backend(config: ServeConfig) -> LockBackend:
+    match config.locks:
+        case "filelock":
+            return FileLockManager(config.shared_lock_dir())
+        case "none":
+            log.warning("--locks none: calls are NOT scheduled; conflicting writes race")
+            return NoLocks()
+        case _:
+            return LockManager()
 
 
 async def serve(

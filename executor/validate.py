@@ -15,8 +15,10 @@ from jsonschema.exceptions import ValidationError, best_match
 
 from .calls import CallRequest, ValidCall
 from .errors import ToolError, invalid
+from .locks import plan
 from .outcomes import ErrorClass, Status
 from .paths import Workspace
+from .resources import analyse
 from .tools import Limits, ResourceKind, Tool
 
 MAX_ID_CHARS = 256
@@ -57,6 +59,8 @@ class Validator:
             self._check_schema(req.tool, args)
         except RecursionError as exc:  # the error message reprs the offending value
             raise invalid("arguments_json is nested too deeply", "arguments_json") from exc
+        paths = self._resolve_paths(tool, args)
+        effects = analyse(tool, args, paths, self.workspace)
         return ValidCall(
             request=req,
             tool=tool,
@@ -64,7 +68,9 @@ class Validator:
             # Only idempotency compares hashes; skip the work on the common path.
             request_hash=_hash_or_reject(req.tool, args) if req.idempotency_key else "",
             timeout=self._timeout(req.timeout),
-            paths=self._resolve_paths(tool, args),
+            paths=paths,
+            effects=effects,
+            lock_plan=plan(effects.claims),
         )
 
     def _check_schema(self, tool: str, args: dict[str, Any]) -> None:

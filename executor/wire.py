@@ -9,8 +9,9 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from execgate.v1 import executor_pb2 as pb
 
 from .calls import CallRequest
-from .dispatch import Event, EventKind
+from .dispatch import Event, EventKind, PlanRow
 from .journal import CallFilter, CallRecord
+from .locks import LockMode
 from .outcomes import ErrorClass, Outcome, Phase, Status, StopMode
 from .tools import Mode, ToolSpec
 
@@ -18,6 +19,7 @@ _STATUS = {s: pb.OutcomeStatus.Value(f"OUTCOME_STATUS_{s.name}") for s in Status
 _ERROR = {c: pb.ErrorClass.Value(f"ERROR_CLASS_{c.name}") for c in ErrorClass}
 _PHASE = {p: pb.Phase.Value(f"PHASE_{p.name}") for p in Phase}
 _STOP = {m: pb.StopMode.Value(f"STOP_MODE_{m.name}") for m in StopMode}
+_LOCK = {m: pb.LockMode.Value(f"LOCK_MODE_{m.name}") for m in LockMode}
 _STATUS_BACK = {v: k for k, v in _STATUS.items()}
 _MODE = {Mode.READ: pb.ACCESS_MODE_READ, Mode.WRITE: pb.ACCESS_MODE_WRITE}
 
@@ -100,6 +102,11 @@ def event(e: Event) -> pb.ExecuteEvent:
     match e.kind:
         case EventKind.QUEUED:
             msg.queued.SetInParent()
+        case EventKind.WAITING:
+            assert e.waiting is not None
+            keys, blockers = e.waiting
+            msg.waiting.keys.extend(keys)
+            msg.waiting.blocked_by.extend(blockers)
         case EventKind.STARTED:
             msg.started.SetInParent()
         case EventKind.FINISHED:
@@ -141,3 +148,21 @@ def call_filter(
         limit=limit,
         before_seq=before_seq,
     )
+
+
+def call_plan(row: PlanRow, root: str) -> pb.CallPlan:
+    req = row.request
+    msg = pb.CallPlan(call_id=req.call_id, index=req.index, tool=req.tool, waits_for=row.waits_for)
+    if row.rejected is not None:
+        msg.rejected.CopyFrom(outcome(row.rejected))
+    if row.call is not None:
+        msg.may_write = row.call.may_write
+        msg.claims.extend(
+            pb.ResourceClaim(key=c.key.render(root), mode=_MODE[c.mode])
+            for c in row.call.effects.claims
+        )
+        msg.locks.extend(
+            pb.LockRequest(key=k.render(root), mode=_LOCK[m])
+            for k, m in sorted(row.call.lock_plan.items())
+        )
+    return msg

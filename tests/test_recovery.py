@@ -132,7 +132,7 @@ def test_sigkill_with_a_reader_in_flight(daemon: Daemon, client: Client) -> None
     """A read-only call interrupted by a crash is FAILURE/interrupted: safe to retry.
 
     A backtracking pattern keeps `search` busy (until its timeout) in flight. A
-    writer queued behind it (the interim scheduler makes writers exclusive) never
+    writer of the searched file, queued behind it (it conflicts with the read), never
     started.
     """
     (daemon.workspace / "evil.txt").write_text("a" * 40 + "b\n")
@@ -143,16 +143,14 @@ def test_sigkill_with_a_reader_in_flight(daemon: Daemon, client: Client) -> None
             call_id="r1",
             timeout=30,
         ),
-        Call(
-            tool="write_file", arguments={"path": "queued.txt", "content": "x"}, call_id="w-queued"
-        ),
+        Call(tool="write_file", arguments={"path": "evil.txt", "content": "x"}, call_id="w-queued"),
     ]
     stream = Streamer(daemon.address, calls)
     wait_until(
         lambda: stream.seen(EventKind.STARTED, "r1") or stream.seen(EventKind.FINISHED, "r1"),
         "the search to start",
     )
-    wait_until(lambda: stream.seen(EventKind.QUEUED, "w-queued"), "the writer to queue")
+    wait_until(lambda: stream.seen(EventKind.WAITING, "w-queued"), "the writer to wait")
     if stream.seen(EventKind.FINISHED, "r1"):
         stream.join()
         pytest.skip(
@@ -178,7 +176,7 @@ def test_sigkill_with_a_reader_in_flight(daemon: Daemon, client: Client) -> None
 
     # It never started: no record to reconcile, nothing written, safe to send again.
     assert not _exists(client, "w-queued")
-    assert not (daemon.workspace / "queued.txt").exists()
+    assert (daemon.workspace / "evil.txt").read_text() == "a" * 40 + "b\n"
     again = client.run(calls[1])
     assert again.status is Status.SUCCESS
 

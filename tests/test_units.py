@@ -606,6 +606,7 @@ def test_client_public_names_are_frozen() -> None:
         "AsyncClient",
         "Call",
         "CallNotFound",
+        "CallPlan",
         "CallRecord",
         "Client",
         "DaemonUnavailable",

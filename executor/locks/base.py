@@ -84,6 +84,7 @@ class Lease:
         self, owner: str, plan: Mapping[Key, LockMode], release: Callable[[Lease], None]
     ) -> None:
         self.owner = owner
+        # As the caller gave it; the backend decides on its own copy.
         self.plan = plan
         # None once released: release() is idempotent.
         self._release: Callable[[Lease], None] | None = release

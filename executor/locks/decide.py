@@ -5,6 +5,10 @@ the plan of every earlier waiter still waiting. So a call takes all its locks at
 once (nobody holds some while waiting for others: no deadlock), conflicting
 calls are granted in arrival order (no writer starves behind readers), and a
 call that conflicts with nobody ahead of it starts at once, overtaking them.
+
+Backends work on `Entries`, a plan flattened to (key parts, mode) pairs: the
+key parts are plain tuples, which hash and compare in C, and this runs for
+every call.
 """
 
 from __future__ import annotations
@@ -14,20 +18,17 @@ from typing import TypeVar
 
 from .base import WaitInfo
 from .keys import Key
-from .modes import LockMode, conflict_keys
+from .modes import LockMode
 
 T = TypeVar("T")
 
+Parts = tuple[str, ...]
+Entries = tuple[tuple[Parts, LockMode], ...]
 
-class _Node:
-    """The modes held on one key, counted so each release undoes exactly one grant."""
 
-    __slots__ = ("counts", "mask")
-
-    def __init__(self) -> None:
-        # Invariant: bit m.bit of `mask` is set iff counts.get(m.bit, 0) > 0.
-        self.mask = 0
-        self.counts: dict[int, int] = {}
+def entries(plan: Mapping[Key, LockMode]) -> Entries:
+    """A plan as the lock table reads it (also a private copy of the caller's mapping)."""
+    return tuple([(key.parts, mode) for key, mode in plan.items()])
 
 
 class LockTable:
@@ -35,64 +36,52 @@ class LockTable:
 
     __slots__ = ("_nodes",)
 
-    def __init__(self, plans: Iterable[Mapping[Key, LockMode]] = ()) -> None:
-        # Invariant: no node has an empty mask (a key nobody holds is absent).
-        self._nodes: dict[Key, _Node] = {}
-        for plan in plans:
-            self.add(plan)
+    def __init__(self, plans: Iterable[Entries] = ()) -> None:
+        # Per key, one int holding a 32-bit count per mode (see LockMode.unit).
+        # Invariant: no value is 0 (a key nobody holds is absent), so an empty
+        # table is an empty dict.
+        self._nodes: dict[Parts, int] = {}
+        for items in plans:
+            self.add(items)
 
     def __bool__(self) -> bool:
         return bool(self._nodes)
 
-    def add(self, plan: Mapping[Key, LockMode]) -> None:
+    def add(self, items: Entries) -> None:
         nodes = self._nodes
-        for key, mode in plan.items():
-            node = nodes.get(key)
-            if node is None:
-                node = nodes[key] = _Node()
-            bit = mode.bit
-            node.counts[bit] = node.counts.get(bit, 0) + 1
-            node.mask |= bit
+        for parts, mode in items:
+            nodes[parts] = nodes.get(parts, 0) + mode.unit
 
-    def remove(self, plan: Mapping[Key, LockMode]) -> None:
-        """Undo one earlier `add(plan)`."""
+    def remove(self, items: Entries) -> None:
+        """Undo one earlier `add(items)`."""
         nodes = self._nodes
-        for key, mode in plan.items():
-            node = nodes[key]
-            bit = mode.bit
-            left = node.counts[bit] - 1
+        for parts, mode in items:
+            left = nodes[parts] - mode.unit
             if left:
-                node.counts[bit] = left
-                continue
-            del node.counts[bit]
-            node.mask &= ~bit
-            if not node.mask:
-                del nodes[key]
+                nodes[parts] = left
+            else:
+                del nodes[parts]
 
-    def conflicts(self, plan: Mapping[Key, LockMode]) -> bool:
+    def conflicts(self, items: Entries) -> bool:
         nodes = self._nodes
-        if not nodes:
-            return False
-        for key, mode in plan.items():
-            node = nodes.get(key)
-            if node is not None and node.mask & mode.conflicts:
-                return True
+        if nodes:
+            for parts, mode in items:
+                if nodes.get(parts, 0) & mode.conflicts:
+                    return True
         return False
 
     def modes(self, key: Key) -> frozenset[LockMode]:
         """The modes held on `key` (for tests and debugging)."""
-        node = self._nodes.get(key)
-        if node is None:
-            return frozenset()
-        return frozenset(m for m in LockMode if node.mask & m.bit)
+        value = self._nodes.get(key.parts, 0)
+        return frozenset(m for m in LockMode if value & (m.unit * 0xFFFFFFFF))
 
 
-def admissible(plan: Mapping[Key, LockMode], held: LockTable, ahead: LockTable) -> bool:
+def admissible(items: Entries, held: LockTable, ahead: LockTable) -> bool:
     """The grant rule for one waiter: no conflict with holders nor earlier waiters."""
-    return not held.conflicts(plan) and not ahead.conflicts(plan)
+    return not held.conflicts(items) and not ahead.conflicts(items)
 
 
-def decide(held: LockTable, queue: Iterable[tuple[T, Mapping[Key, LockMode]]]) -> list[T]:
+def decide(held: LockTable, queue: Iterable[tuple[T, Entries]]) -> list[T]:
     """Which waiters of `queue` (FIFO order) are granted now; adds their plans to `held`.
 
     Granted waiters join `held` as the pass goes, so a later waiter is checked
@@ -100,28 +89,30 @@ def decide(held: LockTable, queue: Iterable[tuple[T, Mapping[Key, LockMode]]]) -
     """
     ahead = LockTable()
     granted: list[T] = []
-    for ident, plan in queue:
-        if admissible(plan, held, ahead):
-            held.add(plan)
+    for ident, items in queue:
+        if admissible(items, held, ahead):
+            held.add(items)
             granted.append(ident)
         else:
-            ahead.add(plan)
+            ahead.add(items)
     return granted
 
 
 def wait_info(
-    plan: Mapping[Key, LockMode],
-    holders: Iterable[tuple[str, Mapping[Key, LockMode]]],
-    earlier: Iterable[tuple[str, Mapping[Key, LockMode]]],
+    items: Entries,
+    holders: Iterable[tuple[str, Entries]],
+    earlier: Iterable[tuple[str, Entries]],
 ) -> WaitInfo:
-    """The keys `plan` conflicts on and the owners (holders, then earlier waiters) in its way."""
-    keys: dict[Key, None] = {}
+    """The keys `items` conflicts on and the owners (holders, then earlier waiters) in its way."""
+    hit: set[Parts] = set()
     owners: dict[str, None] = {}
     for group in (holders, earlier):
         for owner, other in group:
-            hit = conflict_keys(plan, other)
-            if hit:
-                keys.update(dict.fromkeys(hit))
+            theirs = dict(other)
+            found = {
+                p for p, m in items if (o := theirs.get(p)) is not None and m.conflicts & o.unit
+            }
+            if found:
+                hit |= found
                 owners[owner] = None
-    ordered = tuple(k for k in plan if k in keys)
-    return WaitInfo(ordered, tuple(owners))
+    return WaitInfo(tuple(Key(p) for p, _ in items if p in hit), tuple(owners))

@@ -34,9 +34,18 @@ class Key:
     parts: tuple[str, ...]
 
     def ancestors(self) -> tuple[Key, ...]:
-        """Every strict ancestor, root first: the nodes that get intention locks."""
+        """Every strict ancestor, root first: the nodes that get intention locks.
+
+        Cached per path (every call asks, and directories are shared by many files).
+        """
         parts = self.parts
-        return tuple(Key(parts[:i]) for i in range(1, len(parts)))
+        found = _ANCESTORS.get(parts)
+        if found is None:
+            found = tuple(Key(parts[:i]) for i in range(1, len(parts)))
+            if len(_ANCESTORS) >= _ANCESTORS_MAX:
+                _ANCESTORS.clear()
+            _ANCESTORS[parts] = found
+        return found
 
     def is_ancestor_of(self, other: Key) -> bool:
         """True when `other` lies strictly below this node."""
@@ -57,6 +66,9 @@ class Key:
 
 
 _WORKSPACE = Key((_WS,))
+# Key.ancestors() results by key parts; emptied when full (a cache, never a truth).
+_ANCESTORS: dict[tuple[str, ...], tuple[Key, ...]] = {}
+_ANCESTORS_MAX = 4096
 
 
 def workspace_key() -> Key:

@@ -9,20 +9,21 @@ Grants follow `decide`: all locks at once, FIFO per conflict.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from .base import Abandoned, BackendClosed, Lease, LockEntry, Snapshot, WaitInfo
-from .decide import LockTable, admissible, decide, wait_info
+from .decide import Entries, LockTable, admissible, decide, entries, wait_info
 from .keys import Key
 from .modes import LockMode, plans_conflict
 
 
 class _Waiter:
-    __slots__ = ("future", "owner", "plan")
+    __slots__ = ("future", "items", "owner", "plan")
 
-    def __init__(self, owner: str, plan: dict[Key, LockMode]) -> None:
+    def __init__(self, owner: str, plan: Mapping[Key, LockMode], items: Entries) -> None:
         self.owner = owner
         self.plan = plan
+        self.items = items
         # Invariant: pending while the waiter is in the queue; only the manager
         # completes it (result: the Lease; exception: BackendClosed).
         self.future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
@@ -36,10 +37,10 @@ class LockManager:
     """
 
     def __init__(self) -> None:
-        # Invariant: `_held` is exactly the union of the plans of `_holders`.
+        # Invariant: `_held` is exactly the union of the entries of `_holders`.
         self._held = LockTable()
-        self._holders: dict[Lease, None] = {}
-        # Invariant: `_waiting` is exactly the union of the plans of `_queue`
+        self._holders: dict[Lease, Entries] = {}
+        # Invariant: `_waiting` is exactly the union of the entries of `_queue`
         # (FIFO order), and after every change no queued waiter is admissible:
         # grants are made as soon as they are possible.
         self._waiting = LockTable()
@@ -64,16 +65,19 @@ class LockManager:
             raise BackendClosed("the lock manager is closed")
         if cancel is not None and cancel.is_set():
             raise Abandoned(owner)
-        # A private copy: the caller's mapping could change under the table.
-        plan = dict(plan)
-        if admissible(plan, self._held, self._waiting):
-            return self._grant(owner, plan)
-        return await self._wait(_Waiter(owner, plan), cancel, on_wait)
+        # Our own copy: the caller's mapping could change under the table.
+        items = entries(plan)
+        if admissible(items, self._held, self._waiting):
+            self._held.add(items)
+            lease = Lease(owner, plan, self._release)
+            self._holders[lease] = items
+            return lease
+        return await self._wait(_Waiter(owner, plan, items), cancel, on_wait)
 
     def snapshot(self) -> Snapshot:
         """Holders (grant order) and waiters (FIFO order), for debugging and explain."""
-        holders = tuple(_entry(lease.owner, lease.plan, True) for lease in self._holders)
-        waiters = tuple(_entry(w.owner, w.plan, False) for w in self._queue)
+        holders = tuple(_entry(lease.owner, items, True) for lease, items in self._holders.items())
+        waiters = tuple(_entry(w.owner, w.items, False) for w in self._queue)
         return Snapshot(holders, waiters)
 
     def close(self) -> None:
@@ -93,9 +97,10 @@ class LockManager:
     ) -> Lease:
         info = None
         if on_wait is not None:  # before joining: earlier waiters only
-            info = wait_info(waiter.plan, self._holder_plans(), self._waiter_plans())
+            holders = ((lease.owner, items) for lease, items in self._holders.items())
+            info = wait_info(waiter.items, holders, ((w.owner, w.items) for w in self._queue))
         self._queue[waiter] = None
-        self._waiting.add(waiter.plan)
+        self._waiting.add(waiter.items)
         try:
             if on_wait is not None and info is not None:
                 on_wait(info)
@@ -117,38 +122,27 @@ class LockManager:
             return
         future.cancel()
         del self._queue[waiter]
-        self._waiting.remove(waiter.plan)
+        self._waiting.remove(waiter.items)
         self._pump()  # whoever waited only behind it may go now
 
-    def _grant(self, owner: str, plan: dict[Key, LockMode]) -> Lease:
-        self._held.add(plan)
-        lease = Lease(owner, plan, self._release)
-        self._holders[lease] = None
-        return lease
-
     def _release(self, lease: Lease) -> None:
-        del self._holders[lease]
-        self._held.remove(lease.plan)
+        self._held.remove(self._holders.pop(lease))
         if self._queue:
             self._pump()
 
     def _pump(self) -> None:
         """Grant every waiter the rule admits now (`decide` adds them to `_held`)."""
-        for waiter in decide(self._held, ((w, w.plan) for w in self._queue)):
+        for waiter in decide(self._held, ((w, w.items) for w in self._queue)):
             del self._queue[waiter]
-            self._waiting.remove(waiter.plan)
+            self._waiting.remove(waiter.items)
             lease = Lease(waiter.owner, waiter.plan, self._release)
-            self._holders[lease] = None
+            self._holders[lease] = waiter.items
             waiter.future.set_result(lease)
 
-    def _holder_plans(self) -> Iterable[tuple[str, Mapping[Key, LockMode]]]:
-        return ((lease.owner, lease.plan) for lease in self._holders)
 
-    def _waiter_plans(self) -> Iterable[tuple[str, Mapping[Key, LockMode]]]:
-        return ((w.owner, w.plan) for w in self._queue)
-
-
-async def _granted_or_cancelled(future: asyncio.Future[Lease], cancel: asyncio.Event | None) -> None:
+async def _granted_or_cancelled(
+    future: asyncio.Future[Lease], cancel: asyncio.Event | None
+) -> None:
     """Return when `future` is done or `cancel` is set, whichever comes first.
 
     `asyncio.wait` never cancels the future it watches, so only the manager
@@ -165,8 +159,8 @@ async def _granted_or_cancelled(future: asyncio.Future[Lease], cancel: asyncio.E
         gave_up.cancel()
 
 
-def _entry(owner: str, plan: Mapping[Key, LockMode], granted: bool) -> LockEntry:
-    return LockEntry(owner, tuple(plan.items()), granted)
+def _entry(owner: str, items: Entries, granted: bool) -> LockEntry:
+    return LockEntry(owner, tuple((Key(parts), mode) for parts, mode in items), granted)
 
 
 def explain(

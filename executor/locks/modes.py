@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..tools.base import Mode
 from .keys import Key
@@ -30,9 +30,11 @@ class LockMode(enum.Enum):
     SIX = "SIX"
     X = "X"
 
-    # One bit per mode, and the bits of the modes it conflicts with: the lock
-    # table checks a request against everything held on a key with one `&`.
-    bit: int
+    # The lock table keeps, per key, one int with a 32-bit count field per mode;
+    # `unit` adds one to this mode's field, `conflicts` covers the fields of the
+    # modes it is incompatible with: a request is checked against everything
+    # held on a key with one `&`.
+    unit: int
     conflicts: int
 
 
@@ -56,10 +58,11 @@ _COVERS: dict[LockMode, frozenset[LockMode]] = {
 }
 _BY_STRENGTH = (LockMode.IS, LockMode.IX, LockMode.S, LockMode.SIX, LockMode.X)
 
+_FIELD = 32
 for _i, _m in enumerate(LockMode):
-    _m.bit = 1 << _i
+    _m.unit = 1 << (_FIELD * _i)
 for _m in LockMode:
-    _m.conflicts = sum(o.bit for o in LockMode if o not in _COMPATIBLE[_m])
+    _m.conflicts = sum(o.unit * (2**_FIELD - 1) for o in LockMode if o not in _COMPATIBLE[_m])
 
 
 def compatible(a: LockMode, b: LockMode) -> bool:
@@ -82,9 +85,11 @@ def combine(a: LockMode, b: LockMode) -> LockMode:
     return _COMBINED[a, b]
 
 
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """A call touches `key`: READ needs S on it, WRITE needs X."""
+class Claim(NamedTuple):
+    """A call touches `key`: READ needs S on it, WRITE needs X.
+
+    A NamedTuple rather than a dataclass: one is built per resource per call.
+    """
 
     key: Key
     mode: Mode
@@ -96,14 +101,18 @@ Plan = Mapping[Key, LockMode]
 def plan(claims: Iterable[Claim]) -> dict[Key, LockMode]:
     """Every lock the claims need: S/X on targets, IS/IX on ancestors, combined per key."""
     out: dict[Key, LockMode] = {}
-    for claim in claims:
-        if claim.mode is Mode.WRITE:
+    for key, mode in claims:
+        if mode is Mode.WRITE:
             target, intent = LockMode.X, LockMode.IX
         else:
             target, intent = LockMode.S, LockMode.IS
-        for key in claim.key.ancestors():
-            _merge(out, key, intent)
-        _merge(out, claim.key, target)
+        if not out:  # the common case, one claim: nothing to combine yet
+            out = dict.fromkeys(key.ancestors(), intent)
+            out[key] = target
+            continue
+        for ancestor in key.ancestors():
+            _merge(out, ancestor, intent)
+        _merge(out, key, target)
     return out
 
 
@@ -120,5 +129,5 @@ def plans_conflict(a: Plan, b: Plan) -> bool:
 def conflict_keys(a: Plan, b: Plan) -> list[Key]:
     """The keys on which two plans hold incompatible modes, in `a`'s order."""
     small, large = (a, b) if len(a) <= len(b) else (b, a)
-    hits = {k for k, m in small.items() if (o := large.get(k)) is not None and m.conflicts & o.bit}
+    hits = {k for k, m in small.items() if (o := large.get(k)) is not None and m.conflicts & o.unit}
     return [k for k in a if k in hits]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from .base import (
     CancelScope,
     Limits,
@@ -14,17 +12,16 @@ from .base import (
     ToolContext,
     ToolOutput,
     ToolSpec,
-    schema,
 )
 from .command import RunCommand
 from .files import EditFile, ListDir, ReadFile, WriteFile
 from .search import Search
+from .sql import Sql
 
 __all__ = [
     "CancelScope",
     "Limits",
     "Mode",
-    "Noop",
     "ResourceKind",
     "ResourceTemplate",
     "Tool",
@@ -35,23 +32,18 @@ __all__ = [
 ]
 
 
-class Noop:
-    """Does nothing and says so. Opt-in (`--test-tools`): for benchmarks and probes."""
-
-    spec = ToolSpec(
-        name="noop",
-        description="Return `echo` unchanged; touches nothing.",
-        input_schema=schema({"echo": {"type": "string"}}, []),
-        read_only=True,
-        idempotent=True,
-    )
-
-    async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
-        return ToolOutput(text=args.get("echo", ""))
-
-
 def builtin_tools(*, test_tools: bool = False) -> dict[str, Tool]:
-    tools: list[Tool] = [ReadFile(), WriteFile(), EditFile(), ListDir(), Search(), RunCommand()]
+    tools: list[Tool] = [
+        ReadFile(),
+        WriteFile(),
+        EditFile(),
+        ListDir(),
+        Search(),
+        RunCommand(),
+        Sql(),
+    ]
     if test_tools:
-        tools.append(Noop())
+        from .probes import Noop, Work  # test-only; imported late (probes need resources)
+
+        tools += [Noop(), Work()]
     return {tool.spec.name: tool for tool in tools}

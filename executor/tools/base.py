@@ -94,6 +94,9 @@ class ToolContext:
     limits: Limits
     timeout: float
     cancel: CancelScope = field(default_factory=CancelScope)
+    # What the call was scheduled with, for tools that analyse their arguments
+    # (resources.CallEffects.detail); None for the others.
+    analysis: Any = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,6 +120,9 @@ class ToolOutput:
     # (timeout or cancel) and `error_class` says which.
     stopped_how: StopMode = StopMode.COMPLETED
     marks: tuple[Mark, ...] = ()
+    # Interrupted, but the tool proves nothing was committed (a rolled-back
+    # transaction): FAILURE even for a call that may write.
+    rolled_back: bool = False
 
     def raw(self) -> str:
         return json.dumps({"text": self.text, "structured": self.structured}, ensure_ascii=False)
