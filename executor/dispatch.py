@@ -9,17 +9,17 @@ Calls of that batch still queued are REJECTED (cancelled) instead.
 from __future__ import annotations
 
 import asyncio
-import enum
 import itertools
 import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from . import results
 from .calls import CallRequest, ValidCall
 from .errors import ToolError
+from .events import Batch, Event, EventKind, PlanRow
 from .idempotency import Idempotency, Replay
 from .journal import CallRecord, DuplicateCall, Journal
 from .locks import Abandoned, LockBackend, WaitInfo
@@ -33,38 +33,6 @@ from .validate import Validator
 log = logging.getLogger("execgate.dispatch")
 
 
-class EventKind(enum.Enum):
-    QUEUED = "queued"
-    WAITING = "waiting"
-    STARTED = "started"
-    FINISHED = "finished"
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    kind: EventKind
-    call_id: str
-    batch_id: str
-    at: float
-    # The call's position in its batch: how duplicate call ids are told apart.
-    index: int = 0
-    outcome: Outcome | None = None
-    replay_of: str = ""
-    # WAITING only: the rendered keys it conflicts on, and the owners it waits for.
-    waiting: tuple[tuple[str, ...], tuple[str, ...]] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class PlanRow:
-    """One call of an Explain: its validated form (or why it would be REJECTED)."""
-
-    request: CallRequest
-    call: ValidCall | None
-    rejected: Outcome | None
-    # Earlier calls of the batch it conflicts with, so would wait for.
-    waits_for: tuple[str, ...]
-
-
 @dataclass(slots=True)
 class _Active:
     """A call between QUEUED and FINISHED. `started` flips once, when it starts to run."""
@@ -73,30 +41,6 @@ class _Active:
     batch_id: str
     scope: CancelScope
     started: bool = False
-
-
-@dataclass(slots=True)
-class _Batch:
-    run_id: str
-    batch_id: str
-    agent: str
-    # False: the caller wants FINISHED events only; progress events are not built.
-    progress: bool = True
-    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
-
-    def emit(
-        self,
-        kind: EventKind,
-        req: CallRequest,
-        outcome: Outcome | None = None,
-        replay_of: str = "",
-        waiting: tuple[tuple[str, ...], tuple[str, ...]] | None = None,
-    ) -> None:
-        if not self.progress and kind is not EventKind.FINISHED:
-            return
-        at = time.time()
-        event = Event(kind, req.call_id, self.batch_id, at, req.index, outcome, replay_of, waiting)
-        self.events.put_nowait(event)
 
 
 class Dispatcher:
@@ -139,7 +83,7 @@ class Dispatcher:
         progress: bool = True,
     ) -> AsyncIterator[Event]:
         """Start every call of the batch and yield their events until all have finished."""
-        batch = _Batch(run_id, batch_id, agent, progress)
+        batch = Batch(run_id, batch_id, agent, progress)
         ids = []
         for req in calls:
             ids.append(req.call_id)
@@ -206,7 +150,7 @@ class Dispatcher:
 
     # -- one call ----------------------------------------------------------------------
 
-    async def _call(self, req: CallRequest, batch: _Batch) -> None:
+    async def _call(self, req: CallRequest, batch: Batch) -> None:
         queued = mark(Phase.QUEUED)
         batch.emit(EventKind.QUEUED, req)
         try:
@@ -223,7 +167,7 @@ class Dispatcher:
                 ),
             )
 
-    async def _pipeline(self, req: CallRequest, batch: _Batch, queued: Mark) -> None:
+    async def _pipeline(self, req: CallRequest, batch: Batch, queued: Mark) -> None:
         try:
             call = self._validator.validate(req)
             self._authorize(call)
@@ -246,7 +190,7 @@ class Dispatcher:
             del self._active[key]
 
     async def _admitted(
-        self, call: ValidCall, batch: _Batch, scope: CancelScope, queued: Mark
+        self, call: ValidCall, batch: Batch, scope: CancelScope, queued: Mark
     ) -> None:
         req = call.request
         if req.idempotency_key:
@@ -268,7 +212,7 @@ class Dispatcher:
                 self._idempotency.release(batch.agent, req.idempotency_key, outcome)
 
     async def _journaled_run(
-        self, call: ValidCall, batch: _Batch, scope: CancelScope, queued: Mark
+        self, call: ValidCall, batch: Batch, scope: CancelScope, queued: Mark
     ) -> Outcome:
         """Wait for the locks, journal the intent, run, journal the outcome, report it.
 
@@ -342,7 +286,7 @@ class Dispatcher:
 
     # -- endings that do not run the tool ----------------------------------------------
 
-    async def _reject(self, req: CallRequest, batch: _Batch, outcome: Outcome) -> None:
+    async def _reject(self, req: CallRequest, batch: Batch, outcome: Outcome) -> None:
         outcome = outcome.with_marks(mark(Phase.FINISHED))
         rec = self._record(req, batch.agent, "", False, outcome.timeline[0].at)
         # A refused call never claimed its idempotency key (for a conflict, another
@@ -355,7 +299,7 @@ class Dispatcher:
             await self.journal.record_refusal(rec, outcome)
         batch.emit(EventKind.FINISHED, req, outcome=outcome)
 
-    async def _refuse_duplicate(self, req: CallRequest, batch: _Batch, queued: Mark) -> Outcome:
+    async def _refuse_duplicate(self, req: CallRequest, batch: Batch, queued: Mark) -> Outcome:
         outcome = rejected(
             ErrorClass.DUPLICATE_CALL_ID,
             f"call_id {req.call_id!r} is already used in run {req.run_id!r}; "
@@ -367,7 +311,7 @@ class Dispatcher:
         batch.emit(EventKind.FINISHED, req, outcome=outcome)
         return outcome
 
-    async def _replay(self, call: ValidCall, batch: _Batch, replay: Replay) -> None:
+    async def _replay(self, call: ValidCall, batch: Batch, replay: Replay) -> None:
         req = call.request
         outcome, original = replay.outcome, replay.call_id
         if (replay.run_id, replay.call_id) == (req.run_id, req.call_id):

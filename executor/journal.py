@@ -328,19 +328,21 @@ def interrupted_outcome(may_write: bool, created_at: float) -> Outcome:
     now = time.time()
     timeline = (Mark(Phase.STARTED, created_at), Mark(Phase.RECOVERED, now, "daemon restarted"))
     if may_write:
-        return Outcome(
-            status=Status.UNKNOWN_OUTCOME,
-            error_class=ErrorClass.INTERRUPTED,
-            message="the daemon stopped while this call was running; it may or may not have "
-            "taken effect: reconcile (read back) before retrying",
-            timeline=timeline,
-            stopped_how=StopMode.INTERRUPTED,
+        status = Status.UNKNOWN_OUTCOME
+        message = (
+            "the daemon stopped while this call was running; it may or may not have "
+            "taken effect: reconcile (read back) before retrying"
+        )
+    else:
+        status = Status.FAILURE
+        message = (
+            "the daemon stopped while this read-only call was running; nothing changed, "
+            "it is safe to retry"
         )
     return Outcome(
-        status=Status.FAILURE,
+        status=status,
         error_class=ErrorClass.INTERRUPTED,
-        message="the daemon stopped while this read-only call was running; nothing changed, "
-        "it is safe to retry",
+        message=message,
         timeline=timeline,
         stopped_how=StopMode.INTERRUPTED,
     )

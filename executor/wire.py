@@ -9,7 +9,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from execgate.v1 import executor_pb2 as pb
 
 from .calls import CallRequest
-from .dispatch import Event, EventKind, PlanRow
+from .events import Event, EventKind, PlanRow
 from .journal import CallFilter, CallRecord
 from .locks import LockMode
 from .outcomes import ErrorClass, Outcome, Phase, Status, StopMode

@@ -1,0 +1,69 @@
+"""What an Execute stream carries: per-call events, and the batch that collects them."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from dataclasses import dataclass, field
+
+from .calls import CallRequest, ValidCall
+from .outcomes import Outcome
+
+
+class EventKind(enum.Enum):
+    QUEUED = "queued"
+    WAITING = "waiting"
+    STARTED = "started"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    kind: EventKind
+    call_id: str
+    batch_id: str
+    at: float
+    # The call's position in its batch: how duplicate call ids are told apart.
+    index: int = 0
+    outcome: Outcome | None = None
+    replay_of: str = ""
+    # WAITING only: the rendered keys it conflicts on, and the owners it waits for.
+    waiting: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRow:
+    """One call of an Explain: its validated form (or why it would be REJECTED)."""
+
+    request: CallRequest
+    call: ValidCall | None
+    rejected: Outcome | None
+    # Earlier calls of the batch it conflicts with, so would wait for.
+    waits_for: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class Batch:
+    """One Execute request in flight: its calls' events, in the order they happen."""
+
+    run_id: str
+    batch_id: str
+    agent: str
+    # False: the caller wants FINISHED events only; progress events are not built.
+    progress: bool = True
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+
+    def emit(
+        self,
+        kind: EventKind,
+        req: CallRequest,
+        outcome: Outcome | None = None,
+        replay_of: str = "",
+        waiting: tuple[tuple[str, ...], tuple[str, ...]] | None = None,
+    ) -> None:
+        if not self.progress and kind is not EventKind.FINISHED:
+            return
+        at = time.time()
+        event = Event(kind, req.call_id, self.batch_id, at, req.index, outcome, replay_of, waiting)
+        self.events.put_nowait(event)
