@@ -84,6 +84,7 @@ class Dispatcher:
     ) -> AsyncIterator[Event]:
         """Start every call of the batch and yield their events until all have finished."""
         batch = Batch(run_id, batch_id, agent, progress)
+        batch.turns = [asyncio.Event() for _ in calls]
         ids = []
         for req in calls:
             ids.append(req.call_id)
@@ -100,12 +101,12 @@ class Dispatcher:
             if remaining:  # the caller went away: queued calls must not start
                 self._abandon(run_id, ids, "client disconnected")
 
-    def explain(self, calls: list[CallRequest], agent: str) -> list[PlanRow]:
+    async def explain(self, calls: list[CallRequest], agent: str) -> list[PlanRow]:
         """The lock plan of a batch, computed exactly as Execute would, running nothing."""
         rows: list[PlanRow] = []
         for req in calls:
             try:
-                call = self._validator.validate(req)
+                call = await self._validator.validate(req)
                 self._authorize(call)
             except ToolError as err:
                 rows.append(PlanRow(req, None, results.from_error(err, ()), ()))
@@ -166,10 +167,12 @@ class Dispatcher:
                     exc, may_write=True, marks=(queued, mark(Phase.FINISHED))
                 ),
             )
+        finally:
+            batch.pass_turn(req.index)  # however it ended, the next call may go
 
     async def _pipeline(self, req: CallRequest, batch: Batch, queued: Mark) -> None:
         try:
-            call = self._validator.validate(req)
+            call = await self._validator.validate(req)
             self._authorize(call)
             if self._closing:
                 raise ToolError(
@@ -193,10 +196,17 @@ class Dispatcher:
         self, call: ValidCall, batch: Batch, scope: CancelScope, queued: Mark
     ) -> None:
         req = call.request
+        # Calls of a batch reach the lock queue in proposal order (Batch.turns).
+        await batch.my_turn(req.index)
         if req.idempotency_key:
             try:
                 replay = await self._idempotency.claim(
-                    batch.agent, req.idempotency_key, call.request_hash, req.run_id, req.call_id
+                    batch.agent,
+                    req.idempotency_key,
+                    call.request_hash,
+                    req.run_id,
+                    req.call_id,
+                    on_join=lambda: batch.pass_turn(req.index),  # a joiner takes no locks
                 )
             except ToolError as err:
                 await self._reject(req, batch, results.from_error(err, (queued,)))
@@ -223,7 +233,8 @@ class Dispatcher:
         req = call.request
         waited: list[Mark] = []
 
-        def on_wait(info: WaitInfo) -> None:
+        def on_wait(info: WaitInfo) -> None:  # called once it is in the lock queue
+            batch.pass_turn(req.index)
             keys = tuple(k.render(self._root) for k in info.keys)
             waited.append(mark(Phase.WAITING, "behind " + ", ".join(info.blockers)))
             batch.emit(EventKind.WAITING, req, waiting=(keys, info.blockers))
@@ -232,6 +243,7 @@ class Dispatcher:
             lease = await self._locks.acquire(
                 _owner(req), call.lock_plan, cancel=scope.requested, on_wait=on_wait
             )
+            batch.pass_turn(req.index)
             async with lease:  # released on every exit path, a crashing tool included
                 granted = mark(Phase.LOCK_GRANTED)
                 if scope.requested.is_set():

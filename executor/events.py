@@ -53,6 +53,17 @@ class Batch:
     # False: the caller wants FINISHED events only; progress events are not built.
     progress: bool = True
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    # turns[i] is set once call i has asked for its locks (or ended without): call
+    # i+1 asks only after that, so the lock queue sees the batch in proposal order
+    # even when some calls take longer to validate (sql reads a schema in a thread).
+    turns: list[asyncio.Event] = field(default_factory=list)
+
+    async def my_turn(self, index: int) -> None:
+        if index > 0:
+            await self.turns[index - 1].wait()
+
+    def pass_turn(self, index: int) -> None:
+        self.turns[index].set()
 
     def emit(
         self,

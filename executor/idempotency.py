@@ -9,6 +9,7 @@ outcome. The same key with a different request is REJECTED
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import ToolError
@@ -39,13 +40,24 @@ class Idempotency:
         self._inflight: dict[tuple[str, str], _Owner] = {}
 
     async def claim(
-        self, agent: str, key: str, request_hash: str, run_id: str, call_id: str
+        self,
+        agent: str,
+        key: str,
+        request_hash: str,
+        run_id: str,
+        call_id: str,
+        on_join: Callable[[], None] | None = None,
     ) -> Replay | None:
-        """None: the caller owns the key and must run, then `release`. Else: the replay."""
+        """None: the caller owns the key and must run, then `release`. Else: the replay.
+
+        `on_join` is called just before waiting for an in-flight owner.
+        """
         slot = (agent, key)
         owner = self._inflight.get(slot)
         if owner is not None:
             _check(owner.request_hash, request_hash)
+            if on_join is not None:
+                on_join()
             return await asyncio.shield(owner.done)
         owner = _Owner(request_hash, run_id, call_id, asyncio.get_running_loop().create_future())
         self._inflight[slot] = owner  # claimed before any await: no second owner

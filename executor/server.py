@@ -75,7 +75,7 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         self, request: pb.ExecuteRequest, context: grpc.aio.ServicerContext
     ) -> pb.ExplainResponse:
         _, _, calls = await self._batch(request, context)
-        rows = self.dispatcher.explain(calls, agent="local")
+        rows = await self.dispatcher.explain(calls, agent="local")
         root = str(self.dispatcher.workspace.root)
         return pb.ExplainResponse(calls=[wire.call_plan(r, root) for r in rows])
 

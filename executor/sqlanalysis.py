@@ -64,6 +64,9 @@ class SchemaInfo:
     virtual_tables: frozenset[str] = frozenset()
     # Index name -> the table it indexes (lets DROP INDEX name a table).
     indexes: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # The database is in WAL mode: readers do not block a writer's COMMIT, so a
+    # reader of one table and a writer of another can really run together.
+    wal: bool = False
 
     def __post_init__(self) -> None:
         for name in ("views", "tables_with_triggers", "virtual_tables"):
@@ -101,9 +104,11 @@ def schema_of(db_path: str | Path) -> SchemaInfo:
     conn = sqlite3.connect(uri, uri=True, timeout=1.0)
     try:
         rows = conn.execute("SELECT type, name, tbl_name, rootpage FROM sqlite_master").fetchall()
+        (mode,) = conn.execute("PRAGMA journal_mode").fetchone()
     finally:
         conn.close()
     return SchemaInfo(
+        wal=str(mode).lower() == "wal",
         views=frozenset(name for kind, name, _, _ in rows if kind == "view"),
         tables_with_triggers=frozenset(table for kind, _, table, _ in rows if kind == "trigger"),
         # A table without pages of its own is virtual.

@@ -6,6 +6,7 @@ offending field, so a caller (or a model) knows exactly what to fix.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from typing import Any
@@ -18,7 +19,7 @@ from .errors import ToolError, invalid
 from .locks import plan
 from .outcomes import ErrorClass, Status
 from .paths import Workspace
-from .resources import analyse
+from .resources import AnalysedTool, analyse
 from .tools import Limits, ResourceKind, Tool
 
 MAX_ID_CHARS = 256
@@ -42,7 +43,12 @@ class Validator:
             name: _SchemaValidator(tool.spec.input_schema) for name, tool in tools.items()
         }
 
-    def validate(self, req: CallRequest) -> ValidCall:
+    async def validate(self, req: CallRequest) -> ValidCall:
+        """The call, checked and analysed; raises a REJECTED ToolError naming the field.
+
+        A tool that analyses its arguments itself (`sql` reads the database's
+        schema) does so in a worker thread: it may block on the file.
+        """
         check_id(req.call_id, "call_id")
         check_id(req.run_id, "run_id")
         check_id(req.idempotency_key, "idempotency_key")
@@ -60,7 +66,10 @@ class Validator:
         except RecursionError as exc:  # the error message reprs the offending value
             raise invalid("arguments_json is nested too deeply", "arguments_json") from exc
         paths = self._resolve_paths(tool, args)
-        effects = analyse(tool, args, paths, self.workspace)
+        if isinstance(tool, AnalysedTool):
+            effects = await asyncio.to_thread(analyse, tool, args, paths, self.workspace)
+        else:
+            effects = analyse(tool, args, paths, self.workspace)
         return ValidCall(
             request=req,
             tool=tool,

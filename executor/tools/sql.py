@@ -65,6 +65,8 @@ class SqlCallEffects:
     database: Path  # canonical absolute path, inside the workspace
     relative: str  # the same, relative to the workspace root (for lock keys)
     sql: sqlanalysis.SqlEffects
+    # The database exists and is in WAL mode (see `call_effects`).
+    wal: bool = False
 
     @property
     def read_only(self) -> bool:
@@ -141,7 +143,8 @@ class Sql:
                 f"{found.statements}",
                 "arguments.params",
             )
-        return SqlCallEffects(path, workspace.relative(path), found)
+        wal = db_schema is not None and db_schema.wal
+        return SqlCallEffects(path, workspace.relative(path), found, wal)
 
     def call_effects(
         self, args: dict[str, Any], paths: Mapping[str, Path], workspace: Workspace
@@ -156,6 +159,11 @@ class Sql:
         claims: list[Claim] = []
         if sql.whole_db is not None:
             claims.append(Claim(path_key(db), sql.whole_db))
+        elif not found.read_only and not found.wal:
+            # Outside WAL mode SQLite cannot COMMIT while any other connection is
+            # reading, whatever the table: a writer needs the whole file to itself,
+            # or it would fail at COMMIT behind a reader the scheduler let in.
+            claims.append(Claim(path_key(db), Mode.WRITE))
         else:
             claims += [Claim(table_key(db, t), Mode.WRITE) for t in sorted(sql.writes)]
             claims += [Claim(table_key(db, t), Mode.READ) for t in sorted(sql.reads - sql.writes)]

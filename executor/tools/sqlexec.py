@@ -173,6 +173,7 @@ def _open(plan: Plan, ws: Workspace) -> sqlite3.Connection:
         if not stat.S_ISREG(st.st_mode):
             msg = f"{ws.relative(plan.path)} is not a regular file"
             raise ToolError(ErrorClass.INVALID_ARGUMENT, msg, field=_DB)
+    created = not plan.path.exists()
     mode = "rwc" if plan.create else "rw"
     uri = f"file:{quote(str(plan.path), safe='/')}?mode={mode}"
     try:
@@ -191,6 +192,12 @@ def _open(plan: Plan, ws: Workspace) -> sqlite3.Connection:
         conn.close()
         msg = "the database path changed to point elsewhere while it was opened"
         raise ToolError(ErrorClass.PERMISSION_DENIED, msg, field=_DB)
+    if created:
+        # New databases are made in WAL mode, where readers never block a writer's
+        # COMMIT: the scheduler can then let readers and writers of different
+        # tables run together (existing databases keep their mode).
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("PRAGMA journal_mode=WAL")
     return conn
 
 
