@@ -40,6 +40,7 @@ class _Active:
     run_id: str
     batch_id: str
     scope: CancelScope
+    batch: Batch
     started: bool = False
 
 
@@ -84,7 +85,7 @@ class Dispatcher:
     ) -> AsyncIterator[Event]:
         """Start every call of the batch and yield their events until all have finished."""
         batch = Batch(run_id, batch_id, agent, progress)
-        batch.turns = [asyncio.Event() for _ in calls]
+        batch.start_turns(len(calls))
         ids = []
         for req in calls:
             ids.append(req.call_id)
@@ -99,7 +100,7 @@ class Dispatcher:
                 yield event
         finally:
             if remaining:  # the caller went away: queued calls must not start
-                self._abandon(run_id, ids, "client disconnected")
+                self._abandon(batch, "client disconnected")
 
     async def explain(self, calls: list[CallRequest], agent: str) -> list[PlanRow]:
         """The lock plan of a batch, computed exactly as Execute would, running nothing."""
@@ -171,26 +172,44 @@ class Dispatcher:
             batch.pass_turn(req.index)  # however it ended, the next call may go
 
     async def _pipeline(self, req: CallRequest, batch: Batch, queued: Mark) -> None:
-        try:
-            call = await self._validator.validate(req)
-            self._authorize(call)
-            if self._closing:
-                raise ToolError(
-                    ErrorClass.CANCELLED, "the daemon is shutting down", status=Status.REJECTED
-                )
-        except ToolError as err:
-            await self._reject(req, batch, results.from_error(err, (queued,)))
-            return
-        scope = CancelScope()
         key = (req.run_id, req.call_id)
-        if key in self._active:
-            await self._refuse_duplicate(req, batch, queued)
+        if key in self._active:  # the same id is in flight (in this batch or another)
+            await self._in_flight_duplicate(req, batch, queued)
             return
-        self._active[key] = _Active(req.run_id, req.batch_id, scope)
+        # Registered before any await: the first proposal of an id owns it, and a
+        # disconnect or cancel reaches the call even while it is being validated.
+        scope = CancelScope()
+        self._active[key] = _Active(req.run_id, req.batch_id, scope, batch)
         try:
+            try:
+                call = await self._validator.validate(req)
+                self._authorize(call)
+                if self._closing:
+                    raise ToolError(
+                        ErrorClass.CANCELLED, "the daemon is shutting down", status=Status.REJECTED
+                    )
+            except ToolError as err:
+                await self._reject(req, batch, results.from_error(err, (queued,)))
+                return
             await self._admitted(call, batch, scope, queued)
         finally:
             del self._active[key]
+
+    async def _in_flight_duplicate(self, req: CallRequest, batch: Batch, queued: Mark) -> None:
+        """A client resending a call that still runs joins it if its idempotency key says so."""
+        if req.idempotency_key:
+            try:
+                call = await self._validator.validate(req)
+            except ToolError:
+                call = None
+            if call is not None:
+                replay = await self._idempotency.join_in_flight(
+                    batch.agent, req.idempotency_key, call.request_hash, req.run_id, req.call_id
+                )
+                if replay is not None:
+                    await self._replay(call, batch, replay)
+                    return
+        await self._refuse_duplicate(req, batch, queued)
 
     async def _admitted(
         self, call: ValidCall, batch: Batch, scope: CancelScope, queued: Mark
@@ -254,10 +273,16 @@ class Dispatcher:
                 else:
                     self.journal.record_intent_nowait(rec)
                 self._active[(req.run_id, req.call_id)].started = True
-                started = mark(Phase.STARTED)
-                batch.emit(EventKind.STARTED, req)
-                marks = (queued, *waited, granted, started)
-                outcome, raw = await self._run_tool(call, scope, marks)
+                if scope.requested.is_set():  # cancelled while its intent was written
+                    outcome = rejected(
+                        ErrorClass.CANCELLED, f"cancelled before it started: {scope.reason}", ""
+                    ).with_marks(queued, *waited, granted, mark(Phase.CANCEL_REQUESTED))
+                    raw = ""
+                else:
+                    started = mark(Phase.STARTED)
+                    batch.emit(EventKind.STARTED, req)
+                    marks = (queued, *waited, granted, started)
+                    outcome, raw = await self._run_tool(call, scope, marks)
         except Abandoned:
             outcome = rejected(
                 ErrorClass.CANCELLED, f"cancelled before it started: {scope.reason}", ""
@@ -352,10 +377,10 @@ class Dispatcher:
                 status=Status.REJECTED,
             )
 
-    def _abandon(self, run_id: str, call_ids: list[str], reason: str) -> None:
-        for call_id in call_ids:
-            active = self._active.get((run_id, call_id))
-            if active is not None and not active.started:
+    def _abandon(self, batch: Batch, reason: str) -> None:
+        """Cancel the calls of this batch (this very object: ids come from clients) not started."""
+        for active in list(self._active.values()):
+            if active.batch is batch and not active.started:
                 active.scope.cancel(reason)
 
     @staticmethod

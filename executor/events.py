@@ -53,17 +53,29 @@ class Batch:
     # False: the caller wants FINISHED events only; progress events are not built.
     progress: bool = True
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
-    # turns[i] is set once call i has asked for its locks (or ended without): call
-    # i+1 asks only after that, so the lock queue sees the batch in proposal order
-    # even when some calls take longer to validate (sql reads a schema in a thread).
+    # turns[i] is set once calls 0..i have all asked for their locks (or ended
+    # without): call i+1 asks only after that, so the lock queue sees the batch in
+    # proposal order even when some calls take longer to validate (sql reads a
+    # schema in a worker thread). Invariant: turns[i] set implies turns[i-1] set.
     turns: list[asyncio.Event] = field(default_factory=list)
+    # done[i]: call i itself is past the point where order matters.
+    done: list[bool] = field(default_factory=list)
+
+    def start_turns(self, count: int) -> None:
+        self.turns = [asyncio.Event() for _ in range(count)]
+        self.done = [False] * count
 
     async def my_turn(self, index: int) -> None:
         if index > 0:
             await self.turns[index - 1].wait()
 
     def pass_turn(self, index: int) -> None:
-        self.turns[index].set()
+        """Call `index` is queued for its locks, or will never be: let the next ones go."""
+        self.done[index] = True
+        i = index
+        while i < len(self.turns) and self.done[i] and (i == 0 or self.turns[i - 1].is_set()):
+            self.turns[i].set()
+            i += 1
 
     def emit(
         self,

@@ -31,6 +31,9 @@ class _Owner:
     run_id: str
     call_id: str
     done: asyncio.Future[Replay]
+    # False while the owner is still reading the journal: until then a different
+    # request is not yet a conflict (the journal may hold an older owner).
+    confirmed: bool = False
 
 
 class Idempotency:
@@ -53,17 +56,21 @@ class Idempotency:
         `on_join` is called just before waiting for an in-flight owner.
         """
         slot = (agent, key)
-        owner = self._inflight.get(slot)
-        if owner is not None:
-            _check(owner.request_hash, request_hash)
-            if on_join is not None:
-                on_join()
-            return await asyncio.shield(owner.done)
+        while (owner := self._inflight.get(slot)) is not None:
+            if owner.request_hash == request_hash:
+                if on_join is not None:
+                    on_join()
+                return await asyncio.shield(owner.done)
+            if owner.confirmed:
+                _check(owner.request_hash, request_hash)
+            # The journal may hold a recorded call that matches us: wait and look again.
+            await asyncio.wait([owner.done])
         owner = _Owner(request_hash, run_id, call_id, asyncio.get_running_loop().create_future())
         self._inflight[slot] = owner  # claimed before any await: no second owner
         try:
             recorded = await self._journal.by_idempotency_key(agent, key)
             if recorded is None:
+                owner.confirmed = True
                 return None
             _check(recorded.request_hash, request_hash)
         except BaseException as exc:
@@ -75,6 +82,17 @@ class Idempotency:
             replay = Replay(recorded.outcome, recorded.call_id, recorded.run_id)
         self._settle(slot, replay)
         return replay
+
+    async def join_in_flight(
+        self, agent: str, key: str, request_hash: str, run_id: str, call_id: str
+    ) -> Replay | None:
+        """The outcome of the running call `run_id/call_id` if it owns `key` for this request."""
+        owner = self._inflight.get((agent, key))
+        if owner is None or (owner.run_id, owner.call_id) != (run_id, call_id):
+            return None
+        if owner.request_hash != request_hash:
+            return None
+        return await asyncio.shield(owner.done)
 
     def release(self, agent: str, key: str, outcome: Outcome | BaseException) -> None:
         owner = self._inflight.get((agent, key))

@@ -24,7 +24,7 @@ def from_output(out: ToolOutput, *, may_write: bool, cap: int, marks: tuple[Mark
     text, cut, returned = bound(out.text, cap)
     total = len(out.text.encode("utf-8", errors="replace"))
     structured = json.dumps(out.structured, ensure_ascii=False, separators=(",", ":"))
-    if len(structured) > cap:
+    if len(structured.encode("utf-8", errors="replace")) > cap:
         structured, cut = OMITTED, True
     truncated = out.truncated or cut
     result = ToolResult(

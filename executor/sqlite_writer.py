@@ -143,10 +143,13 @@ class SqliteWriter:
         self._conn.execute("BEGIN IMMEDIATE")
         try:
             value = fn(self._conn)
+            self._conn.execute("COMMIT")
         except BaseException:
-            self._conn.execute("ROLLBACK")
+            # Also when COMMIT itself failed: never leave the shared connection
+            # inside a transaction, or every later write would fail.
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
             raise
-        self._conn.execute("COMMIT")
         self._since_checkpoint += 1
         return value
 
@@ -199,10 +202,14 @@ class SqliteWriter:
                 self._conn.execute("ROLLBACK")
             results = [(job, None, exc) for job in group]
         for job, value, error in results:
-            if job.reply is not None:
+            if job.reply is None:
+                if error is not None:
+                    log.error("journal write failed: %s", error)
+                continue
+            try:
                 job.reply(value, error)
-            elif error is not None:
-                log.error("journal write failed: %s", error)
+            except RuntimeError as exc:  # the caller's loop is closed: nobody to tell
+                log.error("journal reply lost: %s", exc)
 
     def _run(self, job: _Job) -> tuple[_Job, Any, BaseException | None]:
         self._conn.execute("SAVEPOINT job")
