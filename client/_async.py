@@ -25,7 +25,8 @@ class AsyncClient:
         self._stub = pb_grpc.ExecutorStub(self._channel)
 
     async def close(self) -> None:
-        await self._channel.close()
+        # grpc-stubs make `grace` required; grpc.aio defaults it to None.
+        await self._channel.close()  # type: ignore[call-arg]
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
@@ -193,7 +193,11 @@ def list_request(
         tool=tool,
         limit=limit,
         page_token=page_token,
-        statuses=[pb.OutcomeStatus.Value("OUTCOME_STATUS_" + s.name) for s in statuses],
+        # protoc's .pyi types the field as the enum class but `Value()` as a plain int.
+        statuses=[
+            cast(pb.OutcomeStatus, pb.OutcomeStatus.Value("OUTCOME_STATUS_" + s.name))
+            for s in statuses
+        ],
     )
 
 

@@ -13,7 +13,7 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, replace
 
 from . import results
@@ -82,13 +82,11 @@ class Dispatcher:
         agent: str,
         *,
         progress: bool = True,
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         """Start every call of the batch and yield their events until all have finished."""
         batch = Batch(run_id, batch_id, agent, progress)
         batch.start_turns(len(calls))
-        ids = []
         for req in calls:
-            ids.append(req.call_id)
             task = asyncio.create_task(self._call(req, batch), name=f"call {req.call_id}")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

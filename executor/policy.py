@@ -80,7 +80,8 @@ def load_policy(path: str | Path) -> Policy:
     try:
         doc = yaml.safe_load(data)
     except yaml.YAMLError as exc:
-        line = exc.problem_mark.line + 1 if getattr(exc, "problem_mark", None) else 0
+        mark = getattr(exc, "problem_mark", None)  # only a MarkedYAMLError has one
+        line = mark.line + 1 if mark else 0
         raise PolicyError(f"not valid YAML: {exc}", path=str(path), line=line) from exc
     return _parse(doc, str(path), hashlib.sha256(data).hexdigest())
 

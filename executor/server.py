@@ -11,6 +11,7 @@ import signal
 import socket
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -43,14 +44,18 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         self.dispatcher = dispatcher
 
     async def ListTools(
-        self, request: pb.ListToolsRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.ListToolsRequest,
+        context: grpc.aio.ServicerContext[pb.ListToolsRequest, pb.ListToolsResponse],
     ) -> pb.ListToolsResponse:
         return pb.ListToolsResponse(
             tools=[wire.tool_spec(t.spec) for t in self.dispatcher.tools.values()]
         )
 
     async def Execute(
-        self, request: pb.ExecuteRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.ExecuteRequest,
+        context: grpc.aio.ServicerContext[pb.ExecuteRequest, pb.ExecuteEvent],
     ) -> AsyncIterator[pb.ExecuteEvent]:
         run_id, batch_id, calls = await self._batch(request, context)
         events = self.dispatcher.execute(
@@ -61,7 +66,9 @@ class ExecutorService(pb_grpc.ExecutorServicer):
                 yield wire.event(event)
 
     async def ExecuteBatch(
-        self, request: pb.ExecuteRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.ExecuteRequest,
+        context: grpc.aio.ServicerContext[pb.ExecuteRequest, pb.ExecuteResponse],
     ) -> pb.ExecuteResponse:
         run_id, batch_id, calls = await self._batch(request, context)
         finished: list[pb.ExecuteEvent] = [pb.ExecuteEvent()] * len(calls)
@@ -72,7 +79,9 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         return pb.ExecuteResponse(batch_id=batch_id, outcomes=finished)
 
     async def Explain(
-        self, request: pb.ExecuteRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.ExecuteRequest,
+        context: grpc.aio.ServicerContext[pb.ExecuteRequest, pb.ExplainResponse],
     ) -> pb.ExplainResponse:
         _, _, calls = await self._batch(request, context)
         rows = await self.dispatcher.explain(calls, agent="local")
@@ -80,7 +89,7 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         return pb.ExplainResponse(calls=[wire.call_plan(r, root) for r in rows])
 
     async def _batch(
-        self, request: pb.ExecuteRequest, context: grpc.aio.ServicerContext
+        self, request: pb.ExecuteRequest, context: grpc.aio.ServicerContext[pb.ExecuteRequest, Any]
     ) -> tuple[str, str, list[CallRequest]]:
         """The request's calls as the dispatcher takes them; aborts a malformed envelope."""
         if len(request.calls) > MAX_BATCH:
@@ -105,7 +114,9 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         return run_id, batch_id, calls
 
     async def Cancel(
-        self, request: pb.CancelRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.CancelRequest,
+        context: grpc.aio.ServicerContext[pb.CancelRequest, pb.CancelResponse],
     ) -> pb.CancelResponse:
         if not (request.run_id or request.call_id or request.batch_id):
             await context.abort(
@@ -125,7 +136,9 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         return pb.CancelResponse(call_ids=hit)
 
     async def GetCall(
-        self, request: pb.GetCallRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.GetCallRequest,
+        context: grpc.aio.ServicerContext[pb.GetCallRequest, pb.CallRecord],
     ) -> pb.CallRecord:
         run_id = request.run_id or DEFAULT_RUN
         rec = await self.dispatcher.journal.get(
@@ -138,7 +151,9 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         return wire.record(rec)
 
     async def ListCalls(
-        self, request: pb.ListCallsRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.ListCallsRequest,
+        context: grpc.aio.ServicerContext[pb.ListCallsRequest, pb.ListCallsResponse],
     ) -> pb.ListCallsResponse:
         before = 0
         if request.page_token:
@@ -253,7 +268,7 @@ async def serve(
 
 def _server(
     config: ServeConfig, dispatcher: Dispatcher
-) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+) -> tuple[grpc.aio.Server, Any]:  # Any: health.aio.HealthServicer, see below
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE),
@@ -262,7 +277,8 @@ def _server(
         ]
     )
     pb_grpc.add_ExecutorServicer_to_server(ExecutorService(dispatcher), server)
-    health_servicer = health.aio.HealthServicer()
+    # grpc-stubs type only the sync grpc_health.v1.health, not its `aio` module.
+    health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if config.reflection:
         from grpc_reflection.v1alpha import reflection

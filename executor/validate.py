@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 import jsonschema
 from jsonschema.exceptions import ValidationError, best_match
@@ -26,7 +27,8 @@ MAX_ID_CHARS = 256
 
 # JSON Schema counts 2.0 as an integer; the tools index and slice with these values,
 # so an "integer" argument must be a Python int (never a bool).
-_SchemaValidator = jsonschema.validators.extend(
+# (types-jsonschema leaves `extend` unannotated.)
+_SchemaValidator = jsonschema.validators.extend(  # type: ignore[no-untyped-call]
     jsonschema.Draft202012Validator,
     type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
         "integer", lambda _checker, v: isinstance(v, int) and not isinstance(v, bool)
@@ -176,10 +178,14 @@ def _field(error: ValidationError) -> str:
     """The offending argument as `arguments.argv[1]`, `arguments.env.NAME`, ..."""
     path: list[str | int] = list(error.absolute_path)
     if error.validator == "required":
-        missing = next((n for n in error.validator_value if n not in error.instance), "")
+        required = cast(list[str], error.validator_value)
+        instance = cast(Mapping[str, Any], error.instance)
+        missing = next((n for n in required if n not in instance), "")
         path.append(missing)
     elif error.validator == "additionalProperties":
-        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        instance = cast(Mapping[str, Any], error.instance)
+        schema = cast(Mapping[str, Any], error.schema)
+        extra = sorted(set(instance) - set(schema.get("properties", {})))
         path.append(extra[0] if extra else "")
     text = "arguments"
     for part in path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import cast
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -15,11 +16,14 @@ from .locks import LockMode
 from .outcomes import ErrorClass, Outcome, Phase, Status, StopMode
 from .tools import Mode, ToolSpec
 
-_STATUS = {s: pb.OutcomeStatus.Value(f"OUTCOME_STATUS_{s.name}") for s in Status}
-_ERROR = {c: pb.ErrorClass.Value(f"ERROR_CLASS_{c.name}") for c in ErrorClass}
-_PHASE = {p: pb.Phase.Value(f"PHASE_{p.name}") for p in Phase}
-_STOP = {m: pb.StopMode.Value(f"STOP_MODE_{m.name}") for m in StopMode}
-_LOCK = {m: pb.LockMode.Value(f"LOCK_MODE_{m.name}") for m in LockMode}
+# protoc's .pyi types an enum field as the enum class but its `Value()` as a plain int.
+_STATUS = {
+    s: cast(pb.OutcomeStatus, pb.OutcomeStatus.Value(f"OUTCOME_STATUS_{s.name}")) for s in Status
+}
+_ERROR = {c: cast(pb.ErrorClass, pb.ErrorClass.Value(f"ERROR_CLASS_{c.name}")) for c in ErrorClass}
+_PHASE = {p: cast(pb.Phase, pb.Phase.Value(f"PHASE_{p.name}")) for p in Phase}
+_STOP = {m: cast(pb.StopMode, pb.StopMode.Value(f"STOP_MODE_{m.name}")) for m in StopMode}
+_LOCK = {m: cast(pb.LockMode, pb.LockMode.Value(f"LOCK_MODE_{m.name}")) for m in LockMode}
 _STATUS_BACK = {v: k for k, v in _STATUS.items()}
 _MODE = {Mode.READ: pb.ACCESS_MODE_READ, Mode.WRITE: pb.ACCESS_MODE_WRITE}
 
