@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from execgate.client import ExecgateClientError
+from execgate.client import DaemonUnavailable, ExecgateClientError
 
 from . import cli_client
 from .config import ServeConfig, parse_listener
@@ -33,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except ExecgateClientError as exc:
         print(f"execgate: {exc}", file=sys.stderr)
-        return EX_UNAVAILABLE if type(exc).__name__ == "DaemonUnavailable" else 1
+        return EX_UNAVAILABLE if isinstance(exc, DaemonUnavailable) else 1
     except KeyboardInterrupt:
         return 130
 

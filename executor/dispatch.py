@@ -26,7 +26,7 @@ from .locks import Abandoned, LockBackend, WaitInfo
 from .locks import explain as explain_plans
 from .outcomes import ErrorClass, Mark, Outcome, Phase, Status, mark, rejected
 from .paths import Workspace
-from .policy import Effect, Policy
+from .policy import Policy
 from .tools import CancelScope, Limits, Tool, ToolContext
 from .validate import Validator
 
@@ -37,9 +37,8 @@ log = logging.getLogger("execgate.dispatch")
 class _Active:
     """A call between QUEUED and FINISHED. `started` flips once, when it starts to run."""
 
-    run_id: str
-    batch_id: str
     scope: CancelScope
+    # The very batch object it came in (its run and batch ids live there).
     batch: Batch
     started: bool = False
 
@@ -106,7 +105,7 @@ class Dispatcher:
         for req in calls:
             try:
                 call = await self._validator.validate(req)
-                self._authorize(call)
+                self.policy.require(call.request.tool)
             except ToolError as err:
                 rows.append(PlanRow(req, None, results.from_error(err, ()), ()))
                 continue
@@ -129,7 +128,7 @@ class Dispatcher:
         for (run, call), active in list(self._active.items()):
             if (run_id and run != run_id) or (call_id and call != call_id):
                 continue
-            if batch_id and active.batch_id != batch_id:
+            if batch_id and active.batch.batch_id != batch_id:
                 continue
             active.scope.cancel(reason, grace)
             hit.append(call)
@@ -177,11 +176,11 @@ class Dispatcher:
         # Registered before any await: the first proposal of an id owns it, and a
         # disconnect or cancel reaches the call even while it is being validated.
         scope = CancelScope()
-        self._active[key] = _Active(req.run_id, req.batch_id, scope, batch)
+        self._active[key] = _Active(scope, batch)
         try:
             try:
                 call = await self._validator.validate(req)
-                self._authorize(call)
+                self.policy.require(call.request.tool)
                 if self._closing:
                     raise ToolError(
                         ErrorClass.CANCELLED, "the daemon is shutting down", status=Status.REJECTED
@@ -363,17 +362,6 @@ class Dispatcher:
         batch.emit(EventKind.FINISHED, req, outcome=outcome, replay_of=original)
 
     # -- helpers -------------------------------------------------------------------------
-
-    def _authorize(self, call: ValidCall) -> None:
-        decision = self.policy.decide(call.request.tool)
-        if decision.effect is not Effect.ALLOW:
-            rules = ", ".join(decision.rule_ids) or "default"
-            raise ToolError(
-                ErrorClass.POLICY_DENIED,
-                f"denied by policy ({rules}): {decision.reason}",
-                field="tool",
-                status=Status.REJECTED,
-            )
 
     def _abandon(self, batch: Batch, reason: str) -> None:
         """Cancel the calls of this batch (this very object: ids come from clients) not started."""

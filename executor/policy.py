@@ -18,7 +18,8 @@ from typing import Any
 
 import yaml
 
-from .errors import PolicyError
+from .errors import PolicyError, ToolError
+from .outcomes import ErrorClass, Status
 
 RULE_KEYS = {"id", "effect", "tools", "reason"}
 FILE_KEYS = {"version", "default", "rules"}
@@ -55,6 +56,19 @@ class Policy:
     # sha256 of the file's bytes: which policy made a decision.
     revision: str
     source: str
+
+    def require(self, tool: str) -> Decision:
+        """The decision if it allows the call; else a REJECTED policy_denied ToolError."""
+        decision = self.decide(tool)
+        if decision.effect is not Effect.ALLOW:
+            rules = ", ".join(decision.rule_ids) or "default"
+            raise ToolError(
+                ErrorClass.POLICY_DENIED,
+                f"denied by policy ({rules}): {decision.reason}",
+                field="tool",
+                status=Status.REJECTED,
+            )
+        return decision
 
     def decide(self, tool: str) -> Decision:
         matched = [r for r in self.rules if r.matches(tool)]

@@ -22,7 +22,8 @@ def bound(text: str, cap: int) -> tuple[str, bool, int]:
 
 def from_output(out: ToolOutput, *, may_write: bool, cap: int, marks: tuple[Mark, ...]) -> Outcome:
     text, cut, returned = bound(out.text, cap)
-    total = len(out.text.encode("utf-8", errors="replace"))
+    # Uncut, the returned bytes are all of them: encode a second time only when cut.
+    total = len(out.text.encode("utf-8", errors="replace")) if cut else returned
     structured = json.dumps(out.structured, ensure_ascii=False, separators=(",", ":"))
     if len(structured.encode("utf-8", errors="replace")) > cap:
         structured, cut = OMITTED, True
