@@ -44,6 +44,11 @@ class Evidence:
     sha256_before: str | None = None
     sha256_after: str | None = None
     path: str = ""
+    # The sandbox a process-based call ran in; set when the sandbox's memory limit
+    # killed it; processes left alive after a stop (0: verified none).
+    sandbox: str = ""
+    oom_killed: bool | None = None
+    survivors: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

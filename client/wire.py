@@ -71,6 +71,9 @@ def outcome(msg: pb.Outcome, call_id: str, replay_of: str = "") -> Outcome:
             sha256_before=opt("sha256_before"),
             sha256_after=opt("sha256_after"),
             path=ev.path,
+            sandbox=ev.sandbox,
+            oom_killed=opt("oom_killed"),
+            survivors=opt("survivors"),
         ),
         timeline=tuple(
             Mark(_enum_name(pb.Phase, m.phase, "PHASE_"), m.at.ToNanoseconds() / 1e9, m.detail)

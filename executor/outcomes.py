@@ -99,6 +99,9 @@ class Evidence:
     sha256_before: str | None = None
     sha256_after: str | None = None
     path: str = ""
+    sandbox: str = ""
+    oom_killed: bool | None = None
+    survivors: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

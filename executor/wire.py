@@ -90,6 +90,9 @@ def outcome(o: Outcome) -> pb.Outcome:
             sha256_before=ev.sha256_before,
             sha256_after=ev.sha256_after,
             path=ev.path,
+            sandbox=ev.sandbox,
+            oom_killed=ev.oom_killed,
+            survivors=ev.survivors,
         ),
         timeline=[
             pb.TimelineMark(phase=_PHASE[m.phase], at=timestamp(m.at), detail=m.detail)

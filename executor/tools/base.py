@@ -14,8 +14,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..cancel import CancelScope
 from ..outcomes import ErrorClass, Evidence, Mark, StopMode
 from ..paths import Workspace
+from ..sandbox import Confinement, Sandbox
 
 
 class Mode(enum.Enum):
@@ -69,25 +71,6 @@ class Limits:
     max_arguments_bytes: int = 4 * 1024 * 1024
 
 
-class CancelScope:
-    """Set when the call must stop; tools that run long poll or await it.
-
-    Invariant: `reason` is non-empty exactly when `requested` is set.
-    """
-
-    def __init__(self) -> None:
-        self.requested = asyncio.Event()
-        self.reason = ""
-        # Grace asked for by the canceller (seconds); None: the daemon's default.
-        self.grace: float | None = None
-
-    def cancel(self, reason: str, grace: float | None = None) -> None:
-        if not self.requested.is_set():
-            self.reason = reason or "cancelled"
-            self.grace = grace
-            self.requested.set()
-
-
 @dataclass(slots=True)
 class ToolContext:
     workspace: Workspace
@@ -97,6 +80,14 @@ class ToolContext:
     # What the call was scheduled with, for tools that analyse their arguments
     # (resources.CallEffects.detail); None for the others.
     analysis: Any = None
+    # Where process-based tools run (chosen per call by policy), with which limits.
+    sandbox: Sandbox | None = None
+    confinement: Confinement = field(default_factory=Confinement)
+    # The call may write (its effects, not just its tool's): the sandbox binds the
+    # workspace read-write only then.
+    may_write: bool = True
+    # Unique per call: tags every process the call starts (sandbox.MARKER_ENV).
+    marker: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,0 +1,135 @@
+"""The sandbox interface: how a process-based tool is started, stopped and cleaned up.
+
+A backend (`process`, `bwrap`, `docker`) turns a `Launch` into a `Running`
+handle. The handle can ask politely (`terminate`), force (`kill`: everything the
+call started, grandchildren that left the process group included), and prove the
+result (`survivors`). The cancellation ladder in `executor.cancel` drives these
+steps the same way for every backend, so what "stopped" means does not depend on
+where the call ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+# Every process a call starts carries this variable (unless it clears its own
+# environment): the last-resort sweep and the tests find a call's processes by it.
+MARKER_ENV = "EXECGATE_CALL"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Confinement:
+    """Resource limits and permissions of one sandboxed call."""
+
+    cpu_seconds: int = 600
+    # Address space (rlimit) for process/bwrap; the memory (= memory+swap) limit of a
+    # cgroup or container.
+    memory_bytes: int = 2 << 30
+    file_size_bytes: int = 1 << 30
+    open_files: int = 1024
+    processes: int = 256
+    network: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Launch:
+    argv: tuple[str, ...]
+    # Absolute host path inside the workspace.
+    cwd: Path
+    env: dict[str, str]
+    stdin: bytes | None
+    workspace: Path
+    # The workspace is bound read-write (a tool that may write) or read-only.
+    writable: bool
+    # Unique per call; exported as MARKER_ENV.
+    marker: str
+    confinement: Confinement = field(default_factory=Confinement)
+    # Keep at most this many bytes of stdout and of stderr (the rest is counted).
+    output_cap: int = 1 << 20
+    # The run the call belongs to: a backend may share warm state within it (docker).
+    run_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Exit:
+    code: int | None
+    signal: int | None = None
+    oom_killed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Captured:
+    data: bytes = b""
+    total: int = 0
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self.data)
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """What `execgate doctor` prints for one backend."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+class SandboxError(Exception):
+    """The sandbox could not start the call (not: the call failed)."""
+
+
+class Running(Protocol):
+    # How the call is contained, for the timeline ("pid namespace 4026532", ...).
+    description: str
+
+    async def wait(self) -> Exit:
+        """Until the call's main process has exited."""
+        ...
+
+    async def finish(self) -> None:
+        """The main process has exited: end whatever it left behind (background children)."""
+        ...
+
+    def terminate(self) -> str:
+        """The polite signal (SIGTERM); returns what was signalled."""
+        ...
+
+    async def kill(self) -> str:
+        """Force-terminate everything the call started; returns how."""
+        ...
+
+    async def survivors(self) -> list[int]:
+        """Host pids of the call's processes that are still alive."""
+        ...
+
+    async def output(self) -> tuple[Captured, Captured]:
+        """stdout and stderr, once the call has stopped."""
+        ...
+
+    async def release(self) -> None:
+        """Remove what the sandbox left (cgroups, containers). Idempotent."""
+        ...
+
+
+class Sandbox(Protocol):
+    name: str
+
+    async def start(self, launch: Launch) -> Running:
+        """Start the call; raises SandboxError when the sandbox itself fails."""
+        ...
+
+    def probe(self) -> Probe:
+        """Does this backend work on this machine? (Blocking; `execgate doctor`.)"""
+        ...
+
+    async def cleanup_stale(self) -> int:
+        """Remove what a crashed daemon left; returns how many things were removed."""
+        ...
+
+    async def close(self) -> None:
+        """Daemon shutdown: release shared resources (warm containers)."""
+        ...

@@ -1,0 +1,185 @@
+"""The `bwrap` backend: bubblewrap namespaces around the process backend's limits.
+
+New PID, IPC, UTS and (unless policy allows the network) network namespaces; the
+system directories read-only; a private /tmp; the workspace bound read-write for
+a tool that may write and read-only otherwise; nothing else of the host visible
+(home directories, /root, /var, other projects); all capabilities dropped; the
+environment cleared; `--die-with-parent`, so the sandbox dies with the daemon.
+
+Stopping: the polite SIGTERM goes to every process in the call's PID namespace
+but its init; force kills the namespace's init, upon which the kernel kills
+every process in the namespace -- setsid-escaped and double-forked grandchildren
+included, since nothing can leave a PID namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+from . import procscan
+from .base import MARKER_ENV, Launch, Probe
+from .cgroup import CgroupRoot
+from .process import HostRunning, ProcessSandbox, find_program
+from .spawn import Pipes, cgroup_prefix, rlimit_prefix, spawn
+
+BWRAP = shutil.which("bwrap") or "/usr/bin/bwrap"
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# What of /etc a program needs to run (users, name service, libraries, TLS roots).
+ETC_ENTRIES = (
+    "passwd",
+    "group",
+    "hosts",
+    "resolv.conf",
+    "nsswitch.conf",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "alternatives",
+    "ssl",
+    "ca-certificates",
+)
+
+
+def system_binds(extra_ro: tuple[Path, ...] = ()) -> list[str]:
+    args: list[str] = []
+    for d in SYSTEM_DIRS:
+        if os.path.islink(d):
+            args += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            args += ["--ro-bind", d, d]
+    for name in ETC_ENTRIES:
+        path = f"/etc/{name}"
+        if os.path.exists(path):
+            args += ["--ro-bind", path, path]
+    for path in extra_ro:
+        args += ["--ro-bind", str(path), str(path)]
+    return args
+
+
+def bwrap_argv(launch: Launch, extra_ro: tuple[Path, ...] = ()) -> list[str]:
+    conf = launch.confinement
+    args = [BWRAP, "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+    if not conf.network:
+        args.append("--unshare-net")
+    if os.geteuid() != 0:
+        args.append("--unshare-user")
+    args += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "sandbox"]
+    args += system_binds(extra_ro)
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    ws = str(launch.workspace)
+    args += ["--bind" if launch.writable else "--ro-bind", ws, ws, "--chdir", str(launch.cwd)]
+    args.append("--clearenv")
+    for name, value in {**launch.env, MARKER_ENV: launch.marker}.items():
+        args += ["--setenv", name, value]
+    return [*args, "--", *launch.argv]
+
+
+class BwrapRunning(HostRunning):
+    _ns_init: int | None = None
+    _ns: str | None = None
+
+    async def _namespace(self) -> tuple[int, str] | None:
+        """The namespace's init (bwrap's child) and its namespace id, once they exist."""
+        for _ in range(100):
+            if self._ns_init is not None and self._ns is not None:
+                return self._ns_init, self._ns
+            if self.proc.returncode is not None:
+                return None
+            kids = procscan.children(self.proc.pid)
+            ns = procscan.pid_namespace(kids[0]) if kids else None
+            if kids and ns is not None and ns != procscan.pid_namespace(self.proc.pid):
+                self._ns_init, self._ns = kids[0], ns
+            else:
+                await asyncio.sleep(0.002)
+        return None
+
+    async def finish(self) -> None:
+        # bwrap exits after the namespace's init, and the kernel empties a namespace
+        # before its init is gone: only the cgroup (if any) can still hold something.
+        if self.group is not None and self.group.procs():
+            await asyncio.to_thread(self.group.kill)
+
+    def terminate(self) -> str:
+        if self._ns is None:
+            self._resolve_now()
+        if self._ns is None or self._ns_init is None:
+            return super().terminate()
+        members = [p for p in procscan.in_namespace(self._ns) if p != self._ns_init]
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
+        return f"SIGTERM to {len(members)} process(es) in {self._ns}"
+
+    def _resolve_now(self) -> None:
+        kids = procscan.children(self.proc.pid)
+        ns = procscan.pid_namespace(kids[0]) if kids else None
+        if ns is not None and ns != procscan.pid_namespace(self.proc.pid):
+            self._ns_init, self._ns = kids[0], ns
+
+    async def kill(self) -> str:
+        found = await self._namespace()
+        if found is None:  # bwrap is gone or never built the namespace
+            return await super().kill()
+        init, ns = found
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(init, signal.SIGKILL)
+        how = f"SIGKILL to the init of {ns} (the kernel kills the whole namespace)"
+        if self.group is not None:
+            how += "; " + await asyncio.to_thread(self.group.kill)
+        return how
+
+    async def survivors(self) -> list[int]:
+        found = set(await super().survivors())
+        if self._ns is not None:
+            found |= set(await asyncio.to_thread(procscan.in_namespace, self._ns))
+        return sorted(found)
+
+
+class BwrapSandbox(ProcessSandbox):
+    name = "bwrap"
+
+    def __init__(self, cgroups: CgroupRoot | None = None, extra_ro: tuple[Path, ...] = ()) -> None:
+        super().__init__(cgroups)
+        self.extra_ro = extra_ro
+
+    async def start(self, launch: Launch) -> BwrapRunning:
+        find_program(launch.argv[0], launch)
+        group = self._leaf(launch)
+        argv = [
+            *cgroup_prefix(group),
+            *rlimit_prefix(launch.confinement),
+            *bwrap_argv(launch, self.extra_ro),
+        ]
+        try:
+            proc = await spawn(argv, cwd=launch.cwd, env={}, stdin=launch.stdin)
+        except BaseException:
+            if group is not None:
+                await asyncio.to_thread(group.remove)
+            raise
+        pipes = Pipes(proc, launch.stdin, launch.output_cap)
+        where = f"bwrap {proc.pid}" + (f", cgroup {group.dirs[0].name}" if group else "")
+        return BwrapRunning(proc, pipes, group, launch.marker, where)
+
+    def probe(self) -> Probe:
+        if not os.access(BWRAP, os.X_OK):
+            return Probe(self.name, False, "bubblewrap is not installed (apt install bubblewrap)")
+        argv = [BWRAP, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
+        if os.geteuid() != 0:
+            argv.append("--unshare-user")
+        argv += ["--die-with-parent", *system_binds(), "--proc", "/proc", "--", "true"]
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=10, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return Probe(self.name, False, f"bwrap does not run: {exc}")
+        if done.returncode != 0:
+            why = done.stderr.decode(errors="replace").strip()
+            return Probe(self.name, False, f"bwrap fails here: {why}")
+        tree = self.cgroups.describe() if self.cgroups else "cgroups not used"
+        return Probe(self.name, True, f"pid/net/ipc/uts namespaces, caps dropped; {tree}")

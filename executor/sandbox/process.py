@@ -1,0 +1,161 @@
+"""The `process` backend: own session and process group, rlimits, cgroup leaves where allowed.
+
+Weakest of the three: no namespaces, so the command sees the host file system
+with the daemon's permissions (path confinement is the tools' own) and the
+network. Force termination kills the process group, then the cgroup leaf (which
+also holds setsid-escaped grandchildren), then sweeps /proc for the call's marker
+-- a process that both left the session and cleared its environment on a host
+without usable cgroups is the one thing this backend cannot find.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+
+from . import procscan
+from .base import MARKER_ENV, Captured, Exit, Launch, Probe, SandboxError
+from .cgroup import CallCgroup, CgroupRoot
+from .spawn import PRLIMIT, Pipes, cgroup_prefix, rlimit_prefix, spawn
+
+# After the call stops, a process that escaped every sweep may still hold the output
+# pipes open: read what is there, then stop waiting.
+OUTPUT_SETTLE_SECONDS = 1.0
+
+
+class ProgramNotFound(SandboxError):
+    pass
+
+
+def find_program(name: str, launch: Launch) -> str:
+    """The program `name` as the call will exec it; ProgramNotFound if it is not there."""
+    if "/" in name:
+        path = launch.cwd / name
+        if os.access(path, os.X_OK) and path.is_file():
+            return name
+        raise ProgramNotFound(f"program not found: {name}")
+    found = shutil.which(name, path=launch.env.get("PATH", os.defpath))
+    if found is None:
+        raise ProgramNotFound(f"program not found: {name}")
+    return name
+
+
+class HostRunning:
+    """A call running as a host process tree (the `process` and `bwrap` backends)."""
+
+    def __init__(
+        self,
+        proc: asyncio.subprocess.Process,
+        pipes: Pipes,
+        group: CallCgroup | None,
+        marker: str,
+        description: str,
+    ) -> None:
+        self.proc = proc
+        self.pipes = pipes
+        self.group = group
+        self.marker = marker
+        self.description = description
+
+    async def wait(self) -> Exit:
+        code = await self.proc.wait()
+        oom = self.group.oom_killed() if self.group is not None else False
+        return Exit(code, None, oom) if code >= 0 else Exit(None, -code, oom)
+
+    async def finish(self) -> None:
+        _killpg(self.proc.pid, signal.SIGKILL)
+        if self.group is not None:
+            if self.group.procs():
+                await asyncio.to_thread(self.group.kill)
+        else:
+            await asyncio.to_thread(self._sweep)
+
+    def terminate(self) -> str:
+        _killpg(self.proc.pid, signal.SIGTERM)
+        return f"SIGTERM to process group {self.proc.pid}"
+
+    async def kill(self) -> str:
+        how = [f"SIGKILL to process group {self.proc.pid}"]
+        _killpg(self.proc.pid, signal.SIGKILL)
+        if self.group is not None:
+            how.append(await asyncio.to_thread(self.group.kill))
+        swept = await asyncio.to_thread(self._sweep)
+        if swept:
+            how.append(f"SIGKILL to {swept} marked process(es) outside the group")
+        return "; ".join(how)
+
+    def _sweep(self) -> int:
+        pids = procscan.with_marker(MARKER_ENV, self.marker)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        return len(pids)
+
+    async def survivors(self) -> list[int]:
+        def scan() -> list[int]:
+            found = set(procscan.with_marker(MARKER_ENV, self.marker))
+            if self.group is not None:
+                found |= {p for p in self.group.procs() if procscan.alive(p)}
+            return sorted(found)
+
+        return await asyncio.to_thread(scan)
+
+    async def output(self) -> tuple[Captured, Captured]:
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.pipes.result()), OUTPUT_SETTLE_SECONDS)
+        except TimeoutError:
+            self.pipes.cancel()
+            return Captured(), Captured()
+
+    async def release(self) -> None:
+        if self.proc.returncode is None:  # our own task was cancelled mid-call
+            _killpg(self.proc.pid, signal.SIGKILL)
+        if self.group is not None:
+            group, self.group = self.group, None
+            await asyncio.to_thread(group.remove)
+
+
+class ProcessSandbox:
+    name = "process"
+
+    def __init__(self, cgroups: CgroupRoot | None = None) -> None:
+        self.cgroups = cgroups
+
+    async def start(self, launch: Launch) -> HostRunning:
+        find_program(launch.argv[0], launch)
+        group = self._leaf(launch)
+        argv = [*cgroup_prefix(group), *rlimit_prefix(launch.confinement), *launch.argv]
+        env = {**launch.env, MARKER_ENV: launch.marker}
+        try:
+            proc = await spawn(argv, cwd=launch.cwd, env=env, stdin=launch.stdin)
+        except BaseException:
+            if group is not None:
+                await asyncio.to_thread(group.remove)
+            raise
+        where = f"process group {proc.pid}" + (f", cgroup {group.dirs[0].name}" if group else "")
+        return HostRunning(proc, Pipes(proc, launch.stdin, launch.output_cap), group, launch.marker, where)
+
+    def _leaf(self, launch: Launch) -> CallCgroup | None:
+        if self.cgroups is None:
+            return None
+        return self.cgroups.leaf(launch.marker, launch.confinement)
+
+    def probe(self) -> Probe:
+        if not os.access(PRLIMIT, os.X_OK):
+            return Probe(self.name, False, f"{PRLIMIT} (util-linux) is missing: no rlimits")
+        tree = self.cgroups.describe() if self.cgroups else "cgroups not used"
+        return Probe(self.name, True, f"session + rlimits (prlimit); {tree}")
+
+    async def cleanup_stale(self) -> int:
+        return await asyncio.to_thread(self.cgroups.cleanup_stale) if self.cgroups else 0
+
+    async def close(self) -> None:
+        return None
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)

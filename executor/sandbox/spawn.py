@@ -1,0 +1,99 @@
+"""Starting a host process for the `process` and `bwrap` backends, and reading its output.
+
+No `preexec_fn` (unsafe in a threaded server): the child gets its own session
+from `start_new_session` (done in C by subprocess), its rlimits from `prlimit`
+(util-linux), which sets them on itself and execs, and its cgroup leaves from a
+one-line `sh` that writes itself into them and execs. Each link of the chain
+execs the next, so the pid we hold is the command's own (or bwrap's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+from pathlib import Path
+
+from .base import Captured, Confinement, SandboxError
+from .cgroup import CallCgroup
+
+PRLIMIT = shutil.which("prlimit") or "/usr/bin/prlimit"
+
+
+def rlimit_prefix(conf: Confinement) -> list[str]:
+    """`prlimit` setting soft = hard limits, then `--` and the command."""
+    return [
+        PRLIMIT,
+        f"--cpu={conf.cpu_seconds}",
+        f"--as={conf.memory_bytes}",
+        f"--fsize={conf.file_size_bytes}",
+        f"--nofile={conf.open_files}",
+        # Per real uid, not per call, and not enforced for root: the cgroup's pids.max
+        # is the per-call limit where cgroups are available.
+        f"--nproc={conf.processes}",
+        "--",
+    ]
+
+
+def cgroup_prefix(group: CallCgroup | None) -> list[str]:
+    if group is None:
+        return []
+    return ["/bin/sh", "-c", group.join_command() + '; exec "$@"', "sh"]
+
+
+async def spawn(
+    argv: list[str], *, cwd: Path, env: dict[str, str], stdin: bytes | None
+) -> asyncio.subprocess.Process:
+    try:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+    except OSError as exc:
+        raise SandboxError(f"cannot start {argv[0]}: {exc.strerror}") from exc
+
+
+class Pipes:
+    """Drains stdout and stderr (keeping `cap` bytes of each) and feeds stdin."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, stdin: bytes | None, cap: int) -> None:
+        assert proc.stdout is not None and proc.stderr is not None
+        self._tasks = [
+            asyncio.ensure_future(_drain(proc.stdout, cap)),
+            asyncio.ensure_future(_drain(proc.stderr, cap)),
+        ]
+        self._feeder = asyncio.ensure_future(_feed(proc, stdin)) if stdin is not None else None
+
+    async def result(self) -> tuple[Captured, Captured]:
+        if self._feeder is not None:
+            await self._feeder
+        out, err = await asyncio.gather(*self._tasks)
+        return out, err
+
+    def cancel(self) -> None:
+        for task in (*self._tasks, self._feeder):
+            if task is not None:
+                task.cancel()
+
+
+async def _drain(stream: asyncio.StreamReader, cap: int) -> Captured:
+    kept = bytearray()
+    total = 0
+    while chunk := await stream.read(65536):
+        total += len(chunk)
+        if len(kept) < cap:
+            kept += chunk[: cap - len(kept)]
+    return Captured(bytes(kept), total)
+
+
+async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
+    assert proc.stdin is not None
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        proc.stdin.write(data)
+        await proc.stdin.drain()
+    proc.stdin.close()
