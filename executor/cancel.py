@@ -37,6 +37,8 @@ class CancelScope:
         self.reason = ""
         self.requester = ""
         self.requested_at = 0.0
+        # The stop is a deadline (timeout), not a Cancel.
+        self.timed_out = False
         # Grace asked for by the canceller (seconds); None: the daemon's default.
         self.grace: float | None = None
 
@@ -47,10 +49,12 @@ class CancelScope:
         *,
         requester: str = "",
         at: float | None = None,
+        timed_out: bool = False,
     ) -> None:
         if not self.requested.is_set():
             self.reason = reason or "cancelled"
             self.requester = requester
+            self.timed_out = timed_out
             self.requested_at = time.time() if at is None else at
             self.grace = grace
             self.requested.set()
@@ -96,7 +100,7 @@ async def supervise(
             await running.finish()
             return Stopped(StopMode.COMPLETED, ErrorClass.NONE, waiter.result())
         if asked in done:
-            reason = ErrorClass.CANCELLED
+            reason = ErrorClass.TIMEOUT if scope.timed_out else ErrorClass.CANCELLED
             first = Mark(Phase.CANCEL_REQUESTED, scope.requested_at, _who(scope))
         else:
             reason = ErrorClass.TIMEOUT
@@ -170,7 +174,7 @@ async def _reaped(running: Running, waiter: asyncio.Future[Exit]) -> list[int]:
 
 
 def _who(scope: CancelScope) -> str:
-    by = f" by {scope.requester}" if scope.requester else ""
+    by = f" (requested by {scope.requester})" if scope.requester else ""
     return f"{scope.reason}{by}"
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from execgate.client import DaemonUnavailable, ExecgateClientError
 
-from . import cli_client
+from . import cli_client, cli_sandbox
 from .config import ServeConfig, parse_listener
 from .errors import ConfigError, PolicyError
 from .tools import Limits
@@ -43,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _serve_parser(sub)
     cli_client.add_commands(sub)
+    cli_sandbox.add_doctor(sub)
     return parser
 
 
@@ -111,6 +112,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         action="store_true",
         help="permit TCP listeners on non-loopback addresses (no auth yet!)",
     )
+    cli_sandbox.add_serve_args(p)
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(handler=_serve)
 
@@ -136,6 +138,7 @@ def _serve(args: argparse.Namespace) -> int:
         allow_remote=args.allow_remote,
         locks=args.locks,
         lock_dir=args.lock_dir,
+        sandbox=cli_sandbox.config_from(args),
     )
 
     def ready(addresses: list[str]) -> None:

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ConfigError
+from .sandbox.registry import CHOICES as SANDBOXES
+from .sandbox.registry import SandboxConfig
 from .tools import Limits
 
 DEFAULT_STATE_DIR = Path("var")
@@ -79,6 +81,7 @@ class ServeConfig:
     # Permit a TCP listener on a non-loopback address. Until token/mTLS
     # authentication lands, anyone who can reach such a port can run tools.
     allow_remote: bool = False
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
     def listeners(self) -> tuple[Listener, ...]:
         if self.listen:
@@ -94,6 +97,10 @@ class ServeConfig:
         return Path.home() / ".cache" / "execgate" / "locks" / digest
 
     def check(self) -> None:
+        if self.sandbox.default not in SANDBOXES:
+            raise ConfigError(f"--sandbox must be one of {', '.join(SANDBOXES)}")
+        if self.sandbox.default == "docker" and not self.sandbox.docker_image:
+            raise ConfigError("--sandbox docker needs --docker-image")
         if self.locks not in LOCK_BACKENDS:
             raise ConfigError(f"--locks must be one of {', '.join(LOCK_BACKENDS)}")
         if self.locks == "none" and not self.test_tools:

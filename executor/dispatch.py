@@ -14,33 +14,25 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from . import results
 from .calls import CallRequest, ValidCall
 from .errors import ToolError
 from .events import Batch, Event, EventKind, PlanRow
 from .idempotency import Idempotency, Replay
+from .inflight import Active, CancelOrder, InFlight
 from .journal import CallRecord, DuplicateCall, Journal
 from .locks import Abandoned, LockBackend, WaitInfo
 from .locks import explain as explain_plans
 from .outcomes import ErrorClass, Mark, Outcome, Phase, Status, mark, rejected
 from .paths import Workspace
 from .policy import Policy
+from .sandbox.registry import Sandboxes
 from .tools import CancelScope, Limits, Tool, ToolContext
 from .validate import Validator
 
 log = logging.getLogger("execgate.dispatch")
-
-
-@dataclass(slots=True)
-class _Active:
-    """A call between QUEUED and FINISHED. `started` flips once, when it starts to run."""
-
-    scope: CancelScope
-    # The very batch object it came in (its run and batch ids live there).
-    batch: Batch
-    started: bool = False
 
 
 class Dispatcher:
@@ -53,6 +45,7 @@ class Dispatcher:
         workspace: Workspace,
         limits: Limits,
         locks: LockBackend,
+        sandboxes: Sandboxes,
     ) -> None:
         self.tools = tools
         self.journal = journal
@@ -62,10 +55,12 @@ class Dispatcher:
         self._validator = Validator(tools, workspace, limits)
         self._idempotency = Idempotency(journal)
         self._locks = locks
+        self.sandboxes = sandboxes
         self._root = str(workspace.root)
         # Invariant: every task here is a call that has not yet recorded its outcome.
         self._tasks: set[asyncio.Task[None]] = set()
-        self._active: dict[tuple[str, str], _Active] = {}
+        self._inflight = InFlight(journal)
+        self._active = self._inflight.calls
         # Set by close(): calls that arrive afterwards are REJECTED, never started.
         self._closing = False
         self._id_prefix = secrets.token_hex(6) + "_"
@@ -81,10 +76,21 @@ class Dispatcher:
         agent: str,
         *,
         progress: bool = True,
+        deadline: float | None = None,
     ) -> AsyncGenerator[Event, None]:
-        """Start every call of the batch and yield their events until all have finished."""
-        batch = Batch(run_id, batch_id, agent, progress)
+        """Start every call of the batch and yield their events until all have finished.
+
+        `deadline` (wall clock): calls not started by then are REJECTED (timeout);
+        running ones are stopped by their own timeout, which is cut to it.
+        """
+        batch = Batch(run_id, batch_id, agent, progress, deadline=deadline)
         batch.start_turns(len(calls))
+        timer = None
+        if deadline is not None:
+            timer = asyncio.get_running_loop().call_later(
+                max(deadline - time.time(), 0),
+                lambda: self._inflight.abandon(batch, "run deadline passed", timed_out=True),
+            )
         for req in calls:
             task = asyncio.create_task(self._call(req, batch), name=f"call {req.call_id}")
             self._tasks.add(task)
@@ -96,8 +102,10 @@ class Dispatcher:
                 remaining -= event.kind is EventKind.FINISHED
                 yield event
         finally:
+            if timer is not None:
+                timer.cancel()
             if remaining:  # the caller went away: queued calls must not start
-                self._abandon(batch, "client disconnected")
+                self._inflight.abandon(batch, "client disconnected")
 
     async def explain(self, calls: list[CallRequest], agent: str) -> list[PlanRow]:
         """The lock plan of a batch, computed exactly as Execute would, running nothing."""
@@ -114,34 +122,21 @@ class Dispatcher:
         waits = dict(explain_plans(planned))
         return [replace(r, waits_for=waits.get(r.request.call_id, ())) for r in rows]
 
-    def cancel(
-        self,
-        *,
-        run_id: str,
-        call_id: str = "",
-        batch_id: str = "",
-        reason: str,
-        grace: float | None,
-    ) -> list[str]:
-        """Ask the targeted calls to stop; returns the ids reached. Empty run_id: any run."""
-        hit = []
-        for (run, call), active in list(self._active.items()):
-            if (run_id and run != run_id) or (call_id and call != call_id):
-                continue
-            if batch_id and active.batch.batch_id != batch_id:
-                continue
-            active.scope.cancel(reason, grace)
-            hit.append(call)
-        return hit
+    async def cancel(self, order: CancelOrder) -> list[str]:
+        """Record the request, then ask the targeted calls to stop; returns the ids reached."""
+        return await self._inflight.cancel(order)
 
     async def close(self, reason: str = "daemon shutting down") -> None:
         """Cancel everything in flight (grace, then force) and wait until it is recorded."""
         self._closing = True
-        for active in list(self._active.values()):
-            active.scope.cancel(reason)
+        self._inflight.cancel_all(reason)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self._locks.close()
+
+    def force(self) -> None:
+        """End every grace period now: in-flight calls are killed, and still recorded."""
+        self._inflight.force_all("daemon shutting down (forced)")
 
     def new_id(self, kind: str) -> str:
         """A daemon-assigned call or batch id: unique across restarts, cheap to make."""
@@ -176,21 +171,37 @@ class Dispatcher:
         # Registered before any await: the first proposal of an id owns it, and a
         # disconnect or cancel reaches the call even while it is being validated.
         scope = CancelScope()
-        self._active[key] = _Active(scope, batch)
+        self._active[key] = Active(scope, batch)
         try:
             try:
                 call = await self._validator.validate(req)
                 self.policy.require(call.request.tool)
-                if self._closing:
-                    raise ToolError(
-                        ErrorClass.CANCELLED, "the daemon is shutting down", status=Status.REJECTED
-                    )
+                self._may_start(req, batch)
             except ToolError as err:
                 await self._reject(req, batch, results.from_error(err, (queued,)))
                 return
             await self._admitted(call, batch, scope, queued)
         finally:
             del self._active[key]
+
+    def _may_start(self, req: CallRequest, batch: Batch) -> None:
+        """Raise the REJECTED ToolError of a call that must not start now."""
+        if self._closing:
+            raise ToolError(
+                ErrorClass.CANCELLED, "the daemon is shutting down", status=Status.REJECTED
+            )
+        bar = self._inflight.barred.get(req.run_id)
+        if bar is not None:
+            raise ToolError(
+                ErrorClass.CANCELLED,
+                f"run {req.run_id!r} was cancelled ({bar.reason}); start a new run",
+                field="run_id",
+                status=Status.REJECTED,
+            )
+        if batch.deadline is not None and time.time() >= batch.deadline:
+            raise ToolError(
+                ErrorClass.TIMEOUT, "the run's deadline has passed", status=Status.REJECTED
+            )
 
     async def _in_flight_duplicate(self, req: CallRequest, batch: Batch, queued: Mark) -> None:
         """A client resending a call that still runs joins it if its idempotency key says so."""
@@ -271,19 +282,19 @@ class Dispatcher:
                     self.journal.record_intent_nowait(rec)
                 self._active[(req.run_id, req.call_id)].started = True
                 if scope.requested.is_set():  # cancelled while its intent was written
+                    why = ErrorClass.TIMEOUT if scope.timed_out else ErrorClass.CANCELLED
                     outcome = rejected(
-                        ErrorClass.CANCELLED, f"cancelled before it started: {scope.reason}", ""
+                        why, f"stopped before it started: {scope.reason}", ""
                     ).with_marks(queued, *waited, granted, mark(Phase.CANCEL_REQUESTED))
                     raw = ""
                 else:
                     started = mark(Phase.STARTED)
                     batch.emit(EventKind.STARTED, req)
                     marks = (queued, *waited, granted, started)
-                    outcome, raw = await self._run_tool(call, scope, marks)
+                    outcome, raw = await self._run_tool(call, batch, scope, marks)
         except Abandoned:
-            outcome = rejected(
-                ErrorClass.CANCELLED, f"cancelled before it started: {scope.reason}", ""
-            )
+            why = ErrorClass.TIMEOUT if scope.timed_out else ErrorClass.CANCELLED
+            outcome = rejected(why, f"stopped before it started: {scope.reason}", "")
             outcome = outcome.with_marks(
                 queued, *waited, mark(Phase.CANCEL_REQUESTED, scope.reason)
             )
@@ -302,9 +313,23 @@ class Dispatcher:
         return outcome
 
     async def _run_tool(
-        self, call: ValidCall, scope: CancelScope, marks: tuple[Mark, ...]
+        self, call: ValidCall, batch: Batch, scope: CancelScope, marks: tuple[Mark, ...]
     ) -> tuple[Outcome, str]:
-        ctx = ToolContext(self.workspace, self.limits, call.timeout, scope, call.effects.detail)
+        sandbox, confinement = self.sandboxes.for_tool(call.request.tool)
+        timeout = call.timeout
+        if batch.deadline is not None:
+            timeout = max(min(timeout, batch.deadline - time.time()), 0.0)
+        ctx = ToolContext(
+            self.workspace,
+            self.limits,
+            timeout,
+            scope,
+            call.effects.detail,
+            sandbox=sandbox,
+            confinement=confinement,
+            may_write=call.may_write,
+            marker=secrets.token_hex(8),
+        )
         try:
             out = await call.tool.run(call.args, ctx)
         except ToolError as err:
@@ -362,12 +387,6 @@ class Dispatcher:
         batch.emit(EventKind.FINISHED, req, outcome=outcome, replay_of=original)
 
     # -- helpers -------------------------------------------------------------------------
-
-    def _abandon(self, batch: Batch, reason: str) -> None:
-        """Cancel the calls of this batch (this very object: ids come from clients) not started."""
-        for active in list(self._active.values()):
-            if active.batch is batch and not active.started:
-                active.scope.cancel(reason)
 
     @staticmethod
     def _record(

@@ -52,6 +52,8 @@ class Batch:
     agent: str
     # False: the caller wants FINISHED events only; progress events are not built.
     progress: bool = True
+    # The run's deadline (wall clock), if the request set one.
+    deadline: float | None = None
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     # turns[i] is set once calls 0..i have all asked for their locks (or ended
     # without): call i+1 asks only after that, so the lock queue sees the batch in

@@ -65,6 +65,18 @@ CREATE TABLE IF NOT EXISTS refusals (
     error_class TEXT NOT NULL,
     message     TEXT NOT NULL
 );
+-- Every Cancel request, recorded before anything is signalled. A row without
+-- call_id and batch_id cancels its whole run: no later call of it starts.
+CREATE TABLE IF NOT EXISTS cancels (
+    seq       INTEGER PRIMARY KEY,
+    at        REAL NOT NULL,
+    requester TEXT NOT NULL,
+    reason    TEXT NOT NULL,
+    run_id    TEXT NOT NULL,
+    batch_id  TEXT NOT NULL,
+    call_id   TEXT NOT NULL,
+    grace     REAL
+);
 """
 
 RECORD_COLUMNS = (
@@ -166,6 +178,14 @@ class Journal:
             )
 
         await self._writer.submit(write, durable=False)
+
+    async def write(self, fn: Callable[[sqlite3.Connection], T], *, durable: bool) -> T:
+        """Run `fn` in the writer's transaction (for the journal's other tables)."""
+        return await self._writer.submit(fn, durable=durable)
+
+    def query_now(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run a read on the calling thread (startup only)."""
+        return fn(self._reader())
 
     def recover(self) -> int:
         """Settle calls a previous daemon left running. Returns how many."""

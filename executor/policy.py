@@ -22,7 +22,17 @@ from .errors import PolicyError, ToolError
 from .outcomes import ErrorClass, Status
 
 RULE_KEYS = {"id", "effect", "tools", "reason"}
-FILE_KEYS = {"version", "default", "rules"}
+FILE_KEYS = {"version", "default", "rules", "sandbox"}
+SANDBOX_KEYS = {"tools", "backend", "network", "limits"}
+BACKENDS = ("default", "process", "bwrap", "docker")
+# Policy limit name -> (Confinement field, multiplier).
+LIMIT_KEYS = {
+    "cpu_seconds": ("cpu_seconds", 1),
+    "memory_mb": ("memory_bytes", 1 << 20),
+    "file_size_mb": ("file_size_bytes", 1 << 20),
+    "open_files": ("open_files", 1),
+    "processes": ("processes", 1),
+}
 
 
 class Effect(enum.Enum):
@@ -36,6 +46,21 @@ class Rule:
     effect: Effect
     tools: tuple[str, ...]
     reason: str
+
+    def matches(self, tool: str) -> bool:
+        return any(fnmatch.fnmatchcase(tool, pattern) for pattern in self.tools)
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxRule:
+    """Where a matching tool runs: the first rule whose globs match applies."""
+
+    tools: tuple[str, ...]
+    # "default" (the daemon's --sandbox), "process", "bwrap" or "docker".
+    backend: str = "default"
+    network: bool = False
+    # Confinement field -> value, overriding the daemon's defaults.
+    limits: tuple[tuple[str, int], ...] = ()
 
     def matches(self, tool: str) -> bool:
         return any(fnmatch.fnmatchcase(tool, pattern) for pattern in self.tools)
@@ -56,6 +81,11 @@ class Policy:
     # sha256 of the file's bytes: which policy made a decision.
     revision: str
     source: str
+    sandbox: tuple[SandboxRule, ...] = ()
+
+    def sandbox_for(self, tool: str) -> SandboxRule | None:
+        """The first sandbox rule matching `tool` (None: daemon defaults, no network)."""
+        return next((r for r in self.sandbox if r.matches(tool)), None)
 
     def require(self, tool: str) -> Decision:
         """The decision if it allows the call; else a REJECTED policy_denied ToolError."""
@@ -114,7 +144,11 @@ def _parse(doc: Any, source: str, revision: str) -> Policy:
     ids = [r.id for r in rules]
     if len(set(ids)) != len(ids):
         raise PolicyError("rules: rule ids must be unique", path=source)
-    return Policy(default, rules, revision, source)
+    raw_sandbox = doc.get("sandbox") or []
+    if not isinstance(raw_sandbox, list):
+        raise PolicyError("sandbox: must be a list", path=source)
+    sandbox = tuple(_sandbox_rule(r, i, source) for i, r in enumerate(raw_sandbox))
+    return Policy(default, rules, revision, source, sandbox)
 
 
 def _rule(raw: Any, index: int, source: str) -> Rule:
@@ -129,6 +163,33 @@ def _rule(raw: Any, index: int, source: str) -> Rule:
         raise PolicyError(f"{where}.tools: required, a list of tool names or globs", path=source)
     effect = _effect(raw.get("effect"), f"{where}.effect", source)
     return Rule(raw["id"], effect, tuple(tools), str(raw.get("reason", "")))
+
+
+def _sandbox_rule(raw: Any, index: int, source: str) -> SandboxRule:
+    where = f"sandbox[{index}]"
+    if not isinstance(raw, dict):
+        raise PolicyError(f"{where}: must be a mapping", path=source)
+    _no_unknown(raw, SANDBOX_KEYS, where, source)
+    tools = raw.get("tools")
+    if not isinstance(tools, list) or not tools or not all(isinstance(t, str) for t in tools):
+        raise PolicyError(f"{where}.tools: required, a list of tool names or globs", path=source)
+    backend = raw.get("backend", "default")
+    if backend not in BACKENDS:
+        raise PolicyError(f"{where}.backend: must be one of {', '.join(BACKENDS)}", path=source)
+    network = raw.get("network", False)
+    if not isinstance(network, bool):
+        raise PolicyError(f"{where}.network: must be true or false", path=source)
+    limits = raw.get("limits") or {}
+    if not isinstance(limits, dict):
+        raise PolicyError(f"{where}.limits: must be a mapping", path=source)
+    _no_unknown(limits, set(LIMIT_KEYS), f"{where}.limits", source)
+    parsed = []
+    for name, value in limits.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise PolicyError(f"{where}.limits.{name}: must be a positive integer", path=source)
+        field, unit = LIMIT_KEYS[name]
+        parsed.append((field, value * unit))
+    return SandboxRule(tuple(tools), backend, network, tuple(parsed))
 
 
 def _effect(value: Any, where: str, source: str) -> Effect:

@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -22,12 +23,14 @@ from execgate.v1 import executor_pb2_grpc as pb_grpc
 from . import wire
 from .calls import CallRequest
 from .config import JOURNAL_NAME, Listener, ServeConfig
-from .dispatch import Dispatcher
+from .dispatch import CancelOrder, Dispatcher
 from .errors import ConfigError
 from .journal import Journal
 from .locks import FileLockManager, LockBackend, LockManager, NoLocks
 from .paths import Workspace
 from .policy import default_policy_path, load_policy
+from .sandbox import registry as sandbox_registry
+from .sandbox.registry import daemon_id
 from .tools import builtin_tools
 from .validate import MAX_ID_CHARS
 
@@ -59,7 +62,12 @@ class ExecutorService(pb_grpc.ExecutorServicer):
     ) -> AsyncIterator[pb.ExecuteEvent]:
         run_id, batch_id, calls = await self._batch(request, context)
         events = self.dispatcher.execute(
-            run_id, batch_id, calls, agent="local", progress=not request.outcomes_only
+            run_id,
+            batch_id,
+            calls,
+            agent="local",
+            progress=not request.outcomes_only,
+            deadline=_deadline(request),
         )
         async with contextlib.aclosing(events):
             async for event in events:
@@ -72,7 +80,9 @@ class ExecutorService(pb_grpc.ExecutorServicer):
     ) -> pb.ExecuteResponse:
         run_id, batch_id, calls = await self._batch(request, context)
         finished: list[pb.ExecuteEvent] = [pb.ExecuteEvent()] * len(calls)
-        events = self.dispatcher.execute(run_id, batch_id, calls, agent="local", progress=False)
+        events = self.dispatcher.execute(
+            run_id, batch_id, calls, agent="local", progress=False, deadline=_deadline(request)
+        )
         async with contextlib.aclosing(events):
             async for event in events:
                 finished[event.index] = wire.event(event)
@@ -122,16 +132,23 @@ class ExecutorService(pb_grpc.ExecutorServicer):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "name a run_id, a call_id or a batch_id to cancel"
             )
+        at = time.time()  # the moment of the request, before anything else happens
         grace = request.grace.ToNanoseconds() / 1e9 if request.HasField("grace") else None
+        if grace is not None and grace < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "grace: must not be negative")
         # A call id is unique within its run (default: the implicit run); a batch or a
         # run is a target by itself, so a batch in any run is reached without its run.
         run_id = request.run_id or (DEFAULT_RUN if request.call_id else "")
-        hit = self.dispatcher.cancel(
-            run_id=run_id,
-            call_id=request.call_id,
-            batch_id=request.batch_id,
-            reason=request.reason or "cancelled by client",
-            grace=grace,
+        hit = await self.dispatcher.cancel(
+            CancelOrder(
+                run_id=run_id,
+                call_id=request.call_id,
+                batch_id=request.batch_id,
+                reason=request.reason or "cancelled by client",
+                grace=grace,
+                requester=request.requester or _peer(context),
+                at=at,
+            )
         )
         return pb.CancelResponse(call_ids=hit)
 
@@ -169,6 +186,16 @@ class ExecutorService(pb_grpc.ExecutorServicer):
             calls=[wire.record(r) for r in records],
             next_page_token=str(next_seq) if next_seq else "",
         )
+
+
+def _peer(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    """The caller's address, when it says anything (a Unix socket peer is just "unix:")."""
+    peer = context.peer() or ""
+    return "" if peer.rstrip(":/") in ("", "unix") else peer
+
+
+def _deadline(request: pb.ExecuteRequest) -> float | None:
+    return request.deadline.ToNanoseconds() / 1e9 if request.HasField("deadline") else None
 
 
 def prepare_dirs(config: ServeConfig) -> int:
@@ -217,6 +244,10 @@ def build(config: ServeConfig) -> tuple[Dispatcher, Journal]:
     recovered = journal.recover()
     if recovered:
         log.warning("recovered %d call(s) left running by a previous daemon", recovered)
+    wanted = {r.backend for r in policy.sandbox if r.backend != "default"}
+    sandboxes = sandbox_registry.build(
+        config.sandbox, daemon_id(config.state_dir), wanted, policy.sandbox_for
+    )
     dispatcher = Dispatcher(
         tools=builtin_tools(test_tools=config.test_tools),
         journal=journal,
@@ -224,6 +255,7 @@ def build(config: ServeConfig) -> tuple[Dispatcher, Journal]:
         workspace=Workspace(config.workspace),
         limits=config.limits,
         locks=_lock_backend(config),
+        sandboxes=sandboxes,
     )
     return dispatcher, journal
 
@@ -251,17 +283,21 @@ async def serve(
         addresses = _bind(server, config.listeners())
     finally:
         os.umask(old_umask)
+    stale = await dispatcher.sandboxes.cleanup_stale()
+    if stale:
+        log.warning("removed %d sandbox leftover(s) of a previous daemon", stale)
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
     if on_ready is not None:
         on_ready(addresses)
-    await _until_signalled()
+    await _until_signalled(on_second=dispatcher.force)
     log.info("shutting down: draining in-flight calls")
     await health_servicer.enter_graceful_shutdown()
     stopping = asyncio.create_task(server.stop(grace=config.limits.grace + 5))
     await dispatcher.close()
     await stopping
+    await dispatcher.sandboxes.close()
     journal.close()
     os.close(lock_fd)
 
@@ -307,14 +343,23 @@ def _bind(server: grpc.aio.Server, listeners: tuple[Listener, ...]) -> list[str]
     return addresses
 
 
-async def _until_signalled() -> None:
+async def _until_signalled(on_second: Callable[[], None]) -> None:
+    """Returns on SIGTERM/SIGINT. A second signal forces: in-flight calls are killed
+    now (and still recorded); a third exits at once."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    forced = False
 
     def on_signal(signum: int) -> None:
-        if stop.is_set():
-            log.error("second signal: exiting without draining")
+        nonlocal forced
+        if forced:
+            log.error("third signal: exiting without recording in-flight calls")
             os._exit(1)
+        if stop.is_set():
+            log.warning("second signal: force-terminating in-flight calls")
+            forced = True
+            on_second()
+            return
         log.info("received %s", signal.Signals(signum).name)
         stop.set()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 import time
 import uuid
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from execgate.client import Call, Client, Outcome, Status, StopMode
+from execgate.executor.sandbox import procscan
 from tests.daemon import Daemon
 
 # ---------------------------------------------------------------- fixtures and helpers
@@ -86,13 +88,9 @@ def phases(outcome: Outcome) -> list[str]:
     return [m.phase for m in outcome.timeline]
 
 
-def alive(pid: int) -> bool:
-    """A process that exists and is not a zombie."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return False
-    return fields[0] != "Z"
+def tagged(name: str, value: str) -> list[int]:
+    """Live pids on this host whose environment has name=value."""
+    return procscan.with_marker(name, value)
 
 
 # ---------------------------------------------------------------- read_file
@@ -705,6 +703,9 @@ def test_run_command_env_is_scrubbed(tmp_path: Path, monkeypatch: pytest.MonkeyP
             assert secret not in out.text
             assert "EXECGATE_TEST_SECRET" not in out.text
             env = dict(line.split("=", 1) for line in out.text.splitlines())
+            # The call's marker (how its processes are found), and bwrap's PWD.
+            assert re.fullmatch("[0-9a-f]{16}", env.pop("EXECGATE_CALL"))
+            assert env.pop("PWD", str(d.workspace.resolve())) == str(d.workspace.resolve())
             assert env == {
                 "PATH": "/usr/local/bin:/usr/bin:/bin",
                 "LANG": "C.UTF-8",
@@ -751,7 +752,7 @@ def test_run_command_timeout_cooperative(eg: Client) -> None:
     )
     assert "grace_expired" not in p
     assert "force_terminated" not in p
-    assert out.mark("cancel_requested").detail == "timeout"
+    assert out.mark("cancel_requested").detail == "timeout after 0.5s"
     waited = out.mark("cancel_requested").at - out.mark("started").at
     assert 0.4 <= waited < 5
     assert elapsed < 10
@@ -760,29 +761,35 @@ def test_run_command_timeout_cooperative(eg: Client) -> None:
 
 def test_run_command_timeout_force_terminated(eg: Client, area: Area) -> None:
     started = time.monotonic()
-    script = "trap '' TERM; sleep 30 & echo $$ $! > pids; wait"
+    tag = uuid.uuid4().hex
+    script = "trap '' TERM; sleep 30 & echo started > pids; wait"
     out = check(
         eg,
-        run(eg, "run_command", timeout=0.5, argv=["sh", "-c", script], cwd=area.rel),
+        run(
+            eg,
+            "run_command",
+            timeout=0.5,
+            argv=["sh", "-c", script],
+            cwd=area.rel,
+            env={"EG_TEST_TAG": tag},
+        ),
         Status.UNKNOWN_OUTCOME,
         "timeout",
     )
     elapsed = time.monotonic() - started
     assert out.stopped_how is StopMode.FORCE_TERMINATED
     assert out.evidence.signal == 9
+    assert out.evidence.survivors == 0
     p = phases(out)
     order = ["cancel_requested", "signal_sent", "grace_expired", "force_terminated", "stopped"]
     assert [x for x in p if x in order] == order
     grace = out.mark("grace_expired").at - out.mark("signal_sent").at
     assert 1.8 <= grace < 5  # the daemon's default grace is 2 s
     assert elapsed < 15
-    # Nothing the command started is left running: the shell and its sleep are gone.
-    pids = [int(x) for x in (area.path / "pids").read_text().split()]
-    assert len(pids) == 2
-    deadline = time.monotonic() + 5
-    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(alive(pid) for pid in pids)
+    # Nothing the command started is left running: the shell and its sleep are gone
+    # (found by their environment: pids inside a sandbox's namespace are not ours).
+    assert (area.path / "pids").read_text() == "started\n"
+    assert tagged("EG_TEST_TAG", tag) == []
 
 
 # ---------------------------------------------------------------- all statuses, journaled

@@ -13,7 +13,7 @@ from .base import (
     Sandbox,
     SandboxError,
 )
-from .process import ProgramNotFound
+from .process import ProgramNotExecutable, ProgramNotFound
 
 __all__ = [
     "MARKER_ENV",
@@ -22,6 +22,7 @@ __all__ = [
     "Exit",
     "Launch",
     "Probe",
+    "ProgramNotExecutable",
     "ProgramNotFound",
     "Running",
     "Sandbox",

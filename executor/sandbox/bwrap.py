@@ -23,7 +23,7 @@ import subprocess
 from pathlib import Path
 
 from . import procscan
-from .base import MARKER_ENV, Launch, Probe
+from .base import MARKER_ENV, Exit, Launch, Probe
 from .cgroup import CgroupRoot
 from .process import HostRunning, ProcessSandbox, find_program
 from .spawn import Pipes, cgroup_prefix, rlimit_prefix, spawn
@@ -84,6 +84,14 @@ def bwrap_argv(launch: Launch, extra_ro: tuple[Path, ...] = ()) -> list[str]:
 class BwrapRunning(HostRunning):
     _ns_init: int | None = None
     _ns: str | None = None
+
+    async def wait(self) -> Exit:
+        # bwrap reports a command killed by signal N as exit status 128 + N (the
+        # shell's convention; a command that itself exits 129..192 reads the same).
+        ended = await super().wait()
+        if ended.code is not None and 128 < ended.code <= 128 + 64:
+            return Exit(None, ended.code - 128, ended.oom_killed)
+        return ended
 
     async def _namespace(self) -> tuple[int, str] | None:
         """The namespace's init (bwrap's child) and its namespace id, once they exist."""

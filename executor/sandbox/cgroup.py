@@ -219,3 +219,10 @@ def _write(path: Path, text: str) -> bool:
     except OSError as exc:
         log.debug("cannot write %s: %s", path, exc)
         return False
+
+
+def remove_root(root: CgroupRoot) -> None:
+    """rmdir the daemon's own directories (at shutdown; leaves must be gone)."""
+    for h in root.hierarchies:
+        with contextlib.suppress(OSError):
+            h.base.rmdir()

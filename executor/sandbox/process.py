@@ -30,17 +30,25 @@ class ProgramNotFound(SandboxError):
     pass
 
 
-def find_program(name: str, launch: Launch) -> str:
-    """The program `name` as the call will exec it; ProgramNotFound if it is not there."""
-    if "/" in name:
-        path = launch.cwd / name
-        if os.access(path, os.X_OK) and path.is_file():
-            return name
+class ProgramNotExecutable(SandboxError):
+    pass
+
+
+def find_program(name: str, launch: Launch) -> None:
+    """Check the program exists and may be executed, before any sandbox is built.
+
+    Looked up on the host, with the call's PATH: the sandboxes show the host's
+    system directories and the workspace at the same paths.
+    """
+    if "/" not in name:
+        if shutil.which(name, path=launch.env.get("PATH", os.defpath)) is None:
+            raise ProgramNotFound(f"program not found: {name}")
+        return
+    path = launch.cwd / name
+    if not path.exists():
         raise ProgramNotFound(f"program not found: {name}")
-    found = shutil.which(name, path=launch.env.get("PATH", os.defpath))
-    if found is None:
-        raise ProgramNotFound(f"program not found: {name}")
-    return name
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise ProgramNotExecutable(f"cannot execute {name}")
 
 
 class HostRunning:

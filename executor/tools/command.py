@@ -15,7 +15,7 @@ from typing import Any
 from ..cancel import Stopped, supervise
 from ..errors import ToolError
 from ..outcomes import ErrorClass, Evidence, StopMode
-from ..sandbox import Captured, Launch, ProgramNotFound, SandboxError
+from ..sandbox import Captured, Launch, ProgramNotExecutable, ProgramNotFound, SandboxError
 from .base import Mode, ResourceKind, ResourceTemplate, ToolContext, ToolOutput, ToolSpec, schema
 
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
@@ -100,6 +100,8 @@ async def run_sandboxed(launch: Launch, ctx: ToolContext) -> ToolOutput:
         running = await ctx.sandbox.start(launch)
     except ProgramNotFound as exc:
         raise ToolError(ErrorClass.NOT_FOUND, str(exc), field="arguments.argv[0]") from exc
+    except ProgramNotExecutable as exc:
+        raise ToolError(ErrorClass.PERMISSION_DENIED, str(exc), field="arguments.argv[0]") from exc
     except SandboxError as exc:
         raise ToolError(ErrorClass.SANDBOX_ERROR, f"{ctx.sandbox.name}: {exc}") from exc
     try:
@@ -142,7 +144,6 @@ def _output(stopped: Stopped, out: Captured, err: Captured, where: str) -> ToolO
             "signal": ended.signal,
             "stdout_bytes": out.total,
             "stderr_bytes": err.total,
-            "sandbox": where,
         },
         evidence=Evidence(
             exit_code=ended.code,

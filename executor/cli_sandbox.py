@@ -1,0 +1,72 @@
+"""The sandbox part of the command line: `serve` flags and `execgate doctor`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .sandbox.registry import CHOICES, SandboxConfig, daemon_id, probe_all
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--sandbox",
+        default="auto",
+        choices=CHOICES,
+        help="default sandbox for process-based tools (auto: bwrap if it works here, "
+        "else process); policy may choose per tool",
+    )
+    p.add_argument(
+        "--sandbox-ro",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="PATH",
+        help="extra host path bwrap binds read-only (for example an interpreter "
+        "outside /usr); repeatable",
+    )
+    p.add_argument("--docker-image", default="", help="image for the docker sandbox")
+    p.add_argument(
+        "--docker-mode",
+        default="per-call",
+        choices=["per-call", "warm"],
+        help="docker: a container per call, or one warm container per run",
+    )
+    p.add_argument(
+        "--no-cgroups",
+        action="store_true",
+        help="do not create per-call cgroups (limits by rlimit only, kill by sweep)",
+    )
+
+
+def config_from(args: argparse.Namespace) -> SandboxConfig:
+    return SandboxConfig(
+        default=args.sandbox,
+        ro_paths=tuple(p.absolute() for p in args.sandbox_ro),
+        docker_image=args.docker_image,
+        docker_mode=args.docker_mode,
+        cgroups=not args.no_cgroups,
+    )
+
+
+def add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("doctor", help="which sandbox backends work on this machine")
+    add_serve_args(p)
+    p.add_argument("--state-dir", type=Path, default=Path("var"), help=argparse.SUPPRESS)
+    p.set_defaults(handler=_doctor)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    config = config_from(args)
+    probes, default = probe_all(config, "doctor-" + daemon_id(args.state_dir))
+    width = max(len(p.name) for p in probes)
+    for probe in probes:
+        state = "works " if probe.ok else "absent"
+        print(f"{probe.name:<{width}}  {state}  {probe.detail}")
+    chosen = next(p for p in probes if p.name == default)
+    print(f"default: {default}" + ("" if chosen.ok else " (does NOT work here)"))
+    if not chosen.ok:
+        print(f"execgate: the default sandbox {default} does not work here", file=sys.stderr)
+        return 1
+    return 0

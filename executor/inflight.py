@@ -1,0 +1,114 @@
+"""The calls in flight and how a Cancel reaches them.
+
+Every call is registered here from the moment it is proposed until its outcome is
+recorded. A Cancel is journaled first ("cancel requested": time, requester,
+reason, target), then every targeted call's cancel scope is set: a queued call
+never starts (REJECTED, cancelled), a running one goes down the ladder in
+`executor.cancel`. Cancelling a whole run also bars the run: no call of it starts
+afterwards, across daemon restarts (the journal keeps the bar).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+
+from .cancel import CancelScope
+from .events import Batch
+from .journal import Journal
+
+
+@dataclass(slots=True)
+class Active:
+    """A call between QUEUED and FINISHED. `started` flips once, when it starts to run."""
+
+    scope: CancelScope
+    # The very batch object it came in (its run and batch ids live there).
+    batch: Batch
+    started: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelOrder:
+    """One Cancel request. Empty run_id with a batch: that batch in any run."""
+
+    run_id: str
+    call_id: str = ""
+    batch_id: str = ""
+    reason: str
+    grace: float | None = None
+    requester: str = ""
+    at: float
+
+    @property
+    def whole_run(self) -> bool:
+        return bool(self.run_id) and not self.call_id and not self.batch_id
+
+
+@dataclass(frozen=True, slots=True)
+class RunBar:
+    at: float
+    reason: str
+    requester: str
+
+
+class InFlight:
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.calls: dict[tuple[str, str], Active] = {}
+        self.barred: dict[str, RunBar] = journal.query_now(_barred_runs)
+
+    async def cancel(self, order: CancelOrder) -> list[str]:
+        """Record the request, then reach every targeted call; returns their ids."""
+        await self.journal.write(lambda c: _insert_cancel(c, order), durable=True)
+        if order.whole_run:
+            self.barred.setdefault(order.run_id, RunBar(order.at, order.reason, order.requester))
+        hit = []
+        for (run, call), active in list(self.calls.items()):
+            if (order.run_id and run != order.run_id) or (order.call_id and call != order.call_id):
+                continue
+            if order.batch_id and active.batch.batch_id != order.batch_id:
+                continue
+            active.scope.cancel(
+                order.reason, order.grace, requester=order.requester, at=order.at
+            )
+            hit.append(call)
+        return hit
+
+    def cancel_all(self, reason: str) -> None:
+        for active in list(self.calls.values()):
+            active.scope.cancel(reason)
+
+    def force_all(self, reason: str) -> None:
+        for active in list(self.calls.values()):
+            active.scope.force(reason)
+
+    def abandon(self, batch: Batch, reason: str, *, timed_out: bool = False) -> None:
+        """Stop the calls of this batch (this very object: ids come from clients) not started."""
+        for active in list(self.calls.values()):
+            if active.batch is batch and not active.started:
+                active.scope.cancel(reason, timed_out=timed_out)
+
+
+def _insert_cancel(conn: sqlite3.Connection, order: CancelOrder) -> None:
+    conn.execute(
+        "INSERT INTO cancels (at, requester, reason, run_id, batch_id, call_id, grace) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (
+            order.at,
+            order.requester,
+            order.reason,
+            order.run_id,
+            order.batch_id,
+            order.call_id,
+            order.grace,
+        ),
+    )
+
+
+def _barred_runs(conn: sqlite3.Connection) -> dict[str, RunBar]:
+    rows = conn.execute(
+        "SELECT run_id, MIN(at), reason, requester FROM cancels "
+        "WHERE run_id != '' AND call_id = '' AND batch_id = '' GROUP BY run_id"
+    ).fetchall()
+    return {run: RunBar(at, reason, requester) for run, at, reason, requester in rows}

@@ -1,0 +1,142 @@
+"""Which sandbox each call runs in, with which limits: the daemon's backends plus policy.
+
+Built once at startup. The default backend is `--sandbox` (`auto`: bwrap where it
+works, else process); a policy `sandbox:` rule may send a tool elsewhere, open
+its network, or change its limits. A backend that the configuration or the policy
+asks for but that does not work on this machine stops the daemon at startup with
+the reason -- never a silent fall back to something weaker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..policy import SandboxRule
+from .base import Confinement, Probe, Sandbox
+from .bwrap import BwrapSandbox
+from .cgroup import CgroupRoot, remove_root
+from .process import ProcessSandbox
+
+log = logging.getLogger("execgate.sandbox")
+
+CHOICES = ("auto", "process", "bwrap", "docker")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SandboxConfig:
+    # "auto" (bwrap if it works here, else process), "process", "bwrap" or "docker".
+    default: str = "auto"
+    confinement: Confinement = Confinement()
+    # Extra host paths bwrap binds read-only (an interpreter outside /usr, say).
+    ro_paths: tuple[Path, ...] = ()
+    docker_image: str = ""
+    docker_mode: str = "per-call"
+    # Per-call cgroup leaves where the daemon may create them.
+    cgroups: bool = True
+
+
+def daemon_id(state_dir: Path) -> str:
+    """Stable per state dir: a restarted daemon recognises what its predecessor left."""
+    return hashlib.sha256(os.path.realpath(state_dir).encode()).hexdigest()[:12]
+
+
+class Sandboxes:
+    """The backends this daemon runs calls in, and which one each tool gets."""
+
+    def __init__(
+        self,
+        backends: dict[str, Sandbox],
+        default: str,
+        rule_for: Callable[[str], SandboxRule | None],
+        base: Confinement,
+        cgroups: CgroupRoot | None = None,
+    ) -> None:
+        self.backends = backends
+        self.default = default
+        self._rule_for = rule_for
+        self._base = base
+        self._cgroups = cgroups
+        self._cache: dict[str, tuple[Sandbox, Confinement]] = {}
+
+    def for_tool(self, tool: str) -> tuple[Sandbox, Confinement]:
+        found = self._cache.get(tool)
+        if found is None:
+            rule = self._rule_for(tool)
+            if rule is None:
+                found = (self.backends[self.default], self._base)
+            else:
+                name = self.default if rule.backend == "default" else rule.backend
+                conf = replace(self._base, network=rule.network, **dict(rule.limits))
+                found = (self.backends[name], conf)
+            self._cache[tool] = found
+        return found
+
+    async def cleanup_stale(self) -> int:
+        return sum([await b.cleanup_stale() for b in self.backends.values()])
+
+    async def close(self) -> None:
+        for backend in self.backends.values():
+            await backend.close()
+        if self._cgroups is not None:
+            remove_root(self._cgroups)
+
+
+def build(
+    config: SandboxConfig,
+    ident: str,
+    wanted_by_policy: set[str],
+    rule_for: Callable[[str], SandboxRule | None],
+) -> Sandboxes:
+    cgroups = CgroupRoot(ident) if config.cgroups else None
+    if cgroups is not None and not cgroups.available:
+        cgroups = None
+    default = _default(config, cgroups)
+    backends: dict[str, Sandbox] = {}
+    for name in sorted({default, *wanted_by_policy}):
+        backend = _make(name, config, ident, cgroups)
+        probe = backend.probe()
+        if not probe.ok:
+            who = "--sandbox" if name == default else "the policy"
+            raise ConfigError(
+                f"{who} asks for the {name} sandbox, which does not work here: {probe.detail}"
+            )
+        backends[name] = backend
+        log.info("sandbox %s: %s", name, probe.detail)
+    log.info("default sandbox: %s", default)
+    return Sandboxes(backends, default, rule_for, config.confinement, cgroups)
+
+
+def probe_all(config: SandboxConfig, ident: str) -> tuple[list[Probe], str]:
+    """Every backend's probe and the default `auto` picks here (for `execgate doctor`)."""
+    cgroups = CgroupRoot(ident) if config.cgroups else None
+    try:
+        probes = [_make(n, config, ident, cgroups).probe() for n in BACKENDS]
+        return probes, _default(config, cgroups)
+    finally:
+        if cgroups is not None:
+            remove_root(cgroups)
+
+
+BACKENDS = ("process", "bwrap", "docker")
+
+
+def _make(name: str, config: SandboxConfig, ident: str, cgroups: CgroupRoot | None) -> Sandbox:
+    if name == "process":
+        return ProcessSandbox(cgroups)
+    if name == "bwrap":
+        return BwrapSandbox(cgroups, config.ro_paths)
+    from .docker import DockerSandbox  # the docker SDK is imported only when asked for
+
+    return DockerSandbox(config.docker_image, daemon_id=ident, mode=config.docker_mode)
+
+
+def _default(config: SandboxConfig, cgroups: CgroupRoot | None) -> str:
+    if config.default != "auto":
+        return config.default
+    return "bwrap" if BwrapSandbox(cgroups, config.ro_paths).probe().ok else "process"
