@@ -54,9 +54,10 @@ class Client:
         run_id: str | None = None,
         batch_id: str = "",
         progress: bool = True,
+        deadline: float | None = None,
     ) -> Iterator[Event]:
         """Every event of the batch as it happens: queued, started, finished."""
-        request = wire.execute_request(calls, self._run(run_id), batch_id, not progress)
+        request = wire.execute_request(calls, self._run(run_id), batch_id, not progress, deadline)
         try:
             for msg in self._stub.Execute(request):
                 yield wire.event(msg)
@@ -64,10 +65,19 @@ class Client:
             raise wire.translate(exc, self.address) from exc
 
     def execute(
-        self, calls: Iterable[Call], *, run_id: str | None = None, batch_id: str = ""
+        self,
+        calls: Iterable[Call],
+        *,
+        run_id: str | None = None,
+        batch_id: str = "",
+        deadline: float | None = None,
     ) -> list[Outcome]:
-        """Run a batch (one model turn); the outcomes in the order the calls were given."""
-        request = wire.execute_request(calls, self._run(run_id), batch_id, True)
+        """Run a batch (one model turn); the outcomes in the order the calls were given.
+
+        `deadline` (time.time() seconds): calls still running then are stopped
+        (timeout); calls not started by then are REJECTED (timeout).
+        """
+        request = wire.execute_request(calls, self._run(run_id), batch_id, True, deadline)
         try:
             response = self._stub.ExecuteBatch(request)
         except grpc.RpcError as exc:
@@ -133,12 +143,18 @@ class Client:
         run_id: str | None = None,
         reason: str = "",
         grace: float | None = None,
+        requester: str = "",
     ) -> list[str]:
-        request = pb.CancelRequest(
-            run_id=self._run(run_id), call_id=call_id, batch_id=batch_id, reason=reason
+        """Stop calls: one (call_id), a batch, or a whole run (run_id alone; no later
+        call of that run starts). Returns the ids of the calls reached."""
+        request = wire.cancel_request(
+            run_id=self._run(run_id),
+            call_id=call_id,
+            batch_id=batch_id,
+            reason=reason,
+            grace=grace,
+            requester=requester,
         )
-        if grace is not None:
-            request.grace.CopyFrom(wire.duration(grace))
         try:
             return list(self._stub.Cancel(request).call_ids)
         except grpc.RpcError as exc:

@@ -130,14 +130,38 @@ def outcomes(response: pb.ExecuteResponse) -> list[Outcome]:
 
 
 def execute_request(
-    calls: Iterable[Call], run_id: str, batch_id: str, outcomes_only: bool
+    calls: Iterable[Call],
+    run_id: str,
+    batch_id: str,
+    outcomes_only: bool,
+    deadline: float | None = None,
 ) -> pb.ExecuteRequest:
-    return pb.ExecuteRequest(
+    request = pb.ExecuteRequest(
         run_id=run_id,
         batch_id=batch_id,
         outcomes_only=outcomes_only,
         calls=[tool_call(c) for c in calls],
     )
+    if deadline is not None:
+        request.deadline.FromNanoseconds(int(deadline * 1e9))
+    return request
+
+
+def cancel_request(
+    *,
+    run_id: str,
+    call_id: str,
+    batch_id: str,
+    reason: str,
+    grace: float | None,
+    requester: str,
+) -> pb.CancelRequest:
+    request = pb.CancelRequest(
+        run_id=run_id, call_id=call_id, batch_id=batch_id, reason=reason, requester=requester
+    )
+    if grace is not None:
+        request.grace.CopyFrom(duration(grace))
+    return request
 
 
 def tool_call(call: Call) -> pb.ToolCall:

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import datetime
 import enum
+import getpass
 import json
 import sys
 from pathlib import Path
@@ -227,6 +228,7 @@ def _cancel(args: argparse.Namespace) -> int:
             batch_id=args.batch,
             reason=args.reason,
             grace=args.grace,
+            requester=f"cli user {getpass.getuser()}",
         )
     if args.json:
         _print_json({"cancelled": hit})

@@ -55,6 +55,13 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_sigkill_with_a_writer_in_flight(
     daemon: Daemon, client: Client, orphans: list[psutil.Process]
 ) -> None:
@@ -83,11 +90,11 @@ def test_sigkill_with_a_writer_in_flight(
     stream.join()
     assert stream.error is not None  # the stream broke; it never got an outcome
     assert not stream.seen(EventKind.FINISHED, "slow")
-    # Today nothing kills a command whose daemon was SIGKILLed: it keeps running,
-    # reparented to init. Not asserted (a fix would be welcome); the `orphans`
-    # fixture kills it.
-
     daemon.restart()
+    # The command did not outlive its daemon for long: bwrap's --die-with-parent
+    # kills the sandbox with the daemon, and a restarted daemon kills whatever is
+    # left in its predecessor's cgroups (the process backend).
+    wait_until(lambda: not any(_alive(p) for p in sleeper), "the orphaned command to die")
     rec = client.get_call("slow")
     assert not rec.running
     assert rec.may_write

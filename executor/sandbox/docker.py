@@ -548,11 +548,13 @@ class _Stdio:
 
 def close_socket(sio: Any) -> None:
     """Close a hijacked connection: the SocketIO, its socket and the HTTP response."""
-    sio.close()
-    getattr(sio, "_sock", sio).close()
+    raw = getattr(sio, "_sock", None)
     response = getattr(sio, "_response", None)
     if response is not None:
         response.close()
+    sio.close()
+    if raw is not None:
+        raw.close()
 
 
 def container_user(workspace: Path) -> str:
@@ -587,7 +589,7 @@ def oom_kills(pid: int) -> int:
         lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
     except OSError:
         return 0
-    files = []
+    files: list[Path] = []
     for line in lines:
         _, controllers, path = line.split(":", 2)
         if "memory" in controllers.split(","):  # v1 (and the v1 half of a hybrid host)
