@@ -1,0 +1,209 @@
+"""Warm mode of the `docker` backend: a run's calls as execs in one long-lived container.
+
+The container is made on the run's first call, like a per-call one but running a
+command that only waits, and is shared by every call of the same run, workspace,
+user, write mode and limits. An exec saves the container start (about 0.25 s
+here), but has no namespace of its own: a call's processes are the container's
+processes that carry its marker (MARKER_ENV), read from /proc -- which needs the
+daemon to run as root in dockerd's PID namespace (`DockerSandbox.probe` checks
+the first). SIGTERM goes to every marked process; force SIGKILLs them and
+discards the container, which also ends anything that cleared its environment;
+the run's next call gets a new one. A container idle for WARM_IDLE_SECONDS is
+removed when the next call comes; `DockerSandbox.close` removes the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import procscan
+from .base import MARKER_ENV, Captured, Exit, Launch
+from .dockerd import ContainerGone, Dockerd, Stdio, container_user, exit_of
+
+# The warm container's command: wait, and exit at once on SIGTERM. Needs sh in the image.
+WAITER = ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"]
+# The API has no blocking wait for an exec: poll it, less often as the call goes on.
+EXEC_POLL_FIRST, EXEC_POLL_MAX = 0.005, 0.1
+WARM_IDLE_SECONDS = 600.0
+
+
+@dataclass(eq=False)
+class Warm:
+    cid: str
+    # The container's init as a host pid: where its memory cgroup is found.
+    pid: int
+    # Calls started in it and not yet released.
+    users: int = 0
+    # Never handed to a new call; removed when its last call is released.
+    doomed: bool = False
+    removed: bool = False
+    idle_since: float = field(default_factory=time.monotonic)
+
+
+class WarmPool:
+    """The warm containers, one per (run, workspace, user, write mode, limits).
+
+    Invariant: a container in `_by_key` is not doomed; a doomed one is removed
+    as soon as no call is in it.
+    """
+
+    def __init__(self, dockerd: Dockerd) -> None:
+        self.dockerd = dockerd
+        self._by_key: dict[tuple[object, ...], Warm] = {}
+        self._lock = asyncio.Lock()
+
+    async def start(self, launch: Launch) -> ExecRunning:
+        warm = await self._enter(launch)
+        try:
+            exec_id, sio = await asyncio.to_thread(self.dockerd.start_exec, warm.cid, launch)
+        except BaseException:
+            await self.leave(warm)
+            raise
+        stdio = Stdio(sio, launch.stdin, launch.output_cap)
+        return ExecRunning(self, warm, exec_id, stdio, launch.marker)
+
+    async def _enter(self, launch: Launch) -> Warm:
+        user = container_user(launch.workspace)
+        key = (launch.run_id, launch.workspace, user, launch.writable, launch.confinement)
+        async with self._lock:
+            await self._expire()
+            warm = self._by_key.get(key)
+            # Its init may be gone (the OOM killer picks the biggest process, not the call's).
+            if warm is not None and not await asyncio.to_thread(self.dockerd.running, warm.cid):
+                await self._retire(warm, warm.users)
+                warm = None
+            if warm is None:
+                cid, pid = await asyncio.to_thread(self.dockerd.start_waiting, launch, WAITER)
+                warm = self._by_key[key] = Warm(cid, pid)
+            warm.users += 1
+            return warm
+
+    async def _expire(self) -> None:
+        idle = time.monotonic() - WARM_IDLE_SECONDS
+        for warm in list(self._by_key.values()):
+            if warm.users == 0 and warm.idle_since < idle:
+                await self._retire(warm, 0)
+
+    async def discard(self, warm: Warm) -> str:
+        """Retire `warm` after force-terminating one of its calls: removed now if that
+        call is its only one, else once the others end (they are not killed with it)."""
+        others = warm.users - 1
+        if await self._retire(warm, others):
+            return f"warm container {warm.cid[:12]} removed (the run's next call gets a new one)"
+        return f"warm container {warm.cid[:12]} retired ({others} other call(s) still in it)"
+
+    async def _retire(self, warm: Warm, users: int) -> bool:
+        """Never hand `warm` to a new call; remove it now if `users` is 0. True if removed."""
+        warm.doomed = True
+        self._by_key = {k: w for k, w in self._by_key.items() if w is not warm}
+        if users > 0:
+            return False
+        await self._remove(warm)
+        return True
+
+    async def leave(self, warm: Warm) -> None:
+        warm.users -= 1
+        warm.idle_since = time.monotonic()
+        if warm.doomed and warm.users == 0:
+            await self._remove(warm)
+
+    async def _remove(self, warm: Warm) -> None:
+        if not warm.removed:
+            warm.removed = True
+            await asyncio.to_thread(self.dockerd.remove, warm.cid)
+
+    def forget(self) -> None:
+        """Daemon shutdown: `DockerSandbox.close` removes every labelled container."""
+        self._by_key.clear()
+
+
+class ExecRunning:
+    """A call running as an exec in its run's warm container."""
+
+    def __init__(self, pool: WarmPool, warm: Warm, exec_id: str, stdio: Stdio, marker: str):
+        self.pool = pool
+        self.warm = warm
+        self.exec_id = exec_id
+        self.stdio = stdio
+        self.marker = marker
+        self.description = f"exec {exec_id[:12]} in warm container {warm.cid[:12]}"
+        # dockerd reports OOMKilled only for a stopped container: count the cgroup's kills.
+        self._ooms = oom_kills(warm.pid)
+        self._signalled = False
+        self._released = False
+
+    async def wait(self) -> Exit:
+        delay = EXEC_POLL_FIRST
+        while True:
+            try:
+                code = await asyncio.to_thread(self.pool.dockerd.exec_status, self.exec_id)
+            except ContainerGone:  # discarded by `kill`
+                return Exit(None, signal.SIGKILL)
+            if code is not None:
+                return exit_of(code, oom_kills(self.warm.pid) > self._ooms, self._signalled)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, EXEC_POLL_MAX)
+
+    async def finish(self) -> None:
+        """The command exited, but the container lives on: end what it left running."""
+        await asyncio.to_thread(signal_marked, self.marker, signal.SIGKILL)
+
+    def terminate(self) -> str:
+        # A /proc scan (about 1 ms per 100 processes), as the bwrap backend's terminate.
+        self._signalled = True
+        count = signal_marked(self.marker, signal.SIGTERM)
+        return f"SIGTERM to the {count} process(es) of exec {self.exec_id[:12]}"
+
+    async def kill(self) -> str:
+        self._signalled = True
+        count = await asyncio.to_thread(signal_marked, self.marker, signal.SIGKILL)
+        return f"SIGKILL to {count} marked process(es); " + await self.pool.discard(self.warm)
+
+    async def survivors(self) -> list[int]:
+        return await asyncio.to_thread(procscan.with_marker, MARKER_ENV, self.marker)
+
+    async def output(self) -> tuple[Captured, Captured]:
+        return await self.stdio.result()
+
+    async def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.stdio.close()
+            await self.pool.leave(self.warm)
+
+
+def signal_marked(marker: str, sig: int) -> int:
+    """Send `sig` to every live process carrying the call's marker; returns how many."""
+    pids = procscan.with_marker(MARKER_ENV, marker)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+    return len(pids)
+
+
+def oom_kills(pid: int) -> int:
+    """OOM kills so far in the memory cgroup of host process `pid` (0 if unreadable)."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return 0
+    files: list[Path] = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):  # v1 (or the v1 half of a hybrid host)
+            files.insert(0, Path(f"/sys/fs/cgroup/memory{path}/memory.oom_control"))
+        elif controllers == "":
+            files.append(Path(f"/sys/fs/cgroup{path}/memory.events"))
+    for file in files:
+        with contextlib.suppress(OSError, ValueError):
+            for entry in file.read_text().splitlines():
+                key, _, value = entry.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    return 0

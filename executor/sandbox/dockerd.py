@@ -1,0 +1,351 @@
+"""The edge to dockerd for the `docker` backend: every docker SDK call is made here.
+
+`Dockerd` holds one SDK client, made on first use, and translates the SDK's
+errors into SandboxError once; it knows what a hardened container looks like
+(see docker.py). `Stdio` reads a call's output from the hijacked attach or exec
+connection.
+
+Every SDK call blocks. Short ones run in the default executor (`asyncio.to_thread`);
+those that last as long as a call (its exit status, its output stream) get threads
+of their own (`in_thread`), so that long calls can never make a kill queue behind
+them in a shared pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import socket
+import struct
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import docker  # type: ignore[import-untyped]
+from docker.errors import APIError, DockerException, ImageNotFound  # type: ignore[import-untyped]
+from docker.types import LogConfig, Ulimit  # type: ignore[import-untyped]
+
+from .base import MARKER_ENV, Captured, Exit, Launch, SandboxError
+
+T = TypeVar("T")
+
+NOBODY = "65534:65534"
+TMPFS = {"/tmp": "rw,nosuid,nodev,size=64m,mode=1777"}
+LABEL_DAEMON, LABEL_RUN, LABEL_CALL = "execgate.daemon", "execgate.run", "execgate.call"
+# After the call stops, read what output is there, then stop waiting (as process.py does).
+OUTPUT_SETTLE_SECONDS = 1.0
+
+
+class ContainerGone(SandboxError):
+    """The container (or exec) is no longer known to dockerd."""
+
+
+class Dockerd:
+    """This daemon's connection to dockerd, and the containers it makes. Blocking."""
+
+    def __init__(self, image: str, daemon_id: str) -> None:
+        self.image = image
+        self.daemon_id = daemon_id
+        # Made on first use (it asks dockerd for its API version): building the
+        # backend, as `execgate doctor` does for every backend, never touches dockerd.
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def api(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                try:
+                    self._client = docker.from_env()
+                except DockerException as exc:
+                    raise SandboxError(f"dockerd not reachable: {exc}") from exc
+            return self._client.api
+
+    @contextlib.contextmanager
+    def errors(self) -> Iterator[None]:
+        """The SDK's and dockerd's errors as SandboxError, naming the image or the daemon."""
+        try:
+            yield
+        except ImageNotFound as exc:
+            raise SandboxError(f"image {self.image} not found: build or pull it first") from exc
+        except APIError as exc:
+            if exc.status_code == 404:
+                raise ContainerGone(f"gone from dockerd: {exc.explanation}") from exc
+            raise SandboxError(f"dockerd refused ({self.image}): {exc.explanation}") from exc
+        except (DockerException, OSError) as exc:  # requests' connection errors are OSErrors
+            raise SandboxError(f"dockerd not reachable: {exc}") from exc
+
+    def check(self) -> str:
+        """What `execgate doctor` says when dockerd and the image are there."""
+        with self.errors():
+            version = self.api().version()["Version"]
+        try:
+            with self.errors():
+                self.api().inspect_image(self.image)
+        except SandboxError as exc:
+            raise SandboxError(f"dockerd {version}, but {exc}") from exc
+        return f"dockerd {version}, image {self.image} present"
+
+    def start_attached(self, launch: Launch) -> tuple[str, Any]:
+        """Create a call's own container, attach to its stdio before it starts, start it."""
+        with self.errors():
+            cid = self.create(launch, list(launch.argv), call=True)
+            try:
+                params = {"stdout": 1, "stderr": 1, "stream": 1}
+                if launch.stdin is not None:
+                    params["stdin"] = 1
+                sio = self.api().attach_socket(cid, params=params)
+                try:
+                    self.api().start(cid)
+                except BaseException:
+                    close_socket(sio)
+                    raise
+            except BaseException:
+                self.remove(cid)
+                raise
+            return cid, sio
+
+    def start_waiting(self, launch: Launch, command: list[str]) -> tuple[str, int]:
+        """Create and start a warm container for `launch`'s run; its id and init's host pid."""
+        with self.errors():
+            cid = self.create(launch, command, call=False)
+            try:
+                self.api().start(cid)
+                return cid, int(self.api().inspect_container(cid)["State"]["Pid"])
+            except BaseException:
+                self.remove(cid)
+                raise
+
+    def start_exec(self, cid: str, launch: Launch) -> tuple[str, Any]:
+        """Start `launch` as an exec in container `cid`; its id and stdio connection."""
+        with self.errors():
+            exec_id = self.api().exec_create(
+                cid,
+                list(launch.argv),
+                stdin=launch.stdin is not None,
+                environment={**launch.env, MARKER_ENV: launch.marker},
+                workdir=str(launch.cwd),
+                user=container_user(launch.workspace),
+            )["Id"]
+            return str(exec_id), self.api().exec_start(exec_id, socket=True)
+
+    def create(self, launch: Launch, command: list[str], *, call: bool) -> str:
+        """A hardened container for `launch`; `call`: the call's own, not a warm one."""
+        conf = launch.confinement
+        ws = str(launch.workspace)
+        host = self.api().create_host_config(
+            binds={ws: {"bind": ws, "mode": "rw" if launch.writable else "ro"}},
+            network_mode="bridge" if conf.network else "none",
+            read_only=True,
+            tmpfs=dict(TMPFS),
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            init=True,
+            mem_limit=conf.memory_bytes,
+            memswap_limit=conf.memory_bytes,
+            pids_limit=conf.processes,
+            ulimits=[
+                Ulimit(name="nofile", soft=conf.open_files, hard=conf.open_files),
+                Ulimit(name="fsize", soft=conf.file_size_bytes, hard=conf.file_size_bytes),
+                Ulimit(name="cpu", soft=conf.cpu_seconds, hard=conf.cpu_seconds),
+            ],
+            # Output reaches us through the attach stream only: nothing piles up on disk.
+            log_config=LogConfig(type="none"),
+        )
+        labels = {LABEL_DAEMON: self.daemon_id, LABEL_RUN: launch.run_id}
+        if call:
+            labels[LABEL_CALL] = launch.marker
+        created = self.api().create_container(
+            self.image,
+            command=command,
+            working_dir=str(launch.cwd) if call else None,
+            environment={**launch.env, MARKER_ENV: launch.marker} if call else None,
+            user=container_user(launch.workspace),
+            stdin_open=call and launch.stdin is not None,
+            labels=labels,
+            host_config=host,
+        )
+        return str(created["Id"])
+
+    def wait(self, cid: str) -> tuple[int, bool]:
+        """Until the container stops: its status, and whether the OOM killer struck in it."""
+        with self.errors():
+            code = self.api().wait(cid)["StatusCode"]
+            oom = self.api().inspect_container(cid)["State"]["OOMKilled"]
+        return int(code), bool(oom)
+
+    def exec_status(self, exec_id: str) -> int | None:
+        """An exec's exit status, None while it runs (or has yet to start)."""
+        with self.errors():
+            info = self.api().exec_inspect(exec_id)
+        return None if info["Running"] or info["ExitCode"] is None else int(info["ExitCode"])
+
+    def running(self, cid: str) -> bool:
+        try:
+            with self.errors():
+                return bool(self.api().inspect_container(cid)["State"]["Running"])
+        except ContainerGone:
+            return False
+
+    def signal(self, cid: str, name: str) -> None:
+        """`docker kill --signal`; a container that is gone or stopped is fine."""
+        with self.errors(), _unless(404, 409):
+            self.api().kill(cid, signal=name)
+
+    def top(self, cid: str) -> list[int]:
+        """Host pids of the container's processes; [] once it has stopped or is gone."""
+        with self.errors(), _unless(404, 409):
+            top = self.api().top(cid)
+            column = top["Titles"].index("PID")
+            return sorted(int(row[column]) for row in top["Processes"] or [])
+        return []
+
+    def remove(self, cid: str) -> None:
+        """Kill and remove; a container that is gone, or being removed, is fine."""
+        with self.errors(), _unless(404, 409):
+            self.api().remove_container(cid, force=True)
+
+    def remove_labelled(self) -> int:
+        """Remove every container, running or not, that carries this daemon's id."""
+        with self.errors():
+            found = self.api().containers(
+                all=True, filters={"label": f"{LABEL_DAEMON}={self.daemon_id}"}
+            )
+        for container in found:
+            self.remove(container["Id"])
+        return len(found)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+
+@contextlib.contextmanager
+def _unless(*codes: int) -> Iterator[None]:
+    """Ignore dockerd's answers with these HTTP statuses."""
+    try:
+        yield
+    except APIError as exc:
+        if exc.status_code not in codes:
+            raise
+
+
+def container_user(workspace: Path) -> str:
+    """The workspace's owner, never root: root in the container is root on the bind mount."""
+    st = os.stat(workspace)
+    return f"{st.st_uid}:{st.st_gid}" if st.st_uid != 0 else NOBODY
+
+
+def exit_of(code: int, oom: bool, signalled: bool) -> Exit:
+    """docker-init reports a command killed by signal N as status 128+N. That can only be
+    told apart from `exit 128+N` when we signalled the call or the OOM killer struck."""
+    if code > 128 and (signalled or oom):
+        return Exit(None, code - 128, oom)
+    return Exit(code, None, oom)
+
+
+class Stdio:
+    """A hijacked attach or exec connection: feeds stdin, keeps `cap` bytes of stdout
+    and of stderr (counting the rest). Each direction has a thread of its own, so a
+    command that writes before it reads cannot deadlock against us."""
+
+    def __init__(self, sio: Any, stdin: bytes | None, cap: int) -> None:
+        self._sio = sio
+        # The SDK hands out a SocketIO: shutdown needs the socket under it.
+        self._sock: socket.socket = getattr(sio, "_sock", sio)
+        # The client's request timeout must not end the stream of a quiet call.
+        self._sock.settimeout(None)
+        self._cap = cap
+        self._kept = (bytearray(), bytearray())
+        self._totals = [0, 0]
+        self._done = in_thread(self._pump, "docker-output")
+        if stdin is not None:
+            feed = threading.Thread(target=self._feed, args=(stdin,), name="docker-stdin")
+            feed.daemon = True
+            feed.start()
+
+    def _feed(self, data: bytes) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.sendall(data)
+            self._sock.shutdown(socket.SHUT_WR)  # EOF on the command's stdin
+
+    def _pump(self) -> None:
+        """Demultiplex docker's frames: a header (stream, 3 zero bytes, size), then data."""
+        while (header := self._exactly(8)) is not None:
+            stream, size = struct.unpack(">BxxxL", header)
+            while size > 0:
+                chunk = self._recv(min(size, 65536))
+                if not chunk:
+                    return
+                size -= len(chunk)
+                if stream in (1, 2):
+                    self._keep(stream - 1, chunk)
+
+    def _exactly(self, n: int) -> bytes | None:
+        data = b""
+        while len(data) < n:
+            chunk = self._recv(n - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        return data
+
+    def _recv(self, n: int) -> bytes:
+        try:
+            return self._sock.recv(n)
+        except OSError:  # shut down under us by `close`
+            return b""
+
+    def _keep(self, index: int, chunk: bytes) -> None:
+        kept = self._kept[index]
+        self._totals[index] += len(chunk)
+        if len(kept) < self._cap:
+            kept += chunk[: self._cap - len(kept)]
+
+    async def result(self) -> tuple[Captured, Captured]:
+        """What was read: all of it, unless something still holds the stream open."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._done), OUTPUT_SETTLE_SECONDS)
+        out, err = self._kept
+        return Captured(bytes(out), self._totals[0]), Captured(bytes(err), self._totals[1])
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the threads blocked on it
+        close_socket(self._sio)
+
+
+def close_socket(sio: Any) -> None:
+    """Close a hijacked connection: the HTTP response, the SocketIO and its socket."""
+    raw = getattr(sio, "_sock", None)
+    response = getattr(sio, "_response", None)
+    if response is not None:
+        response.close()
+    sio.close()
+    if raw is not None:
+        raw.close()
+
+
+def in_thread(fn: Callable[[], T], name: str) -> asyncio.Future[T]:
+    """Run `fn`, a blocking call that lasts as long as a container, in a thread of its own.
+
+    The future's exception counts as retrieved even if nobody awaits it (a wait that
+    fails because `release` removed the container): awaiting it still raises.
+    """
+    done: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def run() -> None:
+        if done.set_running_or_notify_cancel():
+            try:
+                done.set_result(fn())
+            except Exception as exc:
+                done.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    future = asyncio.wrap_future(done)
+    future.add_done_callback(lambda f: f.cancelled() or f.exception())
+    return future
