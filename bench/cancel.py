@@ -99,9 +99,7 @@ def sandbox_spawn(sandbox: Sandbox, workspace: Path) -> Callable[[], Awaitable[N
         )
         running = await sandbox.start(launch)
         try:
-            stopped = await supervise(
-                running, CancelScope(), timeout=30, grace=1, max_grace=1
-            )
+            stopped = await supervise(running, CancelScope(), time_limit=30, grace=1, max_grace=1)
             await running.output()
         finally:
             await running.release()
@@ -256,7 +254,9 @@ def report(spawn: dict[str, dict[str, float]], stop: dict[str, Any]) -> list[str
     print(f"\n{'spawn (true)':<14}{'p50 ms':>9}{'p99 ms':>9}{'x bare':>8}")
     for name, s in spawn.items():
         print(f"{name:<14}{s['p50']:>9.2f}{s['p99']:>9.2f}{s['ratio_to_bare']:>8.2f}")
-    print(f"\n{'stop':<9}{'coop p50':>9}{'p99':>7}{'client p50':>11}{'force+ p50':>11}{'p99':>7}{'surv':>6}")
+    head = ["coop p50", "p99", "client p50", "force+ p50", "p99", "surv"]
+    widths = [9, 7, 11, 11, 7, 6]
+    print(f"\n{'stop':<9}" + "".join(f"{h:>{w}}" for h, w in zip(head, widths, strict=True)))
     for name, r in stop.items():
         c, cc, f = r["cooperative_ms"], r["cooperative_client_ms"], r["force_overshoot_ms"]
         print(

@@ -18,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from .outcomes import ErrorClass, Mark, Phase, StopMode, mark
 from .sandbox import Exit, Running
+
 
 class CancelScope:
     """Set when the call must stop; tools that run long poll or await it.
@@ -82,7 +84,7 @@ class Stopped:
 
 
 async def supervise(
-    running: Running, scope: CancelScope, *, timeout: float, grace: float, max_grace: float
+    running: Running, scope: CancelScope, *, time_limit: float, grace: float, max_grace: float
 ) -> Stopped:
     """Wait for the call to end by itself, or stop it on cancel or at the deadline.
 
@@ -94,7 +96,7 @@ async def supervise(
     asked = asyncio.ensure_future(scope.requested.wait())
     try:
         done, _ = await asyncio.wait(
-            {waiter, asked}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            {waiter, asked}, timeout=time_limit, return_when=asyncio.FIRST_COMPLETED
         )
         if waiter in done:
             await running.finish()
@@ -104,7 +106,9 @@ async def supervise(
             first = Mark(Phase.CANCEL_REQUESTED, scope.requested_at, _who(scope))
         else:
             reason = ErrorClass.TIMEOUT
-            first = Mark(Phase.CANCEL_REQUESTED, started + timeout, f"timeout after {timeout:g}s")
+            first = Mark(
+                Phase.CANCEL_REQUESTED, started + time_limit, f"timeout after {time_limit:g}s"
+            )
         grace = grace_for(scope, grace, max_grace)
         return await _ladder(running, waiter, scope, grace, reason, first)
     finally:
@@ -141,7 +145,7 @@ async def _all_gone(
     running: Running, waiter: asyncio.Future[Exit], scope: CancelScope, expires: float
 ) -> bool:
     """True if the main process exits and nothing of the call is left before `expires`."""
-    forced = asyncio.ensure_future(scope.forced.wait())
+    forced: asyncio.Future[Any] = asyncio.ensure_future(scope.forced.wait())
     try:
         remaining = expires - time.monotonic()
         if remaining > 0:

@@ -69,9 +69,7 @@ class InFlight:
                 continue
             if order.batch_id and active.batch.batch_id != order.batch_id:
                 continue
-            active.scope.cancel(
-                order.reason, order.grace, requester=order.requester, at=order.at
-            )
+            active.scope.cancel(order.reason, order.grace, requester=order.requester, at=order.at)
             hit.append(call)
         return hit
 

@@ -23,8 +23,9 @@ from execgate.v1 import executor_pb2_grpc as pb_grpc
 from . import wire
 from .calls import CallRequest
 from .config import JOURNAL_NAME, Listener, ServeConfig
-from .dispatch import CancelOrder, Dispatcher
+from .dispatch import Dispatcher
 from .errors import ConfigError
+from .inflight import CancelOrder
 from .journal import Journal
 from .locks import FileLockManager, LockBackend, LockManager, NoLocks
 from .paths import Workspace

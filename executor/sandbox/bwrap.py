@@ -58,8 +58,8 @@ def system_binds(extra_ro: tuple[Path, ...] = ()) -> list[str]:
         path = f"/etc/{name}"
         if os.path.exists(path):
             args += ["--ro-bind", path, path]
-    for path in extra_ro:
-        args += ["--ro-bind", str(path), str(path)]
+    for extra in extra_ro:
+        args += ["--ro-bind", str(extra), str(extra)]
     return args
 
 

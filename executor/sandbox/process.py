@@ -113,7 +113,9 @@ class HostRunning:
 
     async def output(self) -> tuple[Captured, Captured]:
         try:
-            return await asyncio.wait_for(asyncio.shield(self.pipes.result()), OUTPUT_SETTLE_SECONDS)
+            return await asyncio.wait_for(
+                asyncio.shield(self.pipes.result()), OUTPUT_SETTLE_SECONDS
+            )
         except TimeoutError:
             self.pipes.cancel()
             return Captured(), Captured()
@@ -144,7 +146,9 @@ class ProcessSandbox:
                 await asyncio.to_thread(group.remove)
             raise
         where = f"process group {proc.pid}" + (f", cgroup {group.dirs[0].name}" if group else "")
-        return HostRunning(proc, Pipes(proc, launch.stdin, launch.output_cap), group, launch.marker, where)
+        return HostRunning(
+            proc, Pipes(proc, launch.stdin, launch.output_cap), group, launch.marker, where
+        )
 
     def _leaf(self, launch: Launch) -> CallCgroup | None:
         if self.cgroups is None:

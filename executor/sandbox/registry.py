@@ -13,7 +13,7 @@ import hashlib
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -32,7 +32,7 @@ CHOICES = ("auto", "process", "bwrap", "docker")
 class SandboxConfig:
     # "auto" (bwrap if it works here, else process), "process", "bwrap" or "docker".
     default: str = "auto"
-    confinement: Confinement = Confinement()
+    confinement: Confinement = field(default_factory=Confinement)
     # Extra host paths bwrap binds read-only (an interpreter outside /usr, say).
     ro_paths: tuple[Path, ...] = ()
     docker_image: str = ""

@@ -62,7 +62,8 @@ class Pipes:
     """Drains stdout and stderr (keeping `cap` bytes of each) and feeds stdin."""
 
     def __init__(self, proc: asyncio.subprocess.Process, stdin: bytes | None, cap: int) -> None:
-        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout is not None
+        assert proc.stderr is not None
         self._tasks = [
             asyncio.ensure_future(_drain(proc.stdout, cap)),
             asyncio.ensure_future(_drain(proc.stderr, cap)),

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from ..cancel import CancelScope
 from .base import (
-    CancelScope,
     Limits,
     Mode,
     ResourceKind,

@@ -8,7 +8,6 @@ statuses are decided in one place).
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import json
 from dataclasses import dataclass, field

@@ -108,7 +108,7 @@ async def run_sandboxed(launch: Launch, ctx: ToolContext) -> ToolOutput:
         stopped = await supervise(
             running,
             ctx.cancel,
-            timeout=ctx.timeout,
+            time_limit=ctx.timeout,
             grace=ctx.limits.grace,
             max_grace=ctx.limits.max_grace,
         )

@@ -40,10 +40,10 @@ from typing import Any
 from urllib.parse import quote
 
 from .. import sqlanalysis  # a module import: see tools/sql.py
+from ..cancel import CancelScope
 from ..errors import ToolError
 from ..outcomes import ErrorClass
 from ..paths import Workspace
-from .base import CancelScope
 from .sqlguard import Guard
 
 # VM steps between two polls of the cancel scope and the deadline (~0.1 ms each).
