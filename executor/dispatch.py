@@ -18,11 +18,12 @@ from dataclasses import replace
 
 from . import results
 from .calls import CallRequest, ValidCall
+from .endings import Endings, record
 from .errors import ToolError
 from .events import Batch, Event, EventKind, PlanRow
-from .idempotency import Idempotency, Replay
+from .idempotency import Idempotency
 from .inflight import Active, CancelOrder, InFlight
-from .journal import CallRecord, DuplicateCall, Journal
+from .journal import DuplicateCall, Journal
 from .locks import Abandoned, LockBackend, WaitInfo
 from .locks import explain as explain_plans
 from .outcomes import ErrorClass, Mark, Outcome, Phase, Status, mark, rejected
@@ -54,6 +55,7 @@ class Dispatcher:
         self.limits = limits
         self._validator = Validator(tools, workspace, limits)
         self._idempotency = Idempotency(journal)
+        self._endings = Endings(journal)
         self._locks = locks
         self.sandboxes = sandboxes
         self._root = str(workspace.root)
@@ -178,7 +180,7 @@ class Dispatcher:
                 self.policy.require(call.request.tool)
                 self._may_start(req, batch)
             except ToolError as err:
-                await self._reject(req, batch, results.from_error(err, (queued,)))
+                await self._endings.reject(req, batch, results.from_error(err, (queued,)))
                 return
             await self._admitted(call, batch, scope, queued)
         finally:
@@ -215,9 +217,9 @@ class Dispatcher:
                     batch.agent, req.idempotency_key, call.request_hash, req.run_id, req.call_id
                 )
                 if replay is not None:
-                    await self._replay(call, batch, replay)
+                    await self._endings.replay(call, batch, replay)
                     return
-        await self._refuse_duplicate(req, batch, queued)
+        await self._endings.refuse_duplicate(req, batch, queued)
 
     async def _admitted(
         self, call: ValidCall, batch: Batch, scope: CancelScope, queued: Mark
@@ -236,10 +238,10 @@ class Dispatcher:
                     on_join=lambda: batch.pass_turn(req.index),  # a joiner takes no locks
                 )
             except ToolError as err:
-                await self._reject(req, batch, results.from_error(err, (queued,)))
+                await self._endings.reject(req, batch, results.from_error(err, (queued,)))
                 return
             if replay is not None:
-                await self._replay(call, batch, replay)
+                await self._endings.replay(call, batch, replay)
                 return
         outcome: Outcome | BaseException = RuntimeError("call did not finish")
         try:
@@ -275,7 +277,7 @@ class Dispatcher:
                 granted = mark(Phase.LOCK_GRANTED)
                 if scope.requested.is_set():
                     raise Abandoned(_owner(req))
-                rec = self._record(req, batch.agent, call.request_hash, call.may_write, queued.at)
+                rec = record(req, batch.agent, call.request_hash, call.may_write, queued.at)
                 if call.may_write:
                     await self.journal.record_intent(rec)
                 else:
@@ -298,17 +300,17 @@ class Dispatcher:
             outcome = outcome.with_marks(
                 queued, *waited, mark(Phase.CANCEL_REQUESTED, scope.reason)
             )
-            await self._reject(req, batch, outcome)
+            await self._endings.reject(req, batch, outcome)
             return outcome
         except DuplicateCall:
-            return await self._refuse_duplicate(req, batch, queued)
+            return await self._endings.refuse_duplicate(req, batch, queued)
         # Recorded before it is reported: an outcome nobody can find later is never sent.
         try:
             await self.journal.record_outcome(
                 req.run_id, req.call_id, outcome, raw, durable=call.may_write
             )
         except DuplicateCall:  # a read-only call whose id was taken: it changed nothing
-            return await self._refuse_duplicate(req, batch, queued)
+            return await self._endings.refuse_duplicate(req, batch, queued)
         batch.emit(EventKind.FINISHED, req, outcome=outcome)
         return outcome
 
@@ -342,68 +344,6 @@ class Dispatcher:
             out, may_write=call.may_write, cap=self.limits.output_cap_bytes, marks=marks
         )
         return outcome.with_marks(mark(Phase.FINISHED)), out.raw()
-
-    # -- endings that do not run the tool ----------------------------------------------
-
-    async def _reject(self, req: CallRequest, batch: Batch, outcome: Outcome) -> None:
-        outcome = outcome.with_marks(mark(Phase.FINISHED))
-        rec = self._record(req, batch.agent, "", False, outcome.timeline[0].at)
-        # A refused call never claimed its idempotency key (for a conflict, another
-        # call owns it): recording the key here would bind it to a call that never
-        # ran, and break the unique (agent, key) index.
-        rec = replace(rec, idempotency_key="")
-        try:
-            await self.journal.record_finished(rec, outcome)
-        except DuplicateCall:
-            await self.journal.record_refusal(rec, outcome)
-        batch.emit(EventKind.FINISHED, req, outcome=outcome)
-
-    async def _refuse_duplicate(self, req: CallRequest, batch: Batch, queued: Mark) -> Outcome:
-        outcome = rejected(
-            ErrorClass.DUPLICATE_CALL_ID,
-            f"call_id {req.call_id!r} is already used in run {req.run_id!r}; "
-            "use GetCall to read that call",
-            "call_id",
-        ).with_marks(queued, mark(Phase.FINISHED))
-        rec = self._record(req, batch.agent, "", False, queued.at)
-        await self.journal.record_refusal(rec, outcome)
-        batch.emit(EventKind.FINISHED, req, outcome=outcome)
-        return outcome
-
-    async def _replay(self, call: ValidCall, batch: Batch, replay: Replay) -> None:
-        req = call.request
-        outcome, original = replay.outcome, replay.call_id
-        if (replay.run_id, replay.call_id) == (req.run_id, req.call_id):
-            # The very same call resent (a client retrying its batch): report, add nothing.
-            batch.emit(EventKind.FINISHED, req, outcome=outcome, replay_of=original)
-            return
-        rec = self._record(req, batch.agent, call.request_hash, call.may_write, time.time())
-        rec = replace(rec, idempotency_key="", replay_of=original)
-        try:
-            await self.journal.record_finished(rec, outcome)
-        except DuplicateCall:
-            await self._refuse_duplicate(req, batch, mark(Phase.QUEUED))
-            return
-        batch.emit(EventKind.FINISHED, req, outcome=outcome, replay_of=original)
-
-    # -- helpers -------------------------------------------------------------------------
-
-    @staticmethod
-    def _record(
-        req: CallRequest, agent: str, request_hash: str, may_write: bool, created_at: float
-    ) -> CallRecord:
-        return CallRecord(
-            run_id=req.run_id,
-            call_id=req.call_id,
-            batch_id=req.batch_id,
-            tool=req.tool,
-            arguments_json=req.arguments_json,
-            request_hash=request_hash,
-            idempotency_key=req.idempotency_key,
-            agent=agent,
-            may_write=may_write,
-            created_at=created_at,
-        )
 
 
 def _owner(req: CallRequest) -> str:
