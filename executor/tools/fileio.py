@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import ToolError
@@ -30,12 +31,26 @@ def existing_hash(ws: Workspace, path: Path, field: str) -> str:
     return sha256(read_all(ws, path, field))
 
 
-def atomic_write(ws: Workspace, path: Path, data: bytes, field: str, *, make_dirs: bool) -> None:
+class WriteAbandoned(Exception):
+    """The write was stopped before its rename: the target is untouched."""
+
+
+def atomic_write(
+    ws: Workspace,
+    path: Path,
+    data: bytes,
+    field: str,
+    *,
+    make_dirs: bool,
+    stop: Callable[[], bool] = lambda: False,
+) -> None:
     """Replace `path` with `data` so a reader sees the old file or the new, never half.
 
     Temp file in the same directory, fsync, rename over the target, fsync the
     directory. Until the rename nothing visible has changed, which is why an
-    interrupted built-in write is a known FAILURE and not UNKNOWN_OUTCOME.
+    interrupted built-in write is a known FAILURE and not UNKNOWN_OUTCOME: if
+    `stop()` is true just before the rename, the temp file is removed and
+    WriteAbandoned raised.
     """
     if path.is_dir():
         raise ToolError(ErrorClass.INVALID_ARGUMENT, f"{path} is a directory", field=field)
@@ -57,6 +72,9 @@ def atomic_write(ws: Workspace, path: Path, data: bytes, field: str, *, make_dir
         mode = _existing_mode(path)
         tmp = f".{path.name}.execgate-{secrets.token_hex(6)}.tmp"
         _write_temp(dir_fd, tmp, data, mode)
+        if stop():
+            os.unlink(tmp, dir_fd=dir_fd)
+            raise WriteAbandoned(str(path))
         try:
             os.rename(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except OSError:

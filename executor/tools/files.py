@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ToolError
-from ..outcomes import ErrorClass, Evidence
+from ..outcomes import ErrorClass, Evidence, Mark, Phase, StopMode, mark
 from . import fileio
 from .base import Mode, ResourceKind, ResourceTemplate, ToolContext, ToolOutput, ToolSpec, schema
 
@@ -111,7 +111,17 @@ class WriteFile:
 
 def _replace(ctx: ToolContext, path: Path, data: bytes, make_dirs: bool) -> ToolOutput:
     before = fileio.existing_hash(ctx.workspace, path, "arguments.path")
-    fileio.atomic_write(ctx.workspace, path, data, "arguments.path", make_dirs=make_dirs)
+    try:
+        fileio.atomic_write(
+            ctx.workspace,
+            path,
+            data,
+            "arguments.path",
+            make_dirs=make_dirs,
+            stop=ctx.cancel.requested.is_set,
+        )
+    except fileio.WriteAbandoned:
+        return _abandoned(ctx)
     after = fileio.sha256(data)
     rel = ctx.workspace.relative(path)
     return ToolOutput(
@@ -120,6 +130,18 @@ def _replace(ctx: ToolContext, path: Path, data: bytes, make_dirs: bool) -> Tool
         evidence=Evidence(
             bytes_written=len(data), sha256_before=before, sha256_after=after, path=str(path)
         ),
+    )
+
+
+def _abandoned(ctx: ToolContext) -> ToolOutput:
+    """Cancelled before the rename: the file is as it was, so a known FAILURE."""
+    scope = ctx.cancel
+    return ToolOutput(
+        error_class=ErrorClass.TIMEOUT if scope.timed_out else ErrorClass.CANCELLED,
+        message=f"stopped before the file was replaced ({scope.reason}); nothing was written",
+        stopped_how=StopMode.COOPERATIVE,
+        marks=(Mark(Phase.CANCEL_REQUESTED, scope.requested_at, scope.reason), mark(Phase.STOPPED)),
+        rolled_back=True,
     )
 
 
@@ -167,6 +189,8 @@ class EditFile:
             )
         new_text = text.replace(args["old_string"], args["new_string"])
         out = _replace(ctx, path, new_text.encode("utf-8", errors="surrogateescape"), False)
+        if out.stopped_how is not StopMode.COMPLETED:
+            return out
         structured = {**out.structured, "replacements": count}
         return ToolOutput(
             text=f"replaced {count} occurrence(s) in {structured['path']}",

@@ -1,0 +1,312 @@
+"""Unit tests of the logic around cancellation and sandboxes, without a daemon.
+
+The ladder (executor.cancel.supervise) is driven with a scripted fake `Running`:
+these tests pin its decisions (cooperative vs force, marks and their order, the
+grace it grants, what it reports about survivors). The real processes, namespaces
+and containers are tested through the daemon in test_cancel.py,
+test_sandbox_probes.py and test_docker_sandbox.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from execgate.executor import results
+from execgate.executor.cancel import CancelScope, grace_for, supervise
+from execgate.executor.errors import PolicyError
+from execgate.executor.outcomes import ErrorClass, Phase, Status, StopMode
+from execgate.executor.paths import Workspace
+from execgate.executor.policy import load_policy
+from execgate.executor.sandbox import Captured, Confinement, Exit
+from execgate.executor.sandbox.registry import Sandboxes
+from execgate.executor.tools import Limits, ToolContext
+from execgate.executor.tools.fileio import WriteAbandoned, atomic_write
+from execgate.executor.tools.files import WriteFile
+
+
+class FakeRunning:
+    """A call that exits `exit_after` seconds after SIGTERM (never, if None), and whose
+    `stragglers` processes outlive the main one until killed."""
+
+    description = "fake"
+
+    def __init__(self, exit_after: float | None, stragglers: int = 0) -> None:
+        self.exit_after = exit_after
+        self.stragglers = stragglers
+        self.exited = asyncio.Event()
+        self.log: list[str] = []
+
+    async def wait(self) -> Exit:
+        await self.exited.wait()
+        return Exit(None, 15) if "kill" not in self.log else Exit(None, 9)
+
+    def terminate(self) -> str:
+        self.log.append("terminate")
+        if self.exit_after is not None:
+            asyncio.get_running_loop().call_later(self.exit_after, self.exited.set)
+        return "SIGTERM to fake"
+
+    async def kill(self) -> str:
+        self.log.append("kill")
+        self.stragglers = 0
+        self.exited.set()
+        return "SIGKILL to fake"
+
+    async def finish(self) -> None:
+        self.log.append("finish")
+
+    async def survivors(self) -> list[int]:
+        return list(range(self.stragglers))
+
+    async def output(self) -> tuple[Captured, Captured]:
+        return Captured(), Captured()
+
+    async def release(self) -> None:
+        self.log.append("release")
+
+
+def ladder(running: FakeRunning, scope: CancelScope, **kw: Any) -> Any:
+    async def go() -> Any:
+        task = asyncio.ensure_future(
+            supervise(
+                running,
+                scope,
+                time_limit=kw.get("time_limit", 30),
+                grace=kw.get("grace", 0.3),
+                max_grace=kw.get("max_grace", 1),
+            )
+        )
+        await asyncio.sleep(0.01)
+        if kw.get("cancel", True):
+            scope.cancel("stop please", kw.get("ask_grace"), requester="tester")
+        return await task
+
+    return asyncio.run(asyncio.wait_for(go(), 10))
+
+
+def phases(stopped: Any) -> list[Phase]:
+    return [m.phase for m in stopped.marks]
+
+
+def test_cooperative_stop_marks_and_mode() -> None:
+    scope = CancelScope()
+    stopped = ladder(FakeRunning(exit_after=0.01), scope)
+    assert stopped.how is StopMode.COOPERATIVE
+    assert stopped.reason is ErrorClass.CANCELLED
+    assert phases(stopped) == [Phase.CANCEL_REQUESTED, Phase.SIGNAL_SENT, Phase.STOPPED]
+    first = stopped.marks[0]
+    assert first.at == scope.requested_at  # the request's time, not when the ladder saw it
+    assert first.detail == "stop please (requested by tester)"
+    assert stopped.survivors == 0
+
+
+def test_force_when_the_main_process_ignores_the_signal() -> None:
+    running = FakeRunning(exit_after=None)
+    stopped = ladder(running, CancelScope(), grace=0.2)
+    assert stopped.how is StopMode.FORCE_TERMINATED
+    assert phases(stopped) == [
+        Phase.CANCEL_REQUESTED,
+        Phase.SIGNAL_SENT,
+        Phase.GRACE_EXPIRED,
+        Phase.FORCE_TERMINATED,
+        Phase.STOPPED,
+    ]
+    by_phase = {m.phase: m for m in stopped.marks}
+    waited = by_phase[Phase.GRACE_EXPIRED].at - by_phase[Phase.SIGNAL_SENT].at
+    assert 0.18 <= waited < 0.5
+    assert by_phase[Phase.FORCE_TERMINATED].detail == "SIGKILL to fake"
+    assert stopped.exit.signal == 9
+    assert running.log[:2] == ["terminate", "kill"]
+
+
+def test_stragglers_make_a_cooperative_exit_a_forced_one() -> None:
+    # The main process stops politely, but a grandchild it left keeps running: the
+    # call did not stop cooperatively, and the grandchild is killed after the grace.
+    running = FakeRunning(exit_after=0.01, stragglers=2)
+    stopped = ladder(running, CancelScope(), grace=0.2)
+    assert stopped.how is StopMode.FORCE_TERMINATED
+    assert "kill" in running.log
+    assert stopped.survivors == 0
+
+
+def test_reported_survivors_when_nothing_kills_them() -> None:
+    class Immortal(FakeRunning):
+        async def kill(self) -> str:
+            self.exited.set()
+            return "SIGKILL (ignored)"
+
+    running = Immortal(exit_after=None, stragglers=3)
+    import execgate.executor.cancel as cancel_mod
+
+    old = cancel_mod.REAP_SECONDS
+    cancel_mod.REAP_SECONDS = 0.2
+    try:
+        stopped = ladder(running, CancelScope(), grace=0.05)
+    finally:
+        cancel_mod.REAP_SECONDS = old
+    assert stopped.survivors == 3
+    assert stopped.marks[-1].detail.startswith("3 survived")
+
+
+def test_timeout_takes_the_same_path_with_reason_timeout() -> None:
+    stopped = ladder(FakeRunning(exit_after=0.01), CancelScope(), time_limit=0.1, cancel=False)
+    assert stopped.how is StopMode.COOPERATIVE
+    assert stopped.reason is ErrorClass.TIMEOUT
+    assert stopped.marks[0].detail == "timeout after 0.1s"
+
+
+def test_deadline_cancel_is_a_timeout() -> None:
+    scope = CancelScope()
+
+    async def go() -> Any:
+        task = asyncio.ensure_future(
+            supervise(FakeRunning(0.01), scope, time_limit=30, grace=1, max_grace=1)
+        )
+        await asyncio.sleep(0.01)
+        scope.cancel("run deadline passed", timed_out=True)
+        return await task
+
+    assert asyncio.run(go()).reason is ErrorClass.TIMEOUT
+
+
+def test_completed_call_is_finished_not_signalled() -> None:
+    running = FakeRunning(exit_after=None)
+
+    async def go() -> Any:
+        task = asyncio.ensure_future(
+            supervise(running, CancelScope(), time_limit=30, grace=1, max_grace=1)
+        )
+        await asyncio.sleep(0.01)
+        running.exited.set()
+        return await task
+
+    stopped = asyncio.run(go())
+    assert stopped.how is StopMode.COMPLETED
+    assert stopped.marks == ()
+    assert running.log == ["finish"]
+
+
+def test_grace_asked_by_the_canceller_is_capped() -> None:
+    scope = CancelScope()
+    scope.cancel("x", 500.0)
+    assert grace_for(scope, 2.0, 60.0) == 60.0
+    other = CancelScope()
+    other.cancel("x", -3.0)
+    assert grace_for(other, 2.0, 60.0) == 0.0
+    default = CancelScope()
+    default.cancel("x")
+    assert grace_for(default, 2.0, 60.0) == 2.0
+
+
+def test_force_ends_a_running_grace_period() -> None:
+    running = FakeRunning(exit_after=None)
+    scope = CancelScope()
+
+    async def go() -> Any:
+        task = asyncio.ensure_future(
+            supervise(running, scope, time_limit=30, grace=30, max_grace=60)
+        )
+        await asyncio.sleep(0.01)
+        scope.cancel("shutdown")
+        await asyncio.sleep(0.05)
+        scope.force("second signal")
+        return await task
+
+    started = time.monotonic()
+    stopped = asyncio.run(asyncio.wait_for(go(), 5))
+    assert time.monotonic() - started < 2  # not the 30 s grace
+    assert stopped.how is StopMode.FORCE_TERMINATED
+    grace_mark = next(m for m in stopped.marks if m.phase is Phase.GRACE_EXPIRED)
+    assert grace_mark.detail == "forced: no grace"
+
+
+# ---------------------------------------------------------------- atomic writes
+
+
+def test_write_stopped_before_the_rename_leaves_the_file_untouched(tmp_path: Path) -> None:
+    ws = Workspace(tmp_path)
+    target = tmp_path / "f.txt"
+    target.write_text("old")
+    with pytest.raises(WriteAbandoned):
+        atomic_write(ws, target, b"new", "arguments.path", make_dirs=False, stop=lambda: True)
+    assert target.read_text() == "old"
+    assert os.listdir(tmp_path) == ["f.txt"]  # no temp file left
+
+
+def test_cancelled_write_file_is_a_known_failure(tmp_path: Path) -> None:
+    ws = Workspace(tmp_path)
+    scope = CancelScope()
+    scope.cancel("user stop")
+    ctx = ToolContext(ws, Limits(), 5.0, scope)
+    out = asyncio.run(WriteFile().run({"path": "a.txt", "content": "x"}, ctx))
+    assert not (tmp_path / "a.txt").exists()
+    outcome = results.from_output(out, may_write=True, cap=1000, marks=())
+    # A write that may have happened would be UNKNOWN_OUTCOME; this one provably did not.
+    assert outcome.status is Status.FAILURE
+    assert outcome.error_class is ErrorClass.CANCELLED
+    assert outcome.stopped_how is StopMode.COOPERATIVE
+
+
+# ---------------------------------------------------------------- policy and registry
+
+
+def policy_file(tmp_path: Path, sandbox: str) -> Path:
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "version: 1\ndefault: deny\nrules:\n"
+        "  - {id: all, effect: allow, tools: ['*']}\n"
+        f"sandbox:\n{sandbox}"
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    ("entry", "complaint"),
+    [
+        ("  - {tools: [x], backend: vm}\n", "sandbox[0].backend"),
+        ("  - {tools: [x], network: 'yes'}\n", "sandbox[0].network"),
+        ("  - {tools: [x], limits: {memory_mb: -1}}\n", "sandbox[0].limits.memory_mb"),
+        ("  - {tools: [x], limits: {ram: 3}}\n", "unknown key 'ram'"),
+        ("  - {backend: bwrap}\n", "sandbox[0].tools"),
+        ("  - {tools: [x], color: red}\n", "unknown key 'color'"),
+    ],
+)
+def test_bad_sandbox_entries_are_named(tmp_path: Path, entry: str, complaint: str) -> None:
+    with pytest.raises(PolicyError, match=complaint.replace("[", r"\[").replace("]", r"\]")):
+        load_policy(policy_file(tmp_path, entry))
+
+
+class Named:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def test_first_matching_sandbox_rule_decides(tmp_path: Path) -> None:
+    policy = load_policy(
+        policy_file(
+            tmp_path,
+            "  - {tools: [run_command], backend: process, network: true,"
+            " limits: {memory_mb: 64, processes: 16}}\n"
+            "  - {tools: ['run_*'], backend: docker}\n",
+        )
+    )
+    backends: dict[str, Any] = {n: Named(n) for n in ("bwrap", "process", "docker")}
+    base = Confinement()
+    boxes = Sandboxes(backends, "bwrap", policy.sandbox_for, base)
+    box, conf = boxes.for_tool("run_command")
+    assert box.name == "process"
+    assert conf.network is True
+    assert conf.memory_bytes == 64 << 20
+    assert conf.processes == 16
+    assert conf.cpu_seconds == base.cpu_seconds
+    assert boxes.for_tool("run_other")[0].name == "docker"
+    box, conf = boxes.for_tool("work")  # no rule: the default, no network
+    assert box.name == "bwrap"
+    assert conf == base
+    assert conf.network is False
