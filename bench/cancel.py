@@ -131,8 +131,12 @@ async def spawn_costs(
     return out
 
 
-def docker_cases(workspace: Path) -> dict[str, Callable[[], Awaitable[None]]]:
-    """Cold (a container per call) and warm (exec in a run's container), if docker works."""
+def docker_cases(
+    workspace: Path, opened: list[Sandbox]
+) -> dict[str, Callable[[], Awaitable[None]]]:
+    """Cold (a container per call) and warm (exec in a run's container), if docker works.
+
+    The sandboxes made go to `opened`, to be closed (their containers removed) after."""
     try:
         from execgate.executor.sandbox.docker import DockerSandbox
         from tests.docker_image import docker_available, ensure_test_image
@@ -145,6 +149,7 @@ def docker_cases(workspace: Path) -> dict[str, Callable[[], Awaitable[None]]]:
     image = ensure_test_image()
     cold = DockerSandbox(image, daemon_id="bench-cold", mode="per-call")
     warm = DockerSandbox(image, daemon_id="bench-warm", mode="warm")
+    opened += [cold, warm]
     return {
         "docker-cold": sandbox_spawn(cold, workspace),
         "docker-warm": sandbox_spawn(warm, workspace),
@@ -299,10 +304,13 @@ async def main_async(args: argparse.Namespace) -> int:
         bwrap = BwrapSandbox(group)
         if bwrap.probe().ok:
             cases["bwrap"] = sandbox_spawn(bwrap, workspace)
-        cases.update(docker_cases(workspace))
+        opened: list[Sandbox] = []
+        cases.update(docker_cases(workspace, opened))
         try:
             spawn = await spawn_costs(cases, rounds, per_round)
         finally:
+            for sandbox in opened:
+                await sandbox.close()
             remove_root(cgroups)
         backends = ["process"] + (["bwrap"] if "bwrap" in cases else [])
         backends += ["docker"] if "docker-cold" in cases else []

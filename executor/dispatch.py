@@ -331,6 +331,7 @@ class Dispatcher:
             confinement=confinement,
             may_write=call.may_write,
             marker=secrets.token_hex(8),
+            run_id=call.request.run_id,
         )
         try:
             out = await call.tool.run(call.args, ctx)

@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
 
 from .base import Captured, Exit, Launch, Probe, SandboxError
 from .docker_warm import ExecRunning, WarmPool
 from .dockerd import Dockerd, Stdio, exit_of, in_thread
+
+log = logging.getLogger("execgate.sandbox")
 
 MODES = ("per-call", "warm")
 
@@ -67,8 +70,12 @@ class DockerSandbox:
     async def close(self) -> None:
         """Remove the warm containers, and any call's container a cancelled start left."""
         self._warm.forget()
+        if not self.dockerd.connected:  # this daemon made no container
+            return
         try:
             await asyncio.to_thread(self.dockerd.remove_labelled)
+        except SandboxError as exc:  # the next start's cleanup_stale removes them
+            log.warning("docker: containers left at shutdown: %s", exc)
         finally:
             self.dockerd.close()
 

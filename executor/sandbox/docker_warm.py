@@ -60,13 +60,15 @@ class WarmPool:
 
     async def start(self, launch: Launch) -> ExecRunning:
         warm = await self._enter(launch)
+        # dockerd reports OOMKilled only for a stopped container: count the cgroup's kills.
+        ooms = oom_kills(warm.pid)
         try:
             exec_id, sio = await asyncio.to_thread(self.dockerd.start_exec, warm.cid, launch)
         except BaseException:
             await self.leave(warm)
             raise
         stdio = Stdio(sio, launch.stdin, launch.output_cap)
-        return ExecRunning(self, warm, exec_id, stdio, launch.marker)
+        return ExecRunning(self, warm, exec_id, stdio, launch.marker, ooms)
 
     async def _enter(self, launch: Launch) -> Warm:
         user = container_user(launch.workspace)
@@ -126,15 +128,17 @@ class WarmPool:
 class ExecRunning:
     """A call running as an exec in its run's warm container."""
 
-    def __init__(self, pool: WarmPool, warm: Warm, exec_id: str, stdio: Stdio, marker: str):
+    def __init__(
+        self, pool: WarmPool, warm: Warm, exec_id: str, stdio: Stdio, marker: str, ooms: int
+    ) -> None:
         self.pool = pool
         self.warm = warm
         self.exec_id = exec_id
         self.stdio = stdio
         self.marker = marker
         self.description = f"exec {exec_id[:12]} in warm container {warm.cid[:12]}"
-        # dockerd reports OOMKilled only for a stopped container: count the cgroup's kills.
-        self._ooms = oom_kills(warm.pid)
+        # OOM kills in the container before the call started.
+        self._ooms = ooms
         self._signalled = False
         self._released = False
 
@@ -144,11 +148,20 @@ class ExecRunning:
             try:
                 code = await asyncio.to_thread(self.pool.dockerd.exec_status, self.exec_id)
             except ContainerGone:  # discarded by `kill`
-                return Exit(None, signal.SIGKILL)
+                return Exit(None, int(signal.SIGKILL))
             if code is not None:
                 return exit_of(code, oom_kills(self.warm.pid) > self._ooms, self._signalled)
+            delay = await self._pause(delay)
+
+    async def _pause(self, delay: float) -> float:
+        """Wait before polling the exec again; returns the next pause."""
+        ended = self.stdio.ended
+        if ended.done():
             await asyncio.sleep(delay)
-            delay = min(delay * 2, EXEC_POLL_MAX)
+            return min(delay * 2, EXEC_POLL_MAX)
+        # The output stream usually ends with the command: poll again as soon as it does.
+        await asyncio.wait({ended}, timeout=delay)
+        return EXEC_POLL_FIRST if ended.done() else min(delay * 2, EXEC_POLL_MAX)
 
     async def finish(self) -> None:
         """The command exited, but the container lives on: end what it left running."""

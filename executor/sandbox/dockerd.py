@@ -74,11 +74,15 @@ class Dockerd:
             if exc.status_code == 404:
                 raise ContainerGone(f"gone from dockerd: {exc.explanation}") from exc
             raise SandboxError(f"dockerd refused ({self.image}): {exc.explanation}") from exc
-        except (DockerException, OSError) as exc:  # requests' connection errors are OSErrors
+        except OSError as exc:  # requests' connection errors are OSErrors
             raise SandboxError(f"dockerd not reachable: {exc}") from exc
+        except DockerException as exc:  # the SDK's own checks (an empty image name, ...)
+            raise SandboxError(f"docker ({self.image}): {exc}") from exc
 
     def check(self) -> str:
         """What `execgate doctor` says when dockerd and the image are there."""
+        if not self.image:
+            raise SandboxError("no image given (--docker-image)")
         with self.errors():
             version = self.api().version()["Version"]
         try:
@@ -217,6 +221,10 @@ class Dockerd:
             self.remove(container["Id"])
         return len(found)
 
+    @property
+    def connected(self) -> bool:
+        return self._client is not None
+
     def close(self) -> None:
         with self._lock:
             if self._client is not None:
@@ -236,7 +244,10 @@ def _unless(*codes: int) -> Iterator[None]:
 
 def container_user(workspace: Path) -> str:
     """The workspace's owner, never root: root in the container is root on the bind mount."""
-    st = os.stat(workspace)
+    try:
+        st = os.stat(workspace)
+    except OSError as exc:
+        raise SandboxError(f"workspace {workspace}: {exc.strerror}") from exc
     return f"{st.st_uid}:{st.st_gid}" if st.st_uid != 0 else NOBODY
 
 
@@ -262,7 +273,8 @@ class Stdio:
         self._cap = cap
         self._kept = (bytearray(), bytearray())
         self._totals = [0, 0]
-        self._done = in_thread(self._pump, "docker-output")
+        # Done when the stream ends: the command and whatever inherited its stdio are gone.
+        self.ended = in_thread(self._pump, "docker-output")
         if stdin is not None:
             feed = threading.Thread(target=self._feed, args=(stdin,), name="docker-stdin")
             feed.daemon = True
@@ -309,7 +321,7 @@ class Stdio:
     async def result(self) -> tuple[Captured, Captured]:
         """What was read: all of it, unless something still holds the stream open."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._done), OUTPUT_SETTLE_SECONDS)
+            await asyncio.wait_for(asyncio.shield(self.ended), OUTPUT_SETTLE_SECONDS)
         out, err = self._kept
         return Captured(bytes(out), self._totals[0]), Captured(bytes(err), self._totals[1])
 

@@ -87,6 +87,8 @@ class ToolContext:
     may_write: bool = True
     # Unique per call: tags every process the call starts (sandbox.MARKER_ENV).
     marker: str = ""
+    # The run the call belongs to (a sandbox may keep warm state per run).
+    run_id: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -88,6 +88,7 @@ class RunCommand:
             marker=ctx.marker or secrets.token_hex(8),
             confinement=ctx.confinement,
             output_cap=ctx.limits.raw_cap_bytes,
+            run_id=ctx.run_id,
         )
         return await run_sandboxed(launch, ctx)
 
