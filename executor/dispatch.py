@@ -332,6 +332,7 @@ class Dispatcher:
             may_write=call.may_write,
             marker=secrets.token_hex(8),
             run_id=call.request.run_id,
+            deadline=time.monotonic() + timeout,
         )
         try:
             out = await call.tool.run(call.args, ctx)

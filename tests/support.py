@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
 
 from execgate.client import Call, Client, Event, EventKind, ExecgateClientError, Outcome
 
@@ -49,3 +55,58 @@ class Streamer:
     def join(self, timeout: float = 15.0) -> None:
         self._thread.join(timeout)
         assert not self._thread.is_alive(), "the stream did not end"
+
+
+# ---------------------------------------------------------------- sandbox backends
+
+# The backends a test may run a daemon with, weakest first.
+SANDBOX_BACKENDS = ("process", "bwrap", "docker")
+# The container's user is the workspace's owner (root: nobody); tests that let a docker
+# call write in the workspace give it to this uid.
+DOCKER_WORKSPACE_UID = 1000
+
+
+def sandbox_serve_args(backend: str, root: Path) -> list[str]:
+    """`execgate serve` arguments that put a daemon rooted at `root` on `backend`.
+
+    Skips the test where the backend cannot run here: bwrap when it is not installed
+    (a failure instead with EXECGATE_REQUIRE_SANDBOXES=1); docker when
+    tests/docker_image.py is missing or unusable, or dockerd is unreachable (a
+    failure instead with EXECGATE_REQUIRE_DOCKER=1). For docker the workspace is
+    created here, owned by DOCKER_WORKSPACE_UID, so that calls may write in it.
+    """
+    args = ["--sandbox", backend]
+    if backend == "process":
+        return args
+    if backend == "bwrap":
+        if shutil.which("bwrap") is None:
+            why = "bubblewrap (bwrap) is not installed"
+            if os.environ.get("EXECGATE_REQUIRE_SANDBOXES") == "1":
+                pytest.fail(f"EXECGATE_REQUIRE_SANDBOXES=1, but {why}", pytrace=False)
+            pytest.skip(why)
+        return args
+    if backend != "docker":
+        raise ValueError(f"unknown sandbox backend {backend!r}")
+    required = os.environ.get("EXECGATE_REQUIRE_DOCKER") == "1"
+
+    def unavailable(why: str) -> NoReturn:
+        if required:
+            pytest.fail(f"EXECGATE_REQUIRE_DOCKER=1, but {why}", pytrace=False)
+        pytest.skip(why)
+
+    try:
+        from tests.docker_image import docker_available, ensure_test_image
+    except ImportError as exc:
+        unavailable(f"tests/docker_image.py is missing or does not import: {exc}")
+    except Exception as exc:  # it is being written: broken is not our failure
+        unavailable(f"tests/docker_image.py is broken: {type(exc).__name__}: {exc}")
+    if not docker_available():
+        unavailable("dockerd is not reachable")
+    try:
+        image = ensure_test_image()
+    except Exception as exc:
+        unavailable(f"cannot build the docker test image: {type(exc).__name__}: {exc}")
+    workspace = root / "workspace"
+    workspace.mkdir(parents=True, exist_ok=True)
+    os.chown(workspace, DOCKER_WORKSPACE_UID, DOCKER_WORKSPACE_UID)
+    return [*args, "--docker-image", image]

@@ -29,6 +29,8 @@ from .process import HostRunning, ProcessSandbox, find_program
 from .spawn import Pipes, cgroup_prefix, rlimit_prefix, spawn
 
 BWRAP = shutil.which("bwrap") or "/usr/bin/bwrap"
+# How often a SIGTERM that arrived before the command existed looks for it.
+OWED_POLL_SECONDS = 0.003
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # What of /etc a program needs to run (users, name service, libraries, TLS roots).
 ETC_ENTRIES = (
@@ -84,6 +86,8 @@ def bwrap_argv(launch: Launch, extra_ro: tuple[Path, ...] = ()) -> list[str]:
 class BwrapRunning(HostRunning):
     _ns_init: int | None = None
     _ns: str | None = None
+    # A SIGTERM asked for before the command existed, being delivered.
+    _owed: asyncio.Future[None] | None = None
 
     async def wait(self) -> Exit:
         # bwrap reports a command killed by signal N as exit status 128 + N (the
@@ -115,15 +119,35 @@ class BwrapRunning(HostRunning):
             await asyncio.to_thread(self.group.kill)
 
     def terminate(self) -> str:
+        sent = self._signal_members(signal.SIGTERM)
+        if sent:
+            return f"SIGTERM to {sent} process(es) in {self._ns}"
+        # bwrap is still building the sandbox: the command does not exist yet. The
+        # signal is owed, and goes to the command's processes as soon as they appear.
+        if self._owed is None:
+            self._owed = asyncio.ensure_future(self._deliver_owed())
+        return "SIGTERM owed: the sandbox is still being built; sent once the command starts"
+
+    def _signal_members(self, sig: int) -> int:
+        """Signal every process in the namespace but its init; how many there were."""
         if self._ns is None:
             self._resolve_now()
         if self._ns is None or self._ns_init is None:
-            return super().terminate()
+            return 0
         members = [p for p in procscan.in_namespace(self._ns) if p != self._ns_init]
         for pid in members:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGTERM)
-        return f"SIGTERM to {len(members)} process(es) in {self._ns}"
+                os.kill(pid, sig)
+        return len(members)
+
+    async def _deliver_owed(self) -> None:
+        # Nothing announces a process entering the namespace: /proc is polled.
+        while self.proc.returncode is None and not self._signal_members(signal.SIGTERM):  # noqa: ASYNC110
+            await asyncio.sleep(OWED_POLL_SECONDS)
+
+    def _forget_owed(self) -> None:
+        if self._owed is not None:
+            self._owed.cancel()
 
     def _resolve_now(self) -> None:
         kids = procscan.children(self.proc.pid)
@@ -132,6 +156,7 @@ class BwrapRunning(HostRunning):
             self._ns_init, self._ns = kids[0], ns
 
     async def kill(self) -> str:
+        self._forget_owed()
         found = await self._namespace()
         if found is None:  # bwrap is gone or never built the namespace
             return await super().kill()
@@ -142,6 +167,10 @@ class BwrapRunning(HostRunning):
         if self.group is not None:
             how += "; " + await asyncio.to_thread(self.group.kill)
         return how
+
+    async def release(self) -> None:
+        self._forget_owed()
+        await super().release()
 
     async def survivors(self) -> list[int]:
         found = set(await super().survivors())

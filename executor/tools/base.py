@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -89,6 +90,15 @@ class ToolContext:
     marker: str = ""
     # The run the call belongs to (a sandbox may keep warm state per run).
     run_id: str = ""
+    # time.monotonic() by which the call must end (its timeout, cut to the run's
+    # deadline), counted from before the sandbox starts; 0: `timeout` from now.
+    deadline: float = 0.0
+
+    def remaining(self) -> float:
+        """Seconds left until the call's deadline."""
+        if not self.deadline:
+            return self.timeout
+        return max(self.deadline - time.monotonic(), 0.0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

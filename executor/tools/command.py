@@ -109,7 +109,7 @@ async def run_sandboxed(launch: Launch, ctx: ToolContext) -> ToolOutput:
         stopped = await supervise(
             running,
             ctx.cancel,
-            time_limit=ctx.timeout,
+            time_limit=ctx.remaining(),
             grace=ctx.limits.grace,
             max_grace=ctx.limits.max_grace,
         )
