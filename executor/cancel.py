@@ -84,12 +84,19 @@ class Stopped:
 
 
 async def supervise(
-    running: Running, scope: CancelScope, *, time_limit: float, grace: float, max_grace: float
+    running: Running,
+    scope: CancelScope,
+    *,
+    time_limit: float,
+    grace: float,
+    max_grace: float,
+    nominal: float | None = None,
 ) -> Stopped:
     """Wait for the call to end by itself, or stop it on cancel or at the deadline.
 
-    `grace` is the default grace period; a canceller may ask for another, up to
-    `max_grace`.
+    `time_limit` is the time left from now; `nominal` the call's timeout as asked
+    (for the timeline). `grace` is the default grace period; a canceller may ask
+    for another, up to `max_grace`.
     """
     started = time.time()
     waiter = asyncio.ensure_future(running.wait())
@@ -106,9 +113,8 @@ async def supervise(
             first = Mark(Phase.CANCEL_REQUESTED, scope.requested_at, _who(scope))
         else:
             reason = ErrorClass.TIMEOUT
-            first = Mark(
-                Phase.CANCEL_REQUESTED, started + time_limit, f"timeout after {time_limit:g}s"
-            )
+            limit = nominal if nominal is not None else time_limit
+            first = Mark(Phase.CANCEL_REQUESTED, started + time_limit, f"timeout after {limit:g}s")
         grace = grace_for(scope, grace, max_grace)
         return await _ladder(running, waiter, scope, grace, reason, first)
     finally:

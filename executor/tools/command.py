@@ -110,6 +110,7 @@ async def run_sandboxed(launch: Launch, ctx: ToolContext) -> ToolOutput:
             running,
             ctx.cancel,
             time_limit=ctx.remaining(),
+            nominal=ctx.timeout,
             grace=ctx.limits.grace,
             max_grace=ctx.limits.max_grace,
         )
