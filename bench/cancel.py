@@ -6,6 +6,8 @@ One run measures, interleaved in rounds on this (small, shared) machine:
              backend's own API (executor.sandbox: start -> supervise -> output ->
              release), against a bare `asyncio.create_subprocess_exec("true")`
              with the same pipes, in the same rounds: p50 and ratio to bare.
+             `bwrap-alone` is bubblewrap itself with the same arguments, spawned
+             like bare: what the namespaces cost before execgate adds anything.
              Docker: a container per call (cold) and an exec in a warm container.
   cooperative through the real daemon, per backend: a command that exits on
              SIGTERM is cancelled once STARTED; latency = the outcome's `stopped`
@@ -47,7 +49,7 @@ from bench.dispatch import environment  # noqa: E402
 from execgate.client import AsyncClient, Call, EventKind, Outcome, StopMode  # noqa: E402
 from execgate.executor.cancel import CancelScope, supervise  # noqa: E402
 from execgate.executor.sandbox import Launch, Sandbox, procscan  # noqa: E402
-from execgate.executor.sandbox.bwrap import BwrapSandbox  # noqa: E402
+from execgate.executor.sandbox.bwrap import BwrapSandbox, bwrap_argv  # noqa: E402
 from execgate.executor.sandbox.cgroup import CgroupRoot, remove_root  # noqa: E402
 from execgate.executor.sandbox.process import ProcessSandbox  # noqa: E402
 from tests.daemon import Daemon  # noqa: E402
@@ -56,6 +58,13 @@ RESULTS = ROOT / "bench" / "results" / "cancel.json"
 COOPERATIVE = "trap 'exit 0' TERM; sleep 1000 & wait"
 STUBBORN = "trap '' TERM; (setsid sh -c \"trap '' TERM; sleep 1000\" &); sleep 1000"
 FORCE_GRACE = 0.2
+LAUNCH: dict[str, Any] = {
+    "argv": ("true",),
+    "env": {"PATH": "/usr/bin:/bin"},
+    "stdin": None,
+    "writable": False,
+    "run_id": "bench",
+}
 GOALS = {"cooperative_ms": 50.0, "force_overshoot_ms": 100.0, "bwrap_ratio": 8.0, "warm_ms": 100.0}
 
 
@@ -75,9 +84,9 @@ def summary(values: list[float]) -> dict[str, float]:
 # ------------------------------------------------------------------ spawn overhead
 
 
-async def bare_spawn() -> None:
+async def bare_spawn(*argv: str) -> None:
     proc = await asyncio.create_subprocess_exec(
-        "true",
+        *(argv or ("true",)),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -87,16 +96,7 @@ async def bare_spawn() -> None:
 
 def sandbox_spawn(sandbox: Sandbox, workspace: Path) -> Callable[[], Awaitable[None]]:
     async def once() -> None:
-        launch = Launch(
-            argv=("true",),
-            cwd=workspace,
-            env={"PATH": "/usr/bin:/bin"},
-            stdin=None,
-            workspace=workspace,
-            writable=False,
-            marker=uuid.uuid4().hex[:16],
-            run_id="bench",
-        )
+        launch = Launch(**LAUNCH, cwd=workspace, workspace=workspace, marker=uuid.uuid4().hex[:16])
         running = await sandbox.start(launch)
         try:
             stopped = await supervise(running, CancelScope(), time_limit=30, grace=1, max_grace=1)
@@ -304,6 +304,9 @@ async def main_async(args: argparse.Namespace) -> int:
         bwrap = BwrapSandbox(group)
         if bwrap.probe().ok:
             cases["bwrap"] = sandbox_spawn(bwrap, workspace)
+            # bubblewrap alone, same arguments, none of execgate's machinery around it.
+            raw = bwrap_argv(Launch(**LAUNCH, cwd=workspace, workspace=workspace, marker="m"))
+            cases["bwrap-alone"] = lambda: bare_spawn(*raw)
         opened: list[Sandbox] = []
         cases.update(docker_cases(workspace, opened))
         try:

@@ -19,7 +19,7 @@ import signal
 from . import procscan
 from .base import MARKER_ENV, Captured, Exit, Launch, Probe, SandboxError
 from .cgroup import CallCgroup, CgroupRoot
-from .spawn import PRLIMIT, Pipes, cgroup_prefix, rlimit_prefix, spawn
+from .spawn import DASH, PRLIMIT, Pipes, launcher, spawn
 
 # After the call stops, a process that escaped every sweep may still hold the output
 # pipes open: read what is there, then stop waiting.
@@ -137,7 +137,7 @@ class ProcessSandbox:
     async def start(self, launch: Launch) -> HostRunning:
         find_program(launch.argv[0], launch)
         group = self._leaf(launch)
-        argv = [*cgroup_prefix(group), *rlimit_prefix(launch.confinement), *launch.argv]
+        argv = [*launcher(launch.confinement, group), *launch.argv]
         env = {**launch.env, MARKER_ENV: launch.marker}
         try:
             proc = await spawn(argv, cwd=launch.cwd, env=env, stdin=launch.stdin)
@@ -156,10 +156,11 @@ class ProcessSandbox:
         return self.cgroups.leaf(launch.marker, launch.confinement)
 
     def probe(self) -> Probe:
-        if not os.access(PRLIMIT, os.X_OK):
-            return Probe(self.name, False, f"{PRLIMIT} (util-linux) is missing: no rlimits")
+        if DASH is None and not os.access(PRLIMIT, os.X_OK):
+            return Probe(self.name, False, "neither dash nor prlimit (util-linux): no rlimits")
+        how = "dash ulimit" if DASH is not None else "prlimit"
         tree = self.cgroups.describe() if self.cgroups else "cgroups not used"
-        return Probe(self.name, True, f"session + rlimits (prlimit); {tree}")
+        return Probe(self.name, True, f"session + rlimits ({how}); {tree}")
 
     async def cleanup_stale(self) -> int:
         return await asyncio.to_thread(self.cgroups.cleanup_stale) if self.cgroups else 0

@@ -1,10 +1,12 @@
 """Starting a host process for the `process` and `bwrap` backends, and reading its output.
 
 No `preexec_fn` (unsafe in a threaded server): the child gets its own session
-from `start_new_session` (done in C by subprocess), its rlimits from `prlimit`
-(util-linux), which sets them on itself and execs, and its cgroup leaves from a
-one-line `sh` that writes itself into them and execs. Each link of the chain
-execs the next, so the pid we hold is the command's own (or bwrap's).
+from `start_new_session` (done in C by subprocess), and its cgroup leaves and
+rlimits from one `dash -c` that writes itself into the leaves, sets the limits
+with `ulimit` (soft = hard) and execs the command. Without dash, a POSIX `sh`
+joins the leaves and util-linux `prlimit` sets the limits (one more exec: ulimit's
+flags and units differ between shells, so only dash's are relied on). Each link
+of the chain execs the next, so the pid we hold is the command's own (or bwrap's).
 """
 
 from __future__ import annotations
@@ -18,6 +20,26 @@ from .base import Captured, Confinement, SandboxError
 from .cgroup import CallCgroup
 
 PRLIMIT = shutil.which("prlimit") or "/usr/bin/prlimit"
+DASH = shutil.which("dash")
+
+
+def launcher(conf: Confinement, group: CallCgroup | None) -> list[str]:
+    """The exec chain that puts the command into its cgroup leaves and under its limits."""
+    if DASH is None:
+        return [*cgroup_prefix(group), *rlimit_prefix(conf)]
+    steps = ["set -e"]
+    if group is not None:
+        steps.append(group.join_command())
+    # dash: -t seconds, -v KiB, -f 512-byte blocks, -n files, -p processes.
+    steps += [
+        f"ulimit -t {conf.cpu_seconds}",
+        f"ulimit -v {conf.memory_bytes // 1024}",
+        f"ulimit -f {conf.file_size_bytes // 512}",
+        f"ulimit -n {conf.open_files}",
+        f"ulimit -p {conf.processes}",
+        'exec "$@"',
+    ]
+    return [DASH, "-c", "; ".join(steps), "sh"]
 
 
 def rlimit_prefix(conf: Confinement) -> list[str]:
