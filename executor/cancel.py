@@ -133,9 +133,12 @@ async def _ladder(
 ) -> Stopped:
     marks = [first, mark(Phase.SIGNAL_SENT, running.terminate())]
     expires = time.monotonic() + grace
-    if await _all_gone(running, waiter, scope, expires):
+    gone_at = await _all_gone(running, waiter, scope, expires)
+    if gone_at is not None:
         await running.finish()
-        marks.append(mark(Phase.STOPPED, "every process exited within the grace period"))
+        # (Not before the signal: a process that ended just before it was not stopped by it.)
+        at = max(gone_at, marks[-1].at)
+        marks.append(Mark(Phase.STOPPED, at, "every process exited within the grace period"))
         return Stopped(StopMode.COOPERATIVE, reason, waiter.result(), tuple(marks), 0)
     expired = "forced: no grace" if scope.forced.is_set() else f"after {grace:g}s"
     marks.append(mark(Phase.GRACE_EXPIRED, expired))
@@ -149,8 +152,8 @@ async def _ladder(
 
 async def _all_gone(
     running: Running, waiter: asyncio.Future[Exit], scope: CancelScope, expires: float
-) -> bool:
-    """True if the main process exits and nothing of the call is left before `expires`."""
+) -> float | None:
+    """When the main process exited with nothing of the call left, if before `expires`."""
     forced: asyncio.Future[Any] = asyncio.ensure_future(scope.forced.wait())
     try:
         remaining = expires - time.monotonic()
@@ -159,14 +162,17 @@ async def _all_gone(
                 {waiter, forced}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
             )
         if not waiter.done() or scope.forced.is_set():
-            return False
+            return None
+        # The backend may know when the main process ended better than "now".
+        first = waiter.result().at or time.time()
         while not scope.forced.is_set():
             if not await running.survivors():
-                return True
+                return first
             if time.monotonic() >= expires:
-                return False
+                return None
             await asyncio.sleep(min(POLL_SECONDS * 5, max(expires - time.monotonic(), 0)))
-        return False
+            first = time.time()  # stragglers: gone only when seen gone
+        return None
     finally:
         forced.cancel()
 

@@ -310,3 +310,52 @@ def test_first_matching_sandbox_rule_decides(tmp_path: Path) -> None:
     assert box.name == "bwrap"
     assert conf == base
     assert conf.network is False
+
+
+def test_the_stop_time_is_when_the_backend_saw_the_process_end() -> None:
+    class Early(FakeRunning):
+        async def wait(self) -> Exit:
+            await self.exited.wait()
+            await asyncio.sleep(0.2)  # the exit status arrives late (dockerd)
+            return Exit(0, None, False, at=self.ended_at)
+
+        def terminate(self) -> str:
+            def end() -> None:
+                self.ended_at = time.time()
+                self.exited.set()
+
+            asyncio.get_running_loop().call_later(0.01, end)
+            return "SIGTERM"
+
+    running = Early(exit_after=None)
+    stopped = ladder(running, CancelScope(), grace=1)
+    stop = stopped.marks[-1]
+    assert stop.phase is Phase.STOPPED
+    assert stop.at == running.ended_at  # not the 0.2 s later the status came
+
+
+def test_pidwatch_sees_the_end_and_signals_through_the_pidfd() -> None:
+    import signal
+    import subprocess
+
+    from execgate.executor.sandbox.pidwatch import PidWatch
+
+    proc = subprocess.Popen(["sleep", "30"])
+
+    async def go() -> tuple[float | None, float]:
+        watch = PidWatch(proc.pid)
+        assert watch.gone_at is None
+        sent = time.time()
+        assert watch.send(signal.SIGTERM)
+        for _ in range(200):
+            if watch.gone_at is not None:
+                break
+            await asyncio.sleep(0.005)
+        watch.close()
+        assert not watch.send(signal.SIGTERM)  # closed: no signal can reach a reused pid
+        return watch.gone_at, sent
+
+    gone_at, sent = asyncio.run(go())
+    assert proc.wait(5) == -signal.SIGTERM
+    assert gone_at is not None
+    assert sent <= gone_at < sent + 1

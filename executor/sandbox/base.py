@@ -57,6 +57,10 @@ class Exit:
     code: int | None
     signal: int | None = None
     oom_killed: bool = False
+    # Wall-clock time the main process was seen to end, when the backend knows it
+    # sooner than its exit status arrives (dockerd reports a container's exit tens
+    # of ms after its init is gone); None: when `wait` returned.
+    at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,13 +23,16 @@ the output): `release` removes them. Each carries the daemon's id as a label, so
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import os
+import signal
 
 from .base import Captured, Exit, Launch, Probe, SandboxError
 from .docker_warm import ExecRunning, WarmPool
 from .dockerd import Dockerd, Stdio, exit_of, in_thread
+from .pidwatch import PidWatch
 
 log = logging.getLogger("execgate.sandbox")
 
@@ -52,7 +55,15 @@ class DockerSandbox:
             return await self._warm.start(launch)
         cid, sio = await asyncio.to_thread(self.dockerd.start_attached, launch)
         stdio = Stdio(sio, launch.stdin, launch.output_cap)
-        return ContainerRunning(self.dockerd, cid, stdio, f"container {cid[:12]} ({self.image})")
+        where = f"container {cid[:12]} ({self.image})"
+        running = ContainerRunning(self.dockerd, cid, stdio, where)
+        try:
+            pid = await asyncio.to_thread(self.dockerd.init_pid, cid)
+        except SandboxError:
+            pid = 0
+        if pid:
+            running.watch = PidWatch(pid)
+        return running
 
     def probe(self) -> Probe:
         try:
@@ -93,13 +104,20 @@ class ContainerRunning:
         self._released = False
         self._terms: list[asyncio.Future[None]] = []
         self._exited = in_thread(self._wait_exit, f"docker-wait-{cid[:12]}")
+        # The container's init, where this daemon can see it (same PID namespace).
+        self.watch: PidWatch | None = None
 
     def _wait_exit(self) -> Exit:
         code, oom = self.dockerd.wait(self.cid)
         return exit_of(code, oom, self._signalled)
 
     async def wait(self) -> Exit:
-        return await asyncio.shield(self._exited)
+        ended = await asyncio.shield(self._exited)
+        if self.watch is not None and self.watch.gone_at is not None:
+            # dockerd reports the exit tens of ms after the init is gone; with it gone
+            # the kernel has emptied the container's PID namespace.
+            return dataclasses.replace(ended, at=self.watch.gone_at)
+        return ended
 
     async def finish(self) -> None:
         """Nothing is left: docker-init exits with the command, and the kernel empties
@@ -109,6 +127,8 @@ class ContainerRunning:
         # `docker kill` takes 2-70 ms here: too long to block the event loop on, so it
         # runs in a thread, which `release` joins.
         self._signalled = True
+        if self.watch is not None and self.watch.send(signal.SIGTERM):
+            return f"SIGTERM to container {self.cid[:12]}'s init (it forwards it to the command)"
         send = functools.partial(self.dockerd.signal, self.cid, "SIGTERM")
         self._terms.append(in_thread(send, "docker-sigterm"))
         return f"SIGTERM to container {self.cid[:12]} (docker-init forwards it to the command)"
@@ -130,6 +150,8 @@ class ContainerRunning:
         if self._released:
             return
         self._released = True
+        if self.watch is not None:
+            self.watch.close()
         # A SIGTERM that failed changes nothing now: the ladder has gone on without it.
         await asyncio.gather(*self._terms, return_exceptions=True)
         try:

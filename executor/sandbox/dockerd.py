@@ -180,6 +180,11 @@ class Dockerd:
             oom = self.api().inspect_container(cid)["State"]["OOMKilled"]
         return int(code), bool(oom)
 
+    def init_pid(self, cid: str) -> int:
+        """The host pid of the container's init (0 once it has stopped)."""
+        with self.errors():
+            return int(self.api().inspect_container(cid)["State"]["Pid"])
+
     def exec_status(self, exec_id: str) -> int | None:
         """An exec's exit status, None while it runs (or has yet to start)."""
         with self.errors():

@@ -1,0 +1,49 @@
+"""Watching a process the daemon did not spawn (a container's init) through a pidfd.
+
+A pidfd tells the moment the process ends (it becomes readable), and a signal
+sent through it can never hit another process that reused the pid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+
+
+class PidWatch:
+    def __init__(self, pid: int) -> None:
+        # Wall-clock time the process was seen to end; None while it runs.
+        self.gone_at: float | None = None
+        self._fd: int | None = None
+        try:
+            self._fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self.gone_at = time.time()
+            return
+        except OSError:  # no pidfds here (old kernel, seccomp): nothing is watched
+            return
+        asyncio.get_running_loop().add_reader(self._fd, self._ended)
+
+    def _ended(self) -> None:
+        self.gone_at = time.time()
+        self.close()
+
+    def send(self, sig: int) -> bool:
+        """Signal the process; False if it cannot be done this way (gone, not ours)."""
+        if self._fd is None:
+            return False
+        try:
+            signal.pidfd_send_signal(self._fd, sig)
+        except OSError:
+            return False
+        return True
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            with contextlib.suppress(ValueError, RuntimeError):
+                asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)
