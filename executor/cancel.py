@@ -131,7 +131,7 @@ async def _ladder(
     reason: ErrorClass,
     first: Mark,
 ) -> Stopped:
-    marks = [first, mark(Phase.SIGNAL_SENT, running.terminate())]
+    marks = [first, mark(Phase.SIGNAL_SENT, await running.terminate())]
     expires = time.monotonic() + grace
     gone_at = await _all_gone(running, waiter, scope, expires)
     if gone_at is not None:

@@ -60,9 +60,18 @@ class InFlight:
 
     async def cancel(self, order: CancelOrder) -> list[str]:
         """Record the request, then reach every targeted call; returns their ids."""
-        await self.journal.write(lambda c: _insert_cancel(c, order), durable=True)
-        if order.whole_run:
-            self.barred.setdefault(order.run_id, RunBar(order.at, order.reason, order.requester))
+        # The bar goes up before the (durable, so slow) write: a call of the run that
+        # arrives meanwhile must not start. It signals nothing, so the request is
+        # still on record before anything is done to a call.
+        fresh = order.whole_run and order.run_id not in self.barred
+        if fresh:
+            self.barred[order.run_id] = RunBar(order.at, order.reason, order.requester)
+        try:
+            await self.journal.write(lambda c: _insert_cancel(c, order), durable=True)
+        except BaseException:
+            if fresh:
+                del self.barred[order.run_id]
+            raise
         hit = []
         for (run, call), active in list(self.calls.items()):
             if (order.run_id and run != order.run_id) or (order.call_id and call != order.call_id):

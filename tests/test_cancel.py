@@ -10,7 +10,11 @@ reaches (runs, batches, deadlines, shutdown) is in test_cancel_reach.py.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -161,6 +165,44 @@ def test_writer_stopped_midway_is_unknown_outcome(boxed: Boxed) -> None:
     journaled(boxed.client, o)
 
 
+def test_a_background_child_holding_the_output_does_not_hold_the_call(boxed: Boxed) -> None:
+    # The main process is done at once; its background `sleep` keeps stdout open. The
+    # call ends when the main process does, and the leftover is killed with it.
+    tag = new_tag()
+    started = time.monotonic()
+    o = boxed.client.run(sh("sleep 30 & echo hi", f"bg-{tag[:8]}", tag=tag, timeout=20))
+    assert time.monotonic() - started < 5
+    assert (o.status, o.stopped_how) == (Status.SUCCESS, StopMode.COMPLETED), o
+    assert o.text == "hi\n"
+    wait_until(lambda: tagged(tag) == [], "the leftover sleep to be gone")
+
+
+def test_an_escape_the_process_sandbox_cannot_see_is_not_called_verified(
+    tmp_path: Path,
+) -> None:
+    # Without cgroups, the process backend finds a call's processes by their group
+    # and their marker. One that leaves both (setsid, empty environment) is out of
+    # its sight -- but it still holds the call's stdout, and that is reported: the
+    # survivors are unknown, not 0. (bwrap and docker contain it by namespace.)
+    d = Daemon(tmp_path, "--sandbox", "process", "--no-cgroups", "--grace", "0.2").start()
+    nap = f"3{uuid.uuid4().int % 1000}.25"  # a unique argv to find it by
+    try:
+        with Client(d.address) as c:
+            o = c.run(sh(f"env -i setsid sleep {nap} & echo started", "escape", timeout=20))
+        assert o.status is Status.SUCCESS, o
+        assert o.evidence.survivors is None
+        assert "could not find" in o.message, o.message
+        assert o.text == "started\n"
+    finally:
+        for entry in Path("/proc").iterdir():
+            with contextlib.suppress(OSError):
+                if entry.name.isdigit() and (entry / "cmdline").read_bytes() == (
+                    b"sleep\0" + nap.encode() + b"\0"
+                ):
+                    os.kill(int(entry.name), signal.SIGKILL)
+        d.stop()
+
+
 def test_reader_stopped_is_failure(boxed: Boxed) -> None:
     name = f"ro-{new_tag()[:8]}"
     cid = f"reader-{name}"
@@ -191,20 +233,14 @@ def test_run_deadline_is_kept_whatever_the_sandbox_start_costs(
     assert at(o, "cancel_requested") - deadline < 0.1, at(o, "cancel_requested") - deadline
 
 
-def _bwrap_namespace_without_command(tag: str) -> bool:
+def _bwrap_namespace_without_command(daemon: Daemon, tag: str) -> bool:
     """bwrap has made the call's PID namespace, and nothing but its init is in it yet."""
     if tagged(tag, "sh"):
         return False  # the command is running: too late
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or _comm(int(entry.name)) != "bwrap":
+    assert daemon.proc is not None
+    for bwrap in procscan.children(daemon.proc.pid):  # the daemon runs one call here
+        if _comm(bwrap) != "bwrap":
             continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\x00")
-        except OSError:
-            continue
-        if tag.encode() not in argv:  # bwrap ... --setenv EG_TAG <tag> ...
-            continue
-        bwrap = int(entry.name)
         kids = procscan.children(bwrap)
         ns = procscan.pid_namespace(kids[0]) if kids else None
         if ns is None or ns == procscan.pid_namespace(bwrap):
@@ -223,12 +259,13 @@ def test_bwrap_cancel_while_the_sandbox_is_being_built_is_still_polite(tmp_path:
         tag = new_tag()
         cid = f"early-{tag[:8]}"
         stream = Streamer(d.address, [sh(COOPERATIVE, cid, tag=tag)])
-        wait_until(lambda: _bwrap_namespace_without_command(tag), "an empty sandbox namespace")
+        wait_until(lambda: _bwrap_namespace_without_command(d, tag), "an empty sandbox namespace")
         with Client(d.address) as c:
             assert c.cancel(call_id=cid) == [cid]
         stream.join()
         o = stream.outcome(cid)
         signalled = detail(o, "signal_sent")
+        assert "owed" in signalled, signalled  # the window was hit: nobody to signal yet
         # The command honours SIGTERM (or never starts): no grace period, no SIGKILL.
         assert o.stopped_how is StopMode.COOPERATIVE, (signalled, phases(o))
         assert at(o, "stopped") - at(o, "cancel_requested") < GRACE

@@ -46,7 +46,7 @@ class FakeRunning:
         await self.exited.wait()
         return Exit(None, 15) if "kill" not in self.log else Exit(None, 9)
 
-    def terminate(self) -> str:
+    async def terminate(self) -> str:
         self.log.append("terminate")
         if self.exit_after is not None:
             asyncio.get_running_loop().call_later(self.exit_after, self.exited.set)
@@ -319,7 +319,7 @@ def test_the_stop_time_is_when_the_backend_saw_the_process_end() -> None:
             await asyncio.sleep(0.2)  # the exit status arrives late (dockerd)
             return Exit(0, None, False, at=self.ended_at)
 
-        def terminate(self) -> str:
+        async def terminate(self) -> str:
             def end() -> None:
                 self.ended_at = time.time()
                 self.exited.set()

@@ -499,3 +499,51 @@ def test_memory_bomb_is_held_by_the_memory_limit(box: Box) -> None:
         assert o.evidence.signal is not None or o.evidence.exit_code not in (None, 0), o
         assert not o.evidence.oom_killed
     assert_healthy(box)
+
+
+# ---------------------------------------------------------------- the host's kernel and secrets
+
+
+@isolating
+def test_host_sysctls_are_read_only(box: Box) -> None:
+    # A root daemon's bwrap commands run as uid 0 (without capabilities), and uid 0
+    # may write many host-wide sysctls (core_pattern: a program the kernel runs as
+    # root). The sandbox's /proc/sys is read-only; docker's too.
+    target = Path("/proc/sys/kernel/printk_ratelimit")
+    before = target.read_text()
+    o = box.client.run(sh(f"cat {target} > /dev/null && echo {before.strip()} > {target}"))
+    assert (o.status, o.error_class) == (Status.FAILURE, "nonzero_exit"), o
+    assert "Read-only file system" in o.text, o.text
+    assert target.read_text() == before
+    assert_healthy(box)
+
+
+@every_backend
+def test_the_calls_environment_is_on_no_command_line(box: Box) -> None:
+    # Secrets a call passes in `env` must not show in `ps` (any local user reads
+    # /proc/*/cmdline); bwrap reads them from a memfd, not from its arguments.
+    secret = "tok-" + uuid.uuid4().hex
+    tag = new_tag()
+    call = Call(
+        tool="run_command",
+        arguments={
+            "argv": ["sh", "-c", "sleep 5"],
+            "env": {"EG_TAG": tag, "API_TOKEN": secret},
+        },
+        call_id=f"env-{tag[:8]}",
+    )
+    stream = Streamer(box.daemon.address, [call])
+    wait_until(lambda: tagged(tag), "the command")
+    leaked = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and secret.encode() in (entry / "cmdline").read_bytes():
+                leaked.append(int(entry.name))
+    box.client.cancel(call_id=call.call_id)
+    stream.join()
+    assert leaked == []
+    # ...while the command did get it (the environment itself is the place for it).
+    o = box.client.run(
+        Call(tool="run_command", arguments={"argv": ["env"], "env": {"API_TOKEN": secret}})
+    )
+    assert f"API_TOKEN={secret}" in o.text.splitlines()

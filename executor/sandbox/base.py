@@ -67,6 +67,9 @@ class Exit:
 class Captured:
     data: bytes = b""
     total: int = 0
+    # When the call had stopped, some process still held this pipe open: one the
+    # sandbox could not find (it left its cgroup and cleared its marker).
+    held_open: bool = False
 
     @property
     def truncated(self) -> bool:
@@ -98,7 +101,7 @@ class Running(Protocol):
         """The main process has exited: end whatever it left behind (background children)."""
         ...
 
-    def terminate(self) -> str:
+    async def terminate(self) -> str:
         """The polite signal (SIGTERM); returns what was signalled."""
         ...
 

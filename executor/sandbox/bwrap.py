@@ -56,7 +56,11 @@ def system_binds(extra_ro: tuple[Path, ...] = (), *, network: bool = False) -> l
     return args
 
 
-def bwrap_argv(launch: Launch, extra_ro: tuple[Path, ...] = ()) -> list[str]:
+def bwrap_argv(
+    launch: Launch, extra_ro: tuple[Path, ...] = (), env_fd: int | None = None
+) -> list[str]:
+    """bwrap's command line. With `env_fd`, the environment is read from that descriptor
+    (see `env_args`) instead of being spelled on a command line any local user can read."""
     conf = launch.confinement
     args = [BWRAP, "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     if not conf.network:
@@ -65,13 +69,33 @@ def bwrap_argv(launch: Launch, extra_ro: tuple[Path, ...] = ()) -> list[str]:
         args.append("--unshare-user")
     args += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "sandbox"]
     args += system_binds(extra_ro, network=conf.network)
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    # The new /proc, but its /proc/sys read-only: a root daemon's commands run as uid 0
+    # (without capabilities), and uid 0 may write many host-wide sysctls.
+    args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]
+    args += ["--dev", "/dev", "--tmpfs", "/tmp"]
     ws = str(launch.workspace)
     args += ["--bind" if launch.writable else "--ro-bind", ws, ws, "--chdir", str(launch.cwd)]
-    args.append("--clearenv")
+    if env_fd is not None:
+        args += ["--args", str(env_fd)]
+    else:
+        args += env_args(launch).decode().split("\0")[:-1]
+    return [*args, "--", *launch.argv]
+
+
+def env_args(launch: Launch) -> bytes:
+    """`--clearenv --setenv NAME VALUE ...`, NUL-separated, as bwrap's `--args` reads them."""
+    args = ["--clearenv"]
     for name, value in {**launch.env, MARKER_ENV: launch.marker}.items():
         args += ["--setenv", name, value]
-    return [*args, "--", *launch.argv]
+    return b"".join(a.encode() + b"\0" for a in args)
+
+
+def env_fd(launch: Launch) -> int:
+    """A memfd holding `env_args`, positioned at its start."""
+    fd = os.memfd_create("execgate-env", os.MFD_CLOEXEC)
+    os.write(fd, env_args(launch))
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 class BwrapRunning(HostRunning):
@@ -79,6 +103,8 @@ class BwrapRunning(HostRunning):
     _ns: str | None = None
     # A SIGTERM asked for before the command existed, being delivered.
     _owed: asyncio.Future[None] | None = None
+    # A pidfd of the namespace's init, once it is known.
+    _init_fd: int | None = None
 
     async def wait(self) -> Exit:
         # bwrap reports a command killed by signal N as exit status 128 + N (the
@@ -91,16 +117,13 @@ class BwrapRunning(HostRunning):
     async def _namespace(self) -> tuple[int, str] | None:
         """The namespace's init (bwrap's child) and its namespace id, once they exist."""
         for _ in range(100):
+            if self._ns is None:
+                self._resolve_now()
             if self._ns_init is not None and self._ns is not None:
                 return self._ns_init, self._ns
-            if self.proc.returncode is not None:
+            if not self.watch.alive():
                 return None
-            kids = procscan.children(self.proc.pid)
-            ns = procscan.pid_namespace(kids[0]) if kids else None
-            if kids and ns is not None and ns != procscan.pid_namespace(self.proc.pid):
-                self._ns_init, self._ns = kids[0], ns
-            else:
-                await asyncio.sleep(0.002)
+            await asyncio.sleep(0.002)
         return None
 
     async def finish(self) -> None:
@@ -109,8 +132,8 @@ class BwrapRunning(HostRunning):
         if self.group is not None and self.group.procs():
             await asyncio.to_thread(self.group.kill)
 
-    def terminate(self) -> str:
-        sent = self._signal_members(signal.SIGTERM)
+    async def terminate(self) -> str:
+        sent = await asyncio.to_thread(self._signal_members, signal.SIGTERM)
         if sent:
             return f"SIGTERM to {sent} process(es) in {self._ns}"
         # bwrap is still building the sandbox: the command does not exist yet. The
@@ -133,7 +156,9 @@ class BwrapRunning(HostRunning):
 
     async def _deliver_owed(self) -> None:
         # Nothing announces a process entering the namespace: /proc is polled.
-        while self.proc.returncode is None and not self._signal_members(signal.SIGTERM):  # noqa: ASYNC110
+        while self.watch.alive():
+            if await asyncio.to_thread(self._signal_members, signal.SIGTERM):
+                return
             await asyncio.sleep(OWED_POLL_SECONDS)
 
     def _forget_owed(self) -> None:
@@ -144,16 +169,20 @@ class BwrapRunning(HostRunning):
         kids = procscan.children(self.proc.pid)
         ns = procscan.pid_namespace(kids[0]) if kids else None
         if ns is not None and ns != procscan.pid_namespace(self.proc.pid):
-            self._ns_init, self._ns = kids[0], ns
+            with contextlib.suppress(OSError):
+                # Signals to the init go through a pidfd: never to a recycled pid.
+                self._init_fd = os.pidfd_open(kids[0])
+                self._ns_init, self._ns = kids[0], ns
 
     async def kill(self) -> str:
         self._forget_owed()
         found = await self._namespace()
         if found is None:  # bwrap is gone or never built the namespace
             return await super().kill()
-        init, ns = found
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(init, signal.SIGKILL)
+        _, ns = found
+        if self._init_fd is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self._init_fd, signal.SIGKILL)
         how = f"SIGKILL to the init of {ns} (the kernel kills the whole namespace)"
         if self.group is not None:
             how += "; " + await asyncio.to_thread(self.group.kill)
@@ -161,6 +190,9 @@ class BwrapRunning(HostRunning):
 
     async def release(self) -> None:
         self._forget_owed()
+        if self._init_fd is not None:
+            fd, self._init_fd = self._init_fd, None
+            os.close(fd)
         await super().release()
 
     async def survivors(self) -> list[int]:
@@ -178,21 +210,30 @@ class BwrapSandbox(ProcessSandbox):
         self.extra_ro = extra_ro
 
     async def start(self, launch: Launch) -> BwrapRunning:
-        find_program(launch.argv[0], launch)
+        find_program(launch.argv[0], launch, self._visible(launch))
         group = self._leaf(launch)
+        fd = env_fd(launch)
         argv = [
             *launcher(launch.confinement, group),
-            *bwrap_argv(launch, self.extra_ro),
+            *bwrap_argv(launch, self.extra_ro, fd),
         ]
         try:
-            proc = await spawn(argv, cwd=launch.cwd, env={}, stdin=launch.stdin)
+            proc = await spawn(argv, cwd=launch.cwd, env={}, stdin=launch.stdin, pass_fds=(fd,))
         except BaseException:
             if group is not None:
                 await asyncio.to_thread(group.remove)
             raise
+        finally:
+            os.close(fd)
         pipes = Pipes(proc, launch.stdin, launch.output_cap)
         where = f"bwrap {proc.pid}" + (f", cgroup {group.dirs[0].name}" if group else "")
         return BwrapRunning(proc, pipes, group, launch.marker, where)
+
+    def _visible(self, launch: Launch) -> tuple[str, ...]:
+        """The host paths the sandbox shows where they are on the host."""
+        roots = [os.path.realpath(d) for d in SYSTEM_DIRS if os.path.exists(d)]
+        roots += [str(launch.workspace), *(str(p) for p in self.extra_ro)]
+        return tuple(roots)
 
     def probe(self) -> Probe:
         if not os.access(BWRAP, os.X_OK):

@@ -101,14 +101,22 @@ class CgroupRoot:
         return bool(self.hierarchies)
 
     def describe(self) -> str:
+        """What the per-call cgroups give on this host, for `execgate doctor`."""
         if not self.hierarchies:
             return "no writable cgroup hierarchy (limits by rlimit only, kill by sweep)"
-        kinds = {h.kind for h in self.hierarchies}
-        parts = []
-        if "v2" in kinds:
-            parts.append("cgroup v2 (cgroup.kill)")
-        parts += [f"cgroup v1 {k}" for k in _V1_CONTROLLERS if k in kinds]
-        return ", ".join(parts)
+        kill = any(h.kind == "v2" for h in self.hierarchies)
+        pids = any((h.base / "pids.max").exists() for h in self.hierarchies)
+        memory = any(
+            (h.base / name).exists()
+            for h in self.hierarchies
+            for name in ("memory.max", "memory.limit_in_bytes")
+        )
+        parts = [
+            "cgroup.kill" if kill else "no cgroup.kill (member-by-member kill)",
+            "pids limit" if pids else "NO pids limit (root ignores RLIMIT_NPROC)",
+            "memory limit" if memory else "no cgroup memory limit (address-space rlimit only)",
+        ]
+        return "per-call cgroups: " + ", ".join(parts)
 
     def leaf(self, token: str, conf: Confinement) -> CallCgroup | None:
         dirs = []

@@ -28,6 +28,7 @@ import functools
 import logging
 import os
 import signal
+from pathlib import Path
 
 from .base import Captured, Exit, Launch, Probe, SandboxError
 from .docker_warm import ExecRunning, WarmPool
@@ -61,7 +62,7 @@ class DockerSandbox:
             pid = await asyncio.to_thread(self.dockerd.init_pid, cid)
         except SandboxError:
             pid = 0
-        if pid:
+        if pid and _in_container(pid, cid):
             running.watch = PidWatch(pid)
         return running
 
@@ -123,7 +124,7 @@ class ContainerRunning:
         """Nothing is left: docker-init exits with the command, and the kernel empties
         the container's PID namespace once its init is gone."""
 
-    def terminate(self) -> str:
+    async def terminate(self) -> str:
         # `docker kill` takes 2-70 ms here: too long to block the event loop on, so it
         # runs in a thread, which `release` joins.
         self._signalled = True
@@ -158,3 +159,15 @@ class ContainerRunning:
             await asyncio.to_thread(self.dockerd.remove, self.cid)
         finally:
             self.stdio.close()
+
+
+def _in_container(pid: int, cid: str) -> bool:
+    """Is host pid `pid` (as dockerd reports it) that container's process here too?
+
+    Not when this daemon runs in a PID namespace of its own (in a container itself):
+    the number then names some other process, or none.
+    """
+    try:
+        return cid in Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return False

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import select
 import signal
 import time
 
@@ -17,18 +18,32 @@ class PidWatch:
     def __init__(self, pid: int) -> None:
         # Wall-clock time the process was seen to end; None while it runs.
         self.gone_at: float | None = None
+        self.ended = asyncio.Event()
         self._fd: int | None = None
         try:
             self._fd = os.pidfd_open(pid)
         except ProcessLookupError:
             self.gone_at = time.time()
+            self.ended.set()
             return
         except OSError:  # no pidfds here (old kernel, seccomp): nothing is watched
             return
         asyncio.get_running_loop().add_reader(self._fd, self._ended)
 
+    @property
+    def watching(self) -> bool:
+        return self._fd is not None or self.ended.is_set()
+
+    def alive(self) -> bool:
+        """Not yet exited -- so its pid (and process group id) cannot have been reused."""
+        if self._fd is None:
+            return False
+        readable, _, _ = select.select([self._fd], [], [], 0)
+        return not readable
+
     def _ended(self) -> None:
         self.gone_at = time.time()
+        self.ended.set()
         self.close()
 
     def send(self, sig: int) -> bool:

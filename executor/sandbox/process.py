@@ -19,6 +19,7 @@ import signal
 from . import procscan
 from .base import MARKER_ENV, Captured, Exit, Launch, Probe, SandboxError
 from .cgroup import CallCgroup, CgroupRoot
+from .pidwatch import PidWatch
 from .spawn import DASH, PRLIMIT, Pipes, launcher, spawn
 
 # After the call stops, a process that escaped every sweep may still hold the output
@@ -34,25 +35,39 @@ class ProgramNotExecutable(SandboxError):
     pass
 
 
-def find_program(name: str, launch: Launch) -> None:
+def find_program(name: str, launch: Launch, visible: tuple[str, ...] = ("/",)) -> None:
     """Check the program exists and may be executed, before any sandbox is built.
 
-    Looked up on the host, with the call's PATH: the sandboxes show the host's
-    system directories and the workspace at the same paths.
+    Looked up on the host, with the call's PATH, among the host paths the sandbox
+    shows at the same place (`visible`): what the sandbox hides is "not found",
+    so the answer tells nothing about the host beyond the sandbox.
     """
     if "/" not in name:
-        if shutil.which(name, path=launch.env.get("PATH", os.defpath)) is None:
+        dirs = launch.env.get("PATH", os.defpath).split(os.pathsep)
+        shown = os.pathsep.join(d for d in dirs if _under(d, visible))
+        if shutil.which(name, path=shown) is None:
             raise ProgramNotFound(f"program not found: {name}")
         return
     path = launch.cwd / name
-    if not path.exists():
+    if not _under(os.path.realpath(path), visible) or not path.exists():
         raise ProgramNotFound(f"program not found: {name}")
     if not path.is_file() or not os.access(path, os.X_OK):
         raise ProgramNotExecutable(f"cannot execute {name}")
 
 
+def _under(path: str, roots: tuple[str, ...]) -> bool:
+    real = os.path.realpath(path)
+    return any(real == r or real.startswith(r.rstrip("/") + "/") for r in roots)
+
+
 class HostRunning:
-    """A call running as a host process tree (the `process` and `bwrap` backends)."""
+    """A call running as a host process tree (the `process` and `bwrap` backends).
+
+    The main process is watched through a pidfd: its exit is seen at once (asyncio's
+    `Process.wait` also waits for the output pipes, which a background child may
+    hold open), and the process group is signalled only while its leader has not
+    exited -- a group whose leader is gone may be empty, and its id reused.
+    """
 
     def __init__(
         self,
@@ -67,39 +82,60 @@ class HostRunning:
         self.group = group
         self.marker = marker
         self.description = description
+        self.watch = PidWatch(proc.pid)
 
     async def wait(self) -> Exit:
-        code = await self.proc.wait()
+        if self.watch.watching:
+            await self.watch.ended.wait()
+            code = await self._returncode()
+        else:  # no pidfds on this kernel
+            code = await self.proc.wait()
         oom = self.group.oom_killed() if self.group is not None else False
         return Exit(code, None, oom) if code >= 0 else Exit(None, -code, oom)
 
+    async def _returncode(self) -> int:
+        """The status asyncio's child watcher reaped (it is there within a moment)."""
+        while self.proc.returncode is None:  # noqa: ASYNC110 -- no event is offered
+            await asyncio.sleep(0.001)
+        return self.proc.returncode
+
     async def finish(self) -> None:
-        _killpg(self.proc.pid, signal.SIGKILL)
         if self.group is not None:
             if self.group.procs():
                 await asyncio.to_thread(self.group.kill)
         else:
-            await asyncio.to_thread(self._sweep)
+            await asyncio.to_thread(self._sweep, signal.SIGKILL)
 
-    def terminate(self) -> str:
-        _killpg(self.proc.pid, signal.SIGTERM)
-        return f"SIGTERM to process group {self.proc.pid}"
+    async def terminate(self) -> str:
+        if self._signal_group(signal.SIGTERM):
+            return f"SIGTERM to process group {self.proc.pid}"
+        count = await asyncio.to_thread(self._sweep, signal.SIGTERM)
+        return f"SIGTERM to {count} process(es) the call left (its main process had exited)"
 
     async def kill(self) -> str:
-        how = [f"SIGKILL to process group {self.proc.pid}"]
-        _killpg(self.proc.pid, signal.SIGKILL)
+        how = []
+        if self._signal_group(signal.SIGKILL):
+            how.append(f"SIGKILL to process group {self.proc.pid}")
         if self.group is not None:
             how.append(await asyncio.to_thread(self.group.kill))
-        swept = await asyncio.to_thread(self._sweep)
+        swept = await asyncio.to_thread(self._sweep, signal.SIGKILL)
         if swept:
-            how.append(f"SIGKILL to {swept} marked process(es) outside the group")
-        return "; ".join(how)
+            how.append(f"SIGKILL to {swept} marked process(es)")
+        return "; ".join(how) or "nothing left to kill"
 
-    def _sweep(self) -> int:
+    def _signal_group(self, sig: int) -> bool:
+        if not self.watch.alive():
+            return False
+        _killpg(self.proc.pid, sig)
+        return True
+
+    def _sweep(self, sig: int) -> int:
         pids = procscan.with_marker(MARKER_ENV, self.marker)
+        if self.group is not None:
+            pids = sorted(set(pids) | self.group.procs())
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, sig)
         return len(pids)
 
     async def survivors(self) -> list[int]:
@@ -112,17 +148,13 @@ class HostRunning:
         return await asyncio.to_thread(scan)
 
     async def output(self) -> tuple[Captured, Captured]:
-        try:
-            return await asyncio.wait_for(
-                asyncio.shield(self.pipes.result()), OUTPUT_SETTLE_SECONDS
-            )
-        except TimeoutError:
-            self.pipes.cancel()
-            return Captured(), Captured()
+        return await self.pipes.result(OUTPUT_SETTLE_SECONDS)
 
     async def release(self) -> None:
         if self.proc.returncode is None:  # our own task was cancelled mid-call
-            _killpg(self.proc.pid, signal.SIGKILL)
+            self._signal_group(signal.SIGKILL)
+        self.watch.close()
+        self.pipes.cancel()
         if self.group is not None:
             group, self.group = self.group, None
             await asyncio.to_thread(group.remove)

@@ -64,13 +64,19 @@ def cgroup_prefix(group: CallCgroup | None) -> list[str]:
 
 
 async def spawn(
-    argv: list[str], *, cwd: Path, env: dict[str, str], stdin: bytes | None
+    argv: list[str],
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    stdin: bytes | None,
+    pass_fds: tuple[int, ...] = (),
 ) -> asyncio.subprocess.Process:
     try:
         return await asyncio.create_subprocess_exec(
             *argv,
             cwd=cwd,
             env=env,
+            pass_fds=pass_fds,
             start_new_session=True,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
@@ -86,16 +92,22 @@ class Pipes:
     def __init__(self, proc: asyncio.subprocess.Process, stdin: bytes | None, cap: int) -> None:
         assert proc.stdout is not None
         assert proc.stderr is not None
+        self._sinks = (_Sink(cap), _Sink(cap))
         self._tasks = [
-            asyncio.ensure_future(_drain(proc.stdout, cap)),
-            asyncio.ensure_future(_drain(proc.stderr, cap)),
+            asyncio.ensure_future(_drain(proc.stdout, self._sinks[0])),
+            asyncio.ensure_future(_drain(proc.stderr, self._sinks[1])),
         ]
         self._feeder = asyncio.ensure_future(_feed(proc, stdin)) if stdin is not None else None
 
-    async def result(self) -> tuple[Captured, Captured]:
-        if self._feeder is not None:
-            await self._feeder
-        out, err = await asyncio.gather(*self._tasks)
+    async def result(self, settle: float) -> tuple[Captured, Captured]:
+        """What was read, once both pipes closed or `settle` seconds passed; a pipe still
+        open then is reported `held_open` (with what it gave so far)."""
+        await asyncio.wait(self._tasks, timeout=settle)
+        out, err = (
+            sink.captured(held_open=not task.done())
+            for sink, task in zip(self._sinks, self._tasks, strict=True)
+        )
+        self.cancel()
         return out, err
 
     def cancel(self) -> None:
@@ -104,14 +116,24 @@ class Pipes:
                 task.cancel()
 
 
-async def _drain(stream: asyncio.StreamReader, cap: int) -> Captured:
-    kept = bytearray()
-    total = 0
+class _Sink:
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.kept = bytearray()
+        self.total = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        if len(self.kept) < self.cap:
+            self.kept += chunk[: self.cap - len(self.kept)]
+
+    def captured(self, *, held_open: bool) -> Captured:
+        return Captured(bytes(self.kept), self.total, held_open)
+
+
+async def _drain(stream: asyncio.StreamReader, sink: _Sink) -> None:
     while chunk := await stream.read(65536):
-        total += len(chunk)
-        if len(kept) < cap:
-            kept += chunk[: cap - len(kept)]
-    return Captured(bytes(kept), total)
+        sink.add(chunk)
 
 
 async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:

@@ -139,6 +139,13 @@ def _output(stopped: Stopped, out: Captured, err: Captured, where: str) -> ToolO
         message = f"{stopped.reason.value}: stopped {stopped.how.value}"
         if stopped.survivors:
             message += f"; {stopped.survivors} process(es) could not be killed"
+    survivors = stopped.survivors
+    if out.held_open or err.held_open:
+        # Someone still writes to our pipes: a process of the call that left every
+        # place the sandbox looks (its cgroup, its marker). Nothing is verified.
+        survivors = None
+        escaped = "a process the sandbox could not find still held the output open"
+        message = f"{message}; {escaped}" if message else escaped
     return ToolOutput(
         text=text,
         structured={
@@ -152,7 +159,7 @@ def _output(stopped: Stopped, out: Captured, err: Captured, where: str) -> ToolO
             signal=ended.signal,
             sandbox=where,
             oom_killed=ended.oom_killed or None,
-            survivors=stopped.survivors,
+            survivors=survivors,
         ),
         truncated=out.truncated or err.truncated,
         total_bytes=out.total + err.total,
