@@ -222,15 +222,15 @@ def test_reader_stopped_is_failure(boxed: Boxed) -> None:
     journaled(boxed.client, o)
 
 
-def test_run_deadline_is_kept_whatever_the_sandbox_start_costs(
-    boxed: Boxed, request: pytest.FixtureRequest
-) -> None:
+def test_run_deadline_is_kept_whatever_the_sandbox_start_costs(boxed: Boxed) -> None:
     name = f"dl-{new_tag()[:8]}"
     deadline = time.time() + 1.0
     [o] = boxed.client.execute([work(f"reader-{name}", name, seconds=30)], deadline=deadline)
     assert (o.status, o.error_class) == (Status.FAILURE, "timeout"), o
-    # "Calls still running then are stopped": the stop is asked for at the deadline.
-    assert at(o, "cancel_requested") - deadline < 0.1, at(o, "cancel_requested") - deadline
+    # "Calls still running then are stopped": the stop is asked for at the deadline,
+    # not after it (sandbox start included) and not before it.
+    late = at(o, "cancel_requested") - deadline
+    assert -0.05 < late < 0.1, late
 
 
 def _bwrap_namespace_without_command(daemon: Daemon, tag: str) -> bool:
