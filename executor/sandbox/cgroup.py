@@ -95,6 +95,8 @@ class CgroupRoot:
                 continue
             usable.append(_Hierarchy(kind, base))
         self.hierarchies = tuple(usable)
+        # Which limit files a leaf has, per hierarchy (learnt from the first leaf).
+        self._limit_files: dict[Path, tuple[str, ...]] = {}
 
     @property
     def available(self) -> bool:
@@ -131,7 +133,7 @@ class CgroupRoot:
         if not dirs:
             return None
         group = CallCgroup(tuple(dirs))
-        group.limit(conf)
+        group.limit(conf, self._limit_files)
         return group
 
     def cleanup_stale(self) -> int:
@@ -156,7 +158,8 @@ class CallCgroup:
         """Shell text that moves the running shell into every leaf (before it execs)."""
         return "; ".join(f"echo 0 > {shlex.quote(str(d / 'cgroup.procs'))}" for d in self.dirs)
 
-    def limit(self, conf: Confinement) -> None:
+    def limit(self, conf: Confinement, known: dict[Path, tuple[str, ...]]) -> None:
+        """Write the limits; `known` caches which limit files a leaf under a base has."""
         values = {
             "pids.max": conf.processes,
             "memory.max": conf.memory_bytes,
@@ -165,9 +168,11 @@ class CallCgroup:
             "memory.memsw.limit_in_bytes": conf.memory_bytes,
         }
         for d in self.dirs:
-            for name, value in values.items():
-                if (d / name).exists():
-                    _write(d / name, str(value))
+            names = known.get(d.parent)
+            if names is None:
+                names = known[d.parent] = tuple(n for n in values if (d / n).exists())
+            for name in names:
+                _write(d / name, str(values[name]))
 
     def procs(self) -> set[int]:
         members: set[int] = set()
@@ -201,6 +206,19 @@ class CallCgroup:
                         if key == "oom_kill" and value.strip() != "0":
                             return True
         return False
+
+    def try_remove(self) -> bool:
+        """One quick rmdir of every leaf (no waiting): True if none is left."""
+        left = []
+        for d in self.dirs:
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                left.append(d)
+        self.dirs = tuple(left)
+        return not left
 
     def remove(self) -> int:
         """rmdir every leaf; a leaf with members left stays (and is logged)."""

@@ -95,8 +95,11 @@ class HostRunning:
 
     async def _returncode(self) -> int:
         """The status asyncio's child watcher reaped (it is there within a moment)."""
-        while self.proc.returncode is None:  # noqa: ASYNC110 -- no event is offered
-            await asyncio.sleep(0.001)
+        spins = 0
+        while self.proc.returncode is None:
+            # The watcher's thread posts it to this loop: usually a few turns away.
+            spins += 1
+            await asyncio.sleep(0 if spins < 100 else 0.001)
         return self.proc.returncode
 
     async def finish(self) -> None:
@@ -157,7 +160,8 @@ class HostRunning:
         self.pipes.cancel()
         if self.group is not None:
             group, self.group = self.group, None
-            await asyncio.to_thread(group.remove)
+            if not group.try_remove():  # a killed member is still being reaped
+                await asyncio.to_thread(group.remove)
 
 
 class ProcessSandbox:
