@@ -38,6 +38,7 @@ import yaml
 from execgate.client import Call, Client, Status, StopMode
 from execgate.executor.policy import default_policy_path
 from execgate.executor.sandbox import procscan
+from execgate.executor.sandbox.cgroup import CgroupRoot, remove_root
 from tests.daemon import Daemon
 from tests.support import Streamer, sandbox_serve_args, wait_until
 
@@ -231,6 +232,15 @@ def work_pids(path: Path) -> list[int]:
 
 def work_sleeping(path: Path) -> bool:
     return any(_comm(kid) == "sleep" for pid in work_pids(path) for kid in procscan.children(pid))
+
+
+def memory_controller_writable() -> bool:
+    """Can a per-call cgroup here carry a memory limit? (What the daemon's leaves get.)"""
+    root = CgroupRoot("probe-" + new_tag()[:8])
+    try:
+        return root.available and "no cgroup memory limit" not in root.describe()
+    finally:
+        remove_root(root)
 
 
 def pids_controller_writable() -> bool:
@@ -485,16 +495,16 @@ def test_memory_bomb_is_held_by_the_memory_limit(box: Box) -> None:
     assert time.monotonic() - t0 < 20, "the bomb ran into the call's timeout, not a limit"
     assert o.status is Status.FAILURE, o
     assert o.stopped_how is StopMode.COMPLETED  # it ended by itself: nobody had to stop it
-    if box.backend == "docker":
-        # The container's memory cgroup (memory = memory+swap = 64 MiB): the kernel's
-        # OOM killer ends it, and dockerd reports OOMKilled.
+    if box.backend == "docker" or memory_controller_writable():
+        # A memory cgroup (docker's, or the call's own leaf; memory = memory+swap =
+        # 64 MiB): the kernel's OOM killer ends it, and the sandbox reports it.
         assert o.error_class == "resource_exhausted", o
         assert o.evidence.oom_killed is True
+        assert o.evidence.signal == 9, o.evidence
     else:
-        # process and bwrap: memory_mb is also the address-space rlimit (prlimit --as),
-        # which makes the shell's allocations fail long before any cgroup limit is
-        # reached; the shell then dies (SIGSEGV with dash) or exits with an error. An
-        # ordinary failed command, not an OOM kill.
+        # No memory cgroup here: memory_mb is the address-space rlimit instead, which
+        # makes the shell's allocations fail; it dies (SIGSEGV with dash) or exits with
+        # an error. An ordinary failed command, not an OOM kill.
         assert o.error_class == "nonzero_exit", o
         assert o.evidence.signal is not None or o.evidence.exit_code not in (None, 0), o
         assert not o.evidence.oom_killed

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -41,6 +42,12 @@ ETC_NETWORK = ("hosts", "resolv.conf", "ssl", "ca-certificates")
 
 
 def system_binds(extra_ro: tuple[Path, ...] = (), *, network: bool = False) -> list[str]:
+    return list(_system_binds(extra_ro, network))
+
+
+@functools.lru_cache(maxsize=16)
+def _system_binds(extra_ro: tuple[Path, ...], network: bool) -> tuple[str, ...]:
+    """Looked up once per daemon (about 20 stat calls): the host's layout does not move."""
     args: list[str] = []
     for d in SYSTEM_DIRS:
         if os.path.islink(d):
@@ -53,7 +60,7 @@ def system_binds(extra_ro: tuple[Path, ...] = (), *, network: bool = False) -> l
             args += ["--ro-bind", path, path]
     for extra in extra_ro:
         args += ["--ro-bind", str(extra), str(extra)]
-    return args
+    return tuple(args)
 
 
 def bwrap_argv(
@@ -96,6 +103,11 @@ def env_fd(launch: Launch) -> int:
     os.write(fd, env_args(launch))
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
+
+
+@functools.lru_cache(maxsize=1)
+def _system_roots() -> tuple[str, ...]:
+    return tuple(os.path.realpath(d) for d in SYSTEM_DIRS if os.path.exists(d))
 
 
 class BwrapRunning(HostRunning):
@@ -231,9 +243,7 @@ class BwrapSandbox(ProcessSandbox):
 
     def _visible(self, launch: Launch) -> tuple[str, ...]:
         """The host paths the sandbox shows where they are on the host."""
-        roots = [os.path.realpath(d) for d in SYSTEM_DIRS if os.path.exists(d)]
-        roots += [str(launch.workspace), *(str(p) for p in self.extra_ro)]
-        return tuple(roots)
+        return (*_system_roots(), str(launch.workspace), *(str(p) for p in self.extra_ro))
 
     def probe(self) -> Probe:
         if not os.access(BWRAP, os.X_OK):

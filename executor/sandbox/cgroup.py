@@ -28,6 +28,7 @@ from .base import Confinement
 log = logging.getLogger("execgate.sandbox")
 
 _V1_CONTROLLERS = ("pids", "memory")
+_MEMORY_LIMITS = ("memory.max", "memory.limit_in_bytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +154,8 @@ class CallCgroup:
 
     def __init__(self, dirs: tuple[Path, ...]) -> None:
         self.dirs = dirs
+        # A memory limit was set here (then the address-space rlimit is not needed).
+        self.limits_memory = False
 
     def join_command(self) -> str:
         """Shell text that moves the running shell into every leaf (before it execs)."""
@@ -172,7 +175,8 @@ class CallCgroup:
             if names is None:
                 names = known[d.parent] = tuple(n for n in values if (d / n).exists())
             for name in names:
-                _write(d / name, str(values[name]))
+                if _write(d / name, str(values[name])) and name in _MEMORY_LIMITS:
+                    self.limits_memory = True
 
     def procs(self) -> set[int]:
         members: set[int] = set()

@@ -26,14 +26,17 @@ DASH = shutil.which("dash")
 def launcher(conf: Confinement, group: CallCgroup | None) -> list[str]:
     """The exec chain that puts the command into its cgroup leaves and under its limits."""
     if DASH is None:
-        return [*cgroup_prefix(group), *rlimit_prefix(conf)]
+        return [*cgroup_prefix(group), *rlimit_prefix(conf, group)]
     steps = ["set -e"]
     if group is not None:
         steps.append(group.join_command())
-    # dash: -t seconds, -v KiB, -f 512-byte blocks, -n files, -p processes.
+    # dash: -t seconds, -v KiB, -f 512-byte blocks, -n files, -p processes. Memory is
+    # the cgroup's limit where there is one (resident memory, as docker's): an
+    # address-space limit also refuses runtimes that only reserve address space.
+    steps.append(f"ulimit -t {conf.cpu_seconds}")
+    if group is None or not group.limits_memory:
+        steps.append(f"ulimit -v {conf.memory_bytes // 1024}")
     steps += [
-        f"ulimit -t {conf.cpu_seconds}",
-        f"ulimit -v {conf.memory_bytes // 1024}",
         f"ulimit -f {conf.file_size_bytes // 512}",
         f"ulimit -n {conf.open_files}",
         f"ulimit -p {conf.processes}",
@@ -42,12 +45,13 @@ def launcher(conf: Confinement, group: CallCgroup | None) -> list[str]:
     return [DASH, "-c", "; ".join(steps), "sh"]
 
 
-def rlimit_prefix(conf: Confinement) -> list[str]:
+def rlimit_prefix(conf: Confinement, group: CallCgroup | None = None) -> list[str]:
     """`prlimit` setting soft = hard limits, then `--` and the command."""
+    memory = [] if group is not None and group.limits_memory else [f"--as={conf.memory_bytes}"]
     return [
         PRLIMIT,
         f"--cpu={conf.cpu_seconds}",
-        f"--as={conf.memory_bytes}",
+        *memory,
         f"--fsize={conf.file_size_bytes}",
         f"--nofile={conf.open_files}",
         # Per real uid, not per call, and not enforced for root: the cgroup's pids.max
