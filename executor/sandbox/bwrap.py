@@ -216,6 +216,8 @@ class BwrapRunning(HostRunning):
 
 class BwrapSandbox(ProcessSandbox):
     name = "bwrap"
+    # Killing the namespace's init ends every process of the call.
+    needs_cgroup_kill = False
 
     def __init__(self, cgroups: CgroupRoot | None = None, extra_ro: tuple[Path, ...] = ()) -> None:
         super().__init__(cgroups)

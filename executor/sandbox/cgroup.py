@@ -121,9 +121,13 @@ class CgroupRoot:
         ]
         return "per-call cgroups: " + ", ".join(parts)
 
-    def leaf(self, token: str, conf: Confinement) -> CallCgroup | None:
+    def leaf(self, token: str, conf: Confinement, *, need_kill: bool = True) -> CallCgroup | None:
+        """The call's leaves. Without `need_kill` (a PID namespace kills for the caller),
+        a v2 hierarchy that brings no limit of its own is skipped: each leaf costs."""
         dirs = []
         for h in self.hierarchies:
+            if not need_kill and h.kind == "v2" and not self._limits_in(h):
+                continue
             path = h.base / token
             try:
                 path.mkdir()
@@ -136,6 +140,10 @@ class CgroupRoot:
         group = CallCgroup(tuple(dirs))
         group.limit(conf, self._limit_files)
         return group
+
+    def _limits_in(self, h: _Hierarchy) -> bool:
+        """Does this hierarchy limit anything (v2 without delegated controllers does not)?"""
+        return any((h.base / n).exists() for n in ("pids.max", *_MEMORY_LIMITS))
 
     def cleanup_stale(self) -> int:
         """Kill and remove leaves left by an earlier daemon with the same id."""

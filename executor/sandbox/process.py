@@ -186,10 +186,15 @@ class ProcessSandbox:
             proc, Pipes(proc, launch.stdin, launch.output_cap), group, launch.marker, where
         )
 
+    # The force kill needs the cgroup (no PID namespace here).
+    needs_cgroup_kill = True
+
     def _leaf(self, launch: Launch) -> CallCgroup | None:
         if self.cgroups is None:
             return None
-        return self.cgroups.leaf(launch.marker, launch.confinement)
+        return self.cgroups.leaf(
+            launch.marker, launch.confinement, need_kill=self.needs_cgroup_kill
+        )
 
     def probe(self) -> Probe:
         if DASH is None and not os.access(PRLIMIT, os.X_OK):
