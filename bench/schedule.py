@@ -340,11 +340,11 @@ def phase_medians(run: Run, batch: Sequence[Spec]) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def daemons(root: Path) -> Iterator[tuple[Daemon, Daemon]]:
+def daemons(root: Path, sandbox: str) -> Iterator[tuple[Daemon, Daemon]]:
     (root / "execgate").mkdir()
     (root / "naive").mkdir()
-    sched = Daemon(root / "execgate")
-    naive = Daemon(root / "naive", "--locks", "none")
+    sched = Daemon(root / "execgate", "--sandbox", sandbox)
+    naive = Daemon(root / "naive", "--locks", "none", "--sandbox", sandbox)
     try:
         sched.start()
         naive.start()
@@ -600,6 +600,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--no-serial", action="store_true", help="skip the serial runs (the longest part)"
     )
+    p.add_argument(
+        "--sandbox",
+        default="auto",
+        choices=["auto", "process", "bwrap"],
+        help="where the `work` calls run (default: the daemon's default, auto)",
+    )
     p.add_argument("--json", type=Path, default=RESULTS, help=f"results file ({RESULTS})")
     p.add_argument("--tmp", type=Path, default=None, help="where the daemons' dirs go (a temp dir)")
     args = p.parse_args(argv)
@@ -631,7 +637,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"seed {args.seed}"
     )
     try:
-        with daemons(tmp) as (sched, naive):
+        with daemons(tmp, args.sandbox) as (sched, naive):
             result = asyncio.run(run_all(sched, naive, args))
     except BenchError as exc:
         print(f"\nbench: FAILED: {exc}", file=sys.stderr)

@@ -26,7 +26,7 @@ from pathlib import Path
 from . import procscan
 from .base import MARKER_ENV, Exit, Launch, Probe
 from .cgroup import CgroupRoot
-from .process import HostRunning, ProcessSandbox, find_program
+from .process import HostRunning, ProcessSandbox
 from .spawn import Pipes, launcher, spawn
 
 BWRAP = shutil.which("bwrap") or "/usr/bin/bwrap"
@@ -224,8 +224,7 @@ class BwrapSandbox(ProcessSandbox):
         self.extra_ro = extra_ro
 
     async def start(self, launch: Launch) -> BwrapRunning:
-        find_program(launch.argv[0], launch, self._visible(launch))
-        group = self._leaf(launch)
+        group = await asyncio.to_thread(self._prepare, launch, self._visible(launch))
         fd = env_fd(launch)
         argv = [
             *launcher(launch.confinement, group),

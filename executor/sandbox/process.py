@@ -171,8 +171,7 @@ class ProcessSandbox:
         self.cgroups = cgroups
 
     async def start(self, launch: Launch) -> HostRunning:
-        find_program(launch.argv[0], launch)
-        group = self._leaf(launch)
+        group = await asyncio.to_thread(self._prepare, launch, ("/",))
         argv = [*launcher(launch.confinement, group), *launch.argv]
         env = {**launch.env, MARKER_ENV: launch.marker}
         try:
@@ -188,6 +187,12 @@ class ProcessSandbox:
 
     # The force kill needs the cgroup (no PID namespace here).
     needs_cgroup_kill = True
+
+    def _prepare(self, launch: Launch, visible: tuple[str, ...]) -> CallCgroup | None:
+        """The blocking part of a start (file-system lookups, cgroup writes), in a worker
+        thread: many calls starting at once must not hold the event loop."""
+        find_program(launch.argv[0], launch, visible)
+        return self._leaf(launch)
 
     def _leaf(self, launch: Launch) -> CallCgroup | None:
         if self.cgroups is None:
