@@ -46,6 +46,8 @@ typecheck: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/dispatch.py
+	$(BIN)/python bench/schedule.py
+	$(BIN)/python bench/cancel.py
 
 clean:
 	rm -rf $(VENV) gen build *.egg-info .pytest_cache
