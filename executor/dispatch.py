@@ -17,6 +17,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import replace
 
 from . import results
+from .authorize import policy_input
 from .calls import CallRequest, ValidCall
 from .endings import Endings, record
 from .errors import ToolError
@@ -115,7 +116,7 @@ class Dispatcher:
         for req in calls:
             try:
                 call = await self._validator.validate(req)
-                self.policy.require(call.request.tool)
+                self.policy.require(policy_input(call, agent, self.workspace))
             except ToolError as err:
                 rows.append(PlanRow(req, None, results.from_error(err, ()), ()))
                 continue
@@ -177,7 +178,7 @@ class Dispatcher:
         try:
             try:
                 call = await self._validator.validate(req)
-                self.policy.require(call.request.tool)
+                self.policy.require(policy_input(call, batch.agent, self.workspace))
                 self._may_start(req, batch)
             except ToolError as err:
                 await self._endings.reject(req, batch, results.from_error(err, (queued,)))

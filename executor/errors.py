@@ -46,8 +46,13 @@ class ConfigError(ExecgateError):
 
 
 class PolicyError(ExecgateError):
-    def __init__(self, message: str, *, path: str = "", line: int = 0) -> None:
-        where = f"{path}:{line}: " if line else (f"{path}: " if path else "")
-        super().__init__(where + message)
+    """A policy file that cannot be used; says file:line:column and the field."""
+
+    def __init__(self, message: str, *, path: str = "", line: int = 0, column: int = 0) -> None:
+        where = path
+        if line:
+            where += f":{line}" + (f":{column}" if column else "")
+        super().__init__(f"{where}: {message}" if where else message)
         self.path = path
         self.line = line
+        self.column = column

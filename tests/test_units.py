@@ -18,7 +18,7 @@ import execgate.client
 from execgate.executor import results
 from execgate.executor.errors import PolicyError, ToolError
 from execgate.executor.outcomes import ErrorClass, Status
-from execgate.executor.policy import Effect, default_policy_path, load_policy
+from execgate.executor.policy import Effect, PolicyInput, default_policy_path, load_policy
 from execgate.executor.sqlite_writer import SqliteWriter
 from execgate.executor.validate import parse_arguments
 
@@ -324,11 +324,11 @@ rules:
 @pytest.mark.parametrize("text", [ALLOW_THEN_DENY, DENY_THEN_ALLOW])
 def test_policy_deny_beats_allow_in_any_order(tmp_path: Path, text: str) -> None:
     policy = load_policy(_policy(tmp_path, text))
-    decision = policy.decide("run_command")
+    decision = policy.decide(PolicyInput(tool="run_command"))
     assert decision.effect is Effect.DENY
     assert decision.rule_ids == ("deny-run",)
     assert decision.reason == "no commands"
-    assert policy.decide("read_file").effect is Effect.ALLOW  # the file's default
+    assert policy.decide(PolicyInput(tool="read_file")).effect is Effect.ALLOW  # the file's default
 
 
 def test_policy_default_is_deny(tmp_path: Path) -> None:
@@ -342,8 +342,8 @@ rules:
 """,
         )
     )
-    assert policy.decide("read_file").effect is Effect.ALLOW
-    decision = policy.decide("write_file")
+    assert policy.decide(PolicyInput(tool="read_file")).effect is Effect.ALLOW
+    decision = policy.decide(PolicyInput(tool="write_file"))
     assert decision.effect is Effect.DENY
     assert decision.rule_ids == ()
 
@@ -359,8 +359,8 @@ def test_shipped_policy_allows_builtins_and_denies_the_rest() -> None:
         "run_command",
         "noop",
     ):
-        assert policy.decide(tool).effect is Effect.ALLOW, tool
-    assert policy.decide("delete_everything").effect is Effect.DENY
+        assert policy.decide(PolicyInput(tool=tool)).effect is Effect.ALLOW, tool
+    assert policy.decide(PolicyInput(tool="delete_everything")).effect is Effect.DENY
 
 
 @pytest.mark.parametrize(
@@ -368,7 +368,7 @@ def test_shipped_policy_allows_builtins_and_denies_the_rest() -> None:
     [
         ("version: 1\ndefualt: allow\n", "defualt"),
         ("version: 1\nrules:\n  - {id: a, effect: allow, tools: [x], tool: y}\n", "tool"),
-        ("version: 1\nrules:\n  - {id: a, effect: allow, tools: [x], when: always}\n", "when"),
+        ("version: 1\nrules:\n  - {id: a, effect: allow, tools: [x], unless: always}\n", "unless"),
     ],
 )
 def test_policy_unknown_key_refused_by_name(tmp_path: Path, text: str, key: str) -> None:

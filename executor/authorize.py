@@ -1,0 +1,32 @@
+"""What the policy sees of a validated call: its tool, agent, canonical paths, tables,
+hosts, command argv and arguments."""
+
+from __future__ import annotations
+
+from .calls import ValidCall
+from .paths import Workspace
+from .policy import PolicyInput
+
+_TABLE_MARK = "\x00"  # locks.keys: the last part of a table key starts with it
+_NET_ROOT = "net"
+
+
+def policy_input(call: ValidCall, agent: str, workspace: Workspace) -> PolicyInput:
+    """Paths are workspace-relative and canonical (validation resolved `..` and symlinks)."""
+    tables, hosts = [], []
+    for claim in call.effects.claims:
+        parts = claim.key.parts
+        if parts[0] == _NET_ROOT and len(parts) > 1:
+            hosts.append(parts[1])
+        elif parts[-1].startswith(_TABLE_MARK):
+            tables.append(parts[-1][1:])
+    argv = call.args.get("argv")
+    return PolicyInput(
+        tool=call.request.tool,
+        agent=agent,
+        paths=tuple(sorted({workspace.relative(p) for p in call.paths.values()})),
+        tables=tuple(sorted(set(tables))),
+        hosts=tuple(sorted(set(hosts))),
+        argv=tuple(argv) if isinstance(argv, list) else None,
+        args=call.args,
+    )

@@ -1,0 +1,313 @@
+"""Reading a policy file: YAML with every error at file:line:column, naming the field.
+
+The file is composed into YAML nodes (which keep their positions) and checked
+node by node: unknown keys, wrong types, duplicate keys and bad values are
+errors, never ignored. Each rule's inline `examples` are run against the rule
+itself at load; one that does not come out as written refuses the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import PolicyError
+from .model import Condition, Effect, PolicyInput, Rule
+
+FILE_KEYS = {"version", "default", "mode", "rules", "sandbox"}
+RULE_KEYS = {
+    "id",
+    "effect",
+    "reason",
+    "agents",
+    "tools",
+    "paths",
+    "tables",
+    "hosts",
+    "argv_prefix",
+    "when",
+    "mode",
+    "approvers",
+    "ttl",
+    "examples",
+}
+MATCHERS = ("agents", "tools", "paths", "tables", "hosts", "argv_prefix", "when")
+EXAMPLE_KEYS = {"tool", "agent", "paths", "tables", "hosts", "argv", "args"}
+CONDITION_OPS = ("equals", "in", "matches")
+SANDBOX_KEYS = {"tools", "backend", "network", "limits"}
+BACKENDS = ("default", "process", "bwrap", "docker")
+# Policy limit name -> (Confinement field, multiplier).
+LIMIT_KEYS = {
+    "cpu_seconds": ("cpu_seconds", 1),
+    "memory_mb": ("memory_bytes", 1 << 20),
+    "file_size_mb": ("file_size_bytes", 1 << 20),
+    "open_files": ("open_files", 1),
+    "processes": ("processes", 1),
+}
+DEFAULT_TTL = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxRule:
+    """Where a matching tool runs: the first rule whose globs match applies."""
+
+    tools: tuple[str, ...]
+    # "default" (the daemon's --sandbox), "process", "bwrap" or "docker".
+    backend: str = "default"
+    network: bool = False
+    # Confinement field -> value, overriding the daemon's defaults.
+    limits: tuple[tuple[str, int], ...] = ()
+
+    def matches(self, tool: str) -> bool:
+        import fnmatch
+
+        return any(fnmatch.fnmatchcase(tool, pattern) for pattern in self.tools)
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    default: Effect
+    rules: tuple[Rule, ...]
+    sandbox: tuple[SandboxRule, ...]
+    revision: str
+
+
+class _Doc:
+    """One file's nodes, and errors that point into it."""
+
+    def __init__(self, text: str, source: str) -> None:
+        self.source = source
+        self.loader = yaml.SafeLoader(text)
+
+    def error(self, node: yaml.Node | None, message: str) -> PolicyError:
+        if node is None:
+            return PolicyError(message, path=self.source)
+        mark = node.start_mark
+        return PolicyError(message, path=self.source, line=mark.line + 1, column=mark.column + 1)
+
+    def value(self, node: yaml.Node) -> Any:
+        return self.loader.construct_object(node, deep=True)
+
+    def mapping(self, node: yaml.Node, where: str, keys: set[str]) -> dict[str, yaml.Node]:
+        if not isinstance(node, yaml.MappingNode):
+            raise self.error(node, f"{where}: must be a mapping")
+        out: dict[str, yaml.Node] = {}
+        for key_node, value_node in node.value:
+            key = self.value(key_node)
+            if not isinstance(key, str) or key not in keys:
+                raise self.error(key_node, f"{where}: unknown key {key!r}")
+            if key in out:
+                raise self.error(key_node, f"{where}: {key!r} appears twice")
+            out[key] = value_node
+        return out
+
+    def sequence(self, node: yaml.Node, where: str) -> list[yaml.Node]:
+        if not isinstance(node, yaml.SequenceNode):
+            raise self.error(node, f"{where}: must be a list")
+        return list(node.value)
+
+    def strings(self, node: yaml.Node, where: str, *, empty: bool = False) -> tuple[str, ...]:
+        items = [self.value(n) for n in self.sequence(node, where)]
+        if (not items and not empty) or not all(isinstance(i, str) and i for i in items):
+            raise self.error(node, f"{where}: must be a list of non-empty strings")
+        return tuple(items)
+
+
+def load_text(text: str, source: str) -> Parsed:
+    doc = _Doc(text, source)
+    try:
+        root = doc.loader.get_single_node()
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line, column = (mark.line + 1, mark.column + 1) if mark else (0, 0)
+        raise PolicyError(f"not valid YAML: {exc}", path=source, line=line, column=column) from exc
+    if root is None:
+        raise PolicyError("empty file: a policy has version, default, rules", path=source)
+    top = doc.mapping(root, "file", FILE_KEYS)
+    version = doc.value(top["version"]) if "version" in top else None
+    if version != 1:
+        raise doc.error(top.get("version", root), "version: must be 1")
+    default = _effect(doc, top.get("default"), "default", allowed=(Effect.ALLOW, Effect.DENY))
+    shadow_file = _shadow(doc, top.get("mode"), "mode")
+    rules = tuple(
+        _rule(doc, n, f"rules[{i}]", shadow_file)
+        for i, n in enumerate(doc.sequence(top["rules"], "rules") if "rules" in top else [])
+    )
+    ids = [r.id for r in rules]
+    for i, rid in enumerate(ids):
+        if rid in ids[:i]:
+            raise doc.error(top["rules"].value[i], f"rules[{i}].id: {rid!r} is used twice")
+    nodes = doc.sequence(top["sandbox"], "sandbox") if "sandbox" in top else []
+    sandbox = tuple(_sandbox_rule(doc, n, f"sandbox[{i}]") for i, n in enumerate(nodes))
+    revision = hashlib.sha256(text.encode()).hexdigest()
+    return Parsed(default, rules, sandbox, revision)
+
+
+def read_file(path: str | Path) -> tuple[str, str]:
+    """(text, source) of a policy file; PolicyError if it cannot be read."""
+    try:
+        return Path(path).read_text(encoding="utf-8"), str(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PolicyError(f"cannot read policy: {exc}", path=str(path)) from exc
+
+
+def _effect(
+    doc: _Doc, node: yaml.Node | None, where: str, *, allowed: tuple[Effect, ...]
+) -> Effect:
+    if node is None:
+        return Effect.DENY
+    value = doc.value(node)
+    names = [e.value for e in allowed]
+    if value not in names:
+        raise doc.error(node, f"{where}: must be {' or '.join(names)}, not {value!r}")
+    return Effect(value)
+
+
+def _shadow(doc: _Doc, node: yaml.Node | None, where: str) -> bool:
+    if node is None:
+        return False
+    value = doc.value(node)
+    if value not in ("enforce", "shadow"):
+        raise doc.error(node, f"{where}: must be enforce or shadow, not {value!r}")
+    return bool(value == "shadow")
+
+
+def _rule(doc: _Doc, node: yaml.Node, where: str, shadow_file: bool) -> Rule:
+    keys = doc.mapping(node, where, RULE_KEYS)
+    rid = doc.value(keys["id"]) if "id" in keys else None
+    if not isinstance(rid, str) or not rid:
+        raise doc.error(keys.get("id", node), f"{where}.id: required, a non-empty string")
+    if "effect" not in keys:
+        raise doc.error(node, f"{where}.effect: required (allow, ask or deny)")
+    effect = _effect(doc, keys["effect"], f"{where}.effect", allowed=tuple(Effect))
+    if not any(m in keys for m in MATCHERS):
+        raise doc.error(node, f"{where}: needs at least one matcher ({', '.join(MATCHERS)})")
+    reason = doc.value(keys["reason"]) if "reason" in keys else ""
+    names: dict[str, Any] = {
+        m: doc.strings(keys[m], f"{where}.{m}")
+        for m in ("agents", "tools", "paths", "tables", "hosts")
+        if m in keys
+    }
+    rule = Rule(
+        id=rid,
+        effect=effect,
+        reason=str(reason),
+        argv_prefix=_argv_prefix(doc, keys.get("argv_prefix"), f"{where}.argv_prefix"),
+        when=_conditions(doc, keys.get("when"), f"{where}.when"),
+        shadow=shadow_file or _shadow(doc, keys.get("mode"), f"{where}.mode"),
+        **names,
+        **_asking(doc, keys, effect, where),
+    )
+    if "examples" in keys:
+        _check_examples(doc, rule, keys["examples"], f"{where}.examples")
+    return rule
+
+
+def _asking(doc: _Doc, keys: dict[str, yaml.Node], effect: Effect, where: str) -> dict[str, Any]:
+    if effect is not Effect.ASK:
+        for key in ("approvers", "ttl"):
+            if key in keys:
+                raise doc.error(keys[key], f"{where}.{key}: only an ask rule has {key}")
+        return {}
+    if "approvers" not in keys:
+        raise doc.error(keys["effect"], f"{where}.approvers: an ask rule names who may approve")
+    approvers = doc.strings(keys["approvers"], f"{where}.approvers")
+    ttl = doc.value(keys["ttl"]) if "ttl" in keys else DEFAULT_TTL
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or ttl <= 0:
+        raise doc.error(keys["ttl"], f"{where}.ttl: seconds, a positive number")
+    return {"approvers": approvers, "ttl": float(ttl)}
+
+
+def _argv_prefix(doc: _Doc, node: yaml.Node | None, where: str) -> tuple[tuple[str, ...], ...]:
+    """One prefix as a list of tokens, or a list of such lists."""
+    if node is None:
+        return ()
+    items = doc.sequence(node, where)
+    if items and all(isinstance(n, yaml.SequenceNode) for n in items):
+        return tuple(doc.strings(n, f"{where}[{i}]") for i, n in enumerate(items))
+    return (doc.strings(node, where),)
+
+
+def _conditions(doc: _Doc, node: yaml.Node | None, where: str) -> tuple[Condition, ...]:
+    if node is None:
+        return ()
+    out = []
+    for i, item in enumerate(doc.sequence(node, where)):
+        here = f"{where}[{i}]"
+        keys = doc.mapping(item, here, {"arg", *CONDITION_OPS})
+        ops = [op for op in CONDITION_OPS if op in keys]
+        arg = doc.value(keys["arg"]) if "arg" in keys else None
+        if not isinstance(arg, str) or len(ops) != 1:
+            raise doc.error(item, f"{here}: needs `arg` and exactly one of {CONDITION_OPS}")
+        value = doc.value(keys[ops[0]])
+        if ops[0] == "in" and not isinstance(value, list):
+            raise doc.error(keys["in"], f"{here}.in: must be a list")
+        if ops[0] == "matches":
+            try:
+                re.compile(value)
+            except (re.error, TypeError) as exc:
+                raise doc.error(keys["matches"], f"{here}.matches: not a regex: {exc}") from None
+        out.append(Condition(arg, ops[0], value))
+    return tuple(out)
+
+
+def _check_examples(doc: _Doc, rule: Rule, node: yaml.Node, where: str) -> None:
+    keys = doc.mapping(node, where, {"match", "not_match"})
+    for kind, expect in (("match", True), ("not_match", False)):
+        for i, item in enumerate(
+            doc.sequence(keys[kind], f"{where}.{kind}") if kind in keys else []
+        ):
+            here = f"{where}.{kind}[{i}]"
+            call = _example(doc, item, here)
+            if rule.matches(call) is not expect:
+                verb = "does not match" if expect else "matches"
+                raise doc.error(item, f"{here}: rule {rule.id!r} {verb} this example")
+
+
+def _example(doc: _Doc, node: yaml.Node, where: str) -> PolicyInput:
+    keys = doc.mapping(node, where, EXAMPLE_KEYS)
+    if "tool" not in keys:
+        raise doc.error(node, f"{where}.tool: required")
+    lists = {
+        k: doc.strings(keys[k], f"{where}.{k}") for k in ("paths", "tables", "hosts") if k in keys
+    }
+    argv = doc.strings(keys["argv"], f"{where}.argv") if "argv" in keys else None
+    args = doc.value(keys["args"]) if "args" in keys else {}
+    if not isinstance(args, dict):
+        raise doc.error(keys["args"], f"{where}.args: must be a mapping")
+    return PolicyInput(
+        tool=str(doc.value(keys["tool"])),
+        agent=str(doc.value(keys["agent"])) if "agent" in keys else "local",
+        argv=argv,
+        args=args,
+        **lists,
+    )
+
+
+def _sandbox_rule(doc: _Doc, node: yaml.Node, where: str) -> SandboxRule:
+    keys = doc.mapping(node, where, SANDBOX_KEYS)
+    if "tools" not in keys:
+        raise doc.error(node, f"{where}.tools: required, a list of tool names or globs")
+    tools = doc.strings(keys["tools"], f"{where}.tools")
+    backend = doc.value(keys["backend"]) if "backend" in keys else "default"
+    if backend not in BACKENDS:
+        raise doc.error(keys["backend"], f"{where}.backend: must be one of {', '.join(BACKENDS)}")
+    network = doc.value(keys["network"]) if "network" in keys else False
+    if not isinstance(network, bool):
+        raise doc.error(keys["network"], f"{where}.network: must be true or false")
+    limits = (
+        doc.mapping(keys["limits"], f"{where}.limits", set(LIMIT_KEYS)) if "limits" in keys else {}
+    )
+    parsed = []
+    for name, value_node in limits.items():
+        value = doc.value(value_node)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise doc.error(value_node, f"{where}.limits.{name}: must be a positive integer")
+        field, unit = LIMIT_KEYS[name]
+        parsed.append((field, value * unit))
+    return SandboxRule(tools, backend, network, tuple(parsed))

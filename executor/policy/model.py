@@ -1,0 +1,180 @@
+"""What a policy is, and how it decides: rules, matchers, precedence.
+
+A rule matches a call when every matcher it has matches. Matchers over sets the
+call touches (paths, tables, hosts) are read the safe way round for each effect:
+a `deny` or `ask` rule matches when ANY touched path matches one of its globs; an
+`allow` rule only when the call touches at least one path and ALL of them match.
+So one denied file among allowed ones is denied, and an allow rule about `src/**`
+never lets a call that also writes `.env` through.
+
+Precedence does not depend on rule order: any matching deny beats any matching
+ask, which beats any matching allow; nothing matching means the file's default
+(deny unless it says otherwise). Rules in `mode: shadow` are evaluated and
+reported, never enforced.
+"""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Effect(enum.Enum):
+    ALLOW = "allow"
+    ASK = "ask"
+    DENY = "deny"
+
+
+# Strongest first: the order precedence is decided in.
+PRECEDENCE = (Effect.DENY, Effect.ASK, Effect.ALLOW)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyInput:
+    """What a decision looks at. Paths are canonical and workspace-relative (POSIX)."""
+
+    tool: str
+    agent: str = "local"
+    paths: tuple[str, ...] = ()
+    tables: tuple[str, ...] = ()
+    hosts: tuple[str, ...] = ()
+    # The command's argv, for command tools; None for the others.
+    argv: tuple[str, ...] | None = None
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """`when:` -- one condition on an argument: equals, in, or matches (a regex)."""
+
+    arg: str
+    op: str
+    value: Any
+
+    def holds(self, args: Mapping[str, Any]) -> bool:
+        if self.arg not in args:
+            return False
+        actual = args[self.arg]
+        if self.op == "equals":
+            return bool(actual == self.value)
+        if self.op == "in":
+            return actual in self.value
+        return isinstance(actual, str) and re.fullmatch(self.value, actual) is not None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rule:
+    id: str
+    effect: Effect
+    reason: str = ""
+    agents: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()
+    tables: tuple[str, ...] = ()
+    hosts: tuple[str, ...] = ()
+    # Token prefixes: ("git", "status") matches argv ["git", "status", "-s"], never
+    # ["git", "status && rm -rf /"] nor ["sh", "-c", "git status"].
+    argv_prefix: tuple[tuple[str, ...], ...] = ()
+    when: tuple[Condition, ...] = ()
+    shadow: bool = False
+    # For `ask`: who may decide, and how long the request stays open (seconds).
+    approvers: tuple[str, ...] = ()
+    ttl: float | None = None
+
+    def matches(self, call: PolicyInput) -> bool:
+        every = self.effect is Effect.ALLOW
+        return (
+            _names(self.agents, call.agent)
+            and _names(self.tools, call.tool)
+            and _touches(self.paths, call.paths, every=every, glob=path_glob)
+            and _touches(self.tables, call.tables, every=every, glob=fnmatch.fnmatchcase)
+            and _touches(self.hosts, call.hosts, every=every, glob=fnmatch.fnmatchcase)
+            and self._argv_matches(call.argv)
+            and all(c.holds(call.args) for c in self.when)
+        )
+
+    def _argv_matches(self, argv: tuple[str, ...] | None) -> bool:
+        if not self.argv_prefix:
+            return True
+        if argv is None:
+            return False
+        return any(tuple(argv[: len(p)]) == p for p in self.argv_prefix)
+
+
+def _names(patterns: tuple[str, ...], name: str) -> bool:
+    return not patterns or any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def _touches(
+    patterns: tuple[str, ...], touched: tuple[str, ...], *, every: bool, glob: Any
+) -> bool:
+    if not patterns:
+        return True
+    hit = [any(glob(item, p) for p in patterns) for item in touched]
+    return bool(hit) and (all(hit) if every else any(hit))
+
+
+def path_glob(path: str, pattern: str) -> bool:
+    """`**` spans directories, `*` and `?` stay within one; `dir/` means `dir/**`."""
+    return _compiled(pattern).fullmatch(path) is not None
+
+
+_CACHE: dict[str, re.Pattern[str]] = {}
+
+
+def _compiled(pattern: str) -> re.Pattern[str]:
+    found = _CACHE.get(pattern)
+    if found is None:
+        text = pattern.strip("/") + ("/**" if pattern.endswith("/") else "")
+        out, i = [], 0
+        while i < len(text):
+            if text.startswith("**/", i):
+                out.append("(?:.*/)?")
+                i += 3
+            elif text.startswith("**", i):
+                out.append(".*")
+                i += 2
+            elif text[i] == "*":
+                out.append("[^/]*")
+                i += 1
+            elif text[i] == "?":
+                out.append("[^/]")
+                i += 1
+            else:
+                out.append(re.escape(text[i]))
+                i += 1
+        found = _CACHE[pattern] = re.compile("".join(out))
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    effect: Effect
+    # The matching rules of the winning effect (empty: the default decided).
+    rule_ids: tuple[str, ...]
+    reason: str
+    # sha256 of the policy file: which policy made the decision.
+    revision: str
+    # What shadow rules would have decided (rule id, effect); logged, not enforced.
+    shadow: tuple[tuple[str, Effect], ...] = ()
+    # The deciding `ask` rule, when the effect is ASK.
+    ask: Rule | None = None
+
+
+def decide(rules: tuple[Rule, ...], default: Effect, revision: str, call: PolicyInput) -> Decision:
+    matched = [r for r in rules if r.matches(call)]
+    shadow = tuple((r.id, r.effect) for r in matched if r.shadow)
+    live = [r for r in matched if not r.shadow]
+    for effect in PRECEDENCE:
+        hits = [r for r in live if r.effect is effect]
+        if hits:
+            ask = hits[0] if effect is Effect.ASK else None
+            return Decision(
+                effect, tuple(r.id for r in hits), hits[0].reason, revision, shadow, ask
+            )
+    reason = f"no rule matches; default {default.value}"
+    return Decision(default, (), reason, revision, shadow)
