@@ -12,7 +12,7 @@ from pathlib import Path
 
 from execgate.client import DaemonUnavailable, ExecgateClientError
 
-from . import cli_client, cli_sandbox
+from . import cli_client, cli_policy, cli_sandbox
 from .config import ServeConfig, parse_listener
 from .errors import ConfigError, PolicyError
 from .tools import Limits
@@ -44,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     _serve_parser(sub)
     cli_client.add_commands(sub)
     cli_sandbox.add_doctor(sub)
+    cli_policy.add_commands(sub)
     return parser
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import fnmatch
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,16 +86,22 @@ class Rule:
     ttl: float | None = None
 
     def matches(self, call: PolicyInput) -> bool:
+        return all(ok for _, ok in self._checks(call))
+
+    def mismatches(self, call: PolicyInput) -> tuple[str, ...]:
+        """The matchers that do not match `call` (empty: the rule matches)."""
+        return tuple(name for name, ok in self._checks(call) if not ok)
+
+    def _checks(self, call: PolicyInput) -> Iterator[tuple[str, bool]]:
+        """Each matcher's verdict, computed only when asked for (`matches` stops early)."""
         every = self.effect is Effect.ALLOW
-        return (
-            _names(self.agents, call.agent)
-            and _names(self.tools, call.tool)
-            and _touches(self.paths, call.paths, every=every, glob=path_glob)
-            and _touches(self.tables, call.tables, every=every, glob=fnmatch.fnmatchcase)
-            and _touches(self.hosts, call.hosts, every=every, glob=fnmatch.fnmatchcase)
-            and self._argv_matches(call.argv)
-            and all(c.holds(call.args) for c in self.when)
-        )
+        yield "agents", _names(self.agents, call.agent)
+        yield "tools", _names(self.tools, call.tool)
+        yield "paths", _touches(self.paths, call.paths, every=every, glob=path_glob)
+        yield "tables", _touches(self.tables, call.tables, every=every, glob=_glob)
+        yield "hosts", _touches(self.hosts, call.hosts, every=every, glob=_glob)
+        yield "argv_prefix", self._argv_matches(call.argv)
+        yield "when", all(c.holds(call.args) for c in self.when)
 
     def _argv_matches(self, argv: tuple[str, ...] | None) -> bool:
         if not self.argv_prefix:
@@ -103,6 +109,10 @@ class Rule:
         if argv is None:
             return False
         return any(tuple(argv[: len(p)]) == p for p in self.argv_prefix)
+
+
+def _glob(name: str, pattern: str) -> bool:
+    return fnmatch.fnmatchcase(name, pattern)
 
 
 def _names(patterns: tuple[str, ...], name: str) -> bool:
