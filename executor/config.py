@@ -82,6 +82,8 @@ class ServeConfig:
     # authentication lands, anyone who can reach such a port can run tools.
     allow_remote: bool = False
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    # Seconds between checks of the policy file for changes (hot reload).
+    policy_reload: float = 1.0
 
     def listeners(self) -> tuple[Listener, ...]:
         if self.listen:

@@ -77,6 +77,16 @@ CREATE TABLE IF NOT EXISTS cancels (
     call_id   TEXT NOT NULL,
     grace     REAL
 );
+-- Every policy file a running daemon was shown: accepted (now in force) or refused
+-- (the last good one stayed in force), with the file:line:column reason.
+CREATE TABLE IF NOT EXISTS policy_events (
+    seq      INTEGER PRIMARY KEY,
+    at       REAL NOT NULL,
+    source   TEXT NOT NULL,
+    revision TEXT NOT NULL,
+    accepted INTEGER NOT NULL,
+    message  TEXT NOT NULL
+);
 """
 
 RECORD_COLUMNS = (

@@ -29,7 +29,8 @@ from .inflight import CancelOrder
 from .journal import Journal
 from .locks import FileLockManager, LockBackend, LockManager, NoLocks
 from .paths import Workspace
-from .policy import default_policy_path, load_policy
+from .policy import Policy, default_policy_path, load_policy
+from .policy.reload import PolicyWatcher
 from .sandbox import registry as sandbox_registry
 from .sandbox.registry import daemon_id
 from .tools import builtin_tools
@@ -290,9 +291,12 @@ async def serve(
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+    watcher = _policy_watcher(config, dispatcher, journal)
+    watching = asyncio.create_task(watcher.run())
     if on_ready is not None:
         on_ready(addresses)
     await _until_signalled(on_second=dispatcher.force)
+    watching.cancel()
     log.info("shutting down: draining in-flight calls")
     await health_servicer.enter_graceful_shutdown()
     stopping = asyncio.create_task(server.stop(grace=config.limits.grace + 5))
@@ -301,6 +305,16 @@ async def serve(
     await dispatcher.sandboxes.close()
     journal.close()
     os.close(lock_fd)
+
+
+def _policy_watcher(config: ServeConfig, dispatcher: Dispatcher, journal: Journal) -> PolicyWatcher:
+    """Hot reload of the policy file the daemon started with (see policy/reload.py)."""
+
+    def apply(policy: Policy) -> None:
+        dispatcher.policy = policy  # one assignment: each call sees the old or the new
+
+    path = Path(config.policy or default_policy_path())
+    return PolicyWatcher(path, dispatcher.policy, apply, journal, config.policy_reload)
 
 
 def _server(
