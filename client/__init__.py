@@ -10,7 +10,15 @@
 
 from ._async import AsyncClient
 from ._sync import Client
-from .errors import CallNotFound, DaemonUnavailable, ExecgateClientError, RequestError
+from ._transport import TlsConfig
+from .errors import (
+    CallNotFound,
+    DaemonUnavailable,
+    ExecgateClientError,
+    PermissionDenied,
+    RequestError,
+    Unauthenticated,
+)
 from .types import (
     Call,
     CallPlan,
@@ -20,6 +28,7 @@ from .types import (
     Evidence,
     Mark,
     Outcome,
+    PolicyDecision,
     Status,
     StopMode,
     ToolSpec,
@@ -39,8 +48,12 @@ __all__ = [
     "ExecgateClientError",
     "Mark",
     "Outcome",
+    "PermissionDenied",
+    "PolicyDecision",
     "RequestError",
     "Status",
     "StopMode",
+    "TlsConfig",
     "ToolSpec",
+    "Unauthenticated",
 ]

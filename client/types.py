@@ -147,6 +147,17 @@ class CallRecord:
     outcome: Outcome | None = None
     replay_of: str = ""
     raw_result: str = ""
+    # The policy decision the call got; None if it was refused before one was made.
+    policy: PolicyDecision | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyDecision:
+    effect: str
+    rule_ids: tuple[str, ...]
+    revision: str
+    # Shadow-mode rules that matched ("rule_id:effect"): logged, not enforced.
+    shadow: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,7 +12,14 @@ from google.protobuf.duration_pb2 import Duration
 
 from execgate.v1 import executor_pb2 as pb
 
-from .errors import CallNotFound, DaemonUnavailable, ExecgateClientError, RequestError
+from .errors import (
+    CallNotFound,
+    DaemonUnavailable,
+    ExecgateClientError,
+    PermissionDenied,
+    RequestError,
+    Unauthenticated,
+)
 from .types import (
     Call,
     CallPlan,
@@ -22,6 +29,7 @@ from .types import (
     Evidence,
     Mark,
     Outcome,
+    PolicyDecision,
     Status,
     StopMode,
     ToolSpec,
@@ -209,7 +217,12 @@ def record(msg: pb.CallRecord) -> CallRecord:
         outcome=outcome(msg.outcome, msg.call_id, msg.replay_of_call_id) if finished else None,
         replay_of=msg.replay_of_call_id,
         raw_result=msg.raw_result,
+        policy=_policy(msg.policy) if msg.HasField("policy") else None,
     )
+
+
+def _policy(msg: pb.PolicyDecision) -> PolicyDecision:
+    return PolicyDecision(msg.effect, tuple(msg.rule_ids), msg.revision, tuple(msg.shadow))
 
 
 def list_request(
@@ -238,4 +251,8 @@ def translate(
         return DaemonUnavailable(address, details or "")
     if code is grpc.StatusCode.NOT_FOUND and call_id:
         return CallNotFound(run_id, call_id)
+    if code is grpc.StatusCode.UNAUTHENTICATED:
+        return Unauthenticated(address, details or "")
+    if code is grpc.StatusCode.PERMISSION_DENIED:
+        return PermissionDenied(address, details or "")
     return RequestError(code.name if code else "UNKNOWN", details or "")

@@ -3,9 +3,13 @@ hosts, command argv and arguments."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
 from .calls import ValidCall
 from .paths import Workspace
-from .policy import PolicyInput
+from .policy import Effect, Policy, PolicyInput
 
 _TABLE_MARK = "\x00"  # locks.keys: the last part of a table key starts with it
 _NET_ROOT = "net"
@@ -30,3 +34,19 @@ def policy_input(call: ValidCall, agent: str, workspace: Workspace) -> PolicyInp
         argv=tuple(argv) if isinstance(argv, list) else None,
         args=call.args,
     )
+
+
+def file_check(policy: Policy, call: PolicyInput, workspace: Workspace) -> Callable[[Path], bool]:
+    """For tools that walk a tree: may this call read this one (canonical) path?
+
+    The call was allowed for the tree it names; a deny rule may still cover files
+    inside it (`.env` under `.`), which the tool must then skip.
+    """
+
+    def readable(path: Path) -> bool:
+        if not workspace.contains(str(path)):
+            return False
+        one = replace(call, paths=(workspace.relative(path),))
+        return policy.decide(one).effect is Effect.ALLOW
+
+    return readable

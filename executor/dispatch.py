@@ -17,14 +17,14 @@ from collections.abc import AsyncGenerator
 from dataclasses import replace
 
 from . import results
-from .authorize import policy_input
+from .authorize import file_check, policy_input
 from .calls import CallRequest, ValidCall
 from .endings import Endings, record
 from .errors import ToolError
 from .events import Batch, Event, EventKind, PlanRow
 from .idempotency import Idempotency
 from .inflight import Active, CancelOrder, InFlight
-from .journal import DuplicateCall, Journal
+from .journal import DuplicateCall, Journal, PolicyRecord
 from .locks import Abandoned, LockBackend, WaitInfo
 from .locks import explain as explain_plans
 from .outcomes import ErrorClass, Mark, Outcome, Phase, Status, mark, rejected
@@ -178,14 +178,31 @@ class Dispatcher:
         try:
             try:
                 call = await self._validator.validate(req)
-                self.policy.require(policy_input(call, batch.agent, self.workspace))
+                self._authorize(call, batch.agent, self._active[key])
                 self._may_start(req, batch)
             except ToolError as err:
-                await self._endings.reject(req, batch, results.from_error(err, (queued,)))
+                outcome = results.from_error(err, (queued,))
+                await self._endings.reject(req, batch, outcome, self._active[key].decision)
                 return
             await self._admitted(call, batch, scope, queued)
         finally:
             del self._active[key]
+
+    def _authorize(self, call: ValidCall, agent: str, active: Active) -> None:
+        """Decide, keep the decision for the journal, and raise if it does not allow."""
+        decision = self.policy.decide(policy_input(call, agent, self.workspace))
+        shadow = tuple(f"{rule}:{effect.value}" for rule, effect in decision.shadow)
+        active.decision = PolicyRecord(
+            decision.effect.value, decision.rule_ids, decision.revision, shadow
+        )
+        if shadow:  # rules being rolled out: what they would have done, never enforced
+            log.info(
+                "call %s: shadow rules %s (in force: %s)",
+                call.request.call_id,
+                ", ".join(shadow),
+                decision.effect.value,
+            )
+        self.policy.enforce(decision)
 
     def _may_start(self, req: CallRequest, batch: Batch) -> None:
         """Raise the REJECTED ToolError of a call that must not start now."""
@@ -279,6 +296,7 @@ class Dispatcher:
                 if scope.requested.is_set():
                     raise Abandoned(_owner(req))
                 rec = record(req, batch.agent, call.request_hash, call.may_write, queued.at)
+                rec = replace(rec, decision=self._active[(req.run_id, req.call_id)].decision)
                 if call.may_write:
                     await self.journal.record_intent(rec)
                 else:
@@ -334,6 +352,9 @@ class Dispatcher:
             marker=secrets.token_hex(8),
             run_id=call.request.run_id,
             deadline=time.monotonic() + timeout,
+            readable=file_check(
+                self.policy, policy_input(call, batch.agent, self.workspace), self.workspace
+            ),
         )
         try:
             out = await call.tool.run(call.args, ctx)

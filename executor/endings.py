@@ -13,7 +13,7 @@ from dataclasses import replace
 from .calls import CallRequest, ValidCall
 from .events import Batch, EventKind
 from .idempotency import Replay
-from .journal import CallRecord, DuplicateCall, Journal
+from .journal import CallRecord, DuplicateCall, Journal, PolicyRecord
 from .outcomes import ErrorClass, Mark, Outcome, Phase, mark, rejected
 
 
@@ -21,9 +21,16 @@ class Endings:
     def __init__(self, journal: Journal) -> None:
         self.journal = journal
 
-    async def reject(self, req: CallRequest, batch: Batch, outcome: Outcome) -> None:
+    async def reject(
+        self,
+        req: CallRequest,
+        batch: Batch,
+        outcome: Outcome,
+        decision: PolicyRecord | None = None,
+    ) -> None:
         outcome = outcome.with_marks(mark(Phase.FINISHED))
         rec = record(req, batch.agent, "", False, outcome.timeline[0].at)
+        rec = replace(rec, decision=decision)
         # A refused call never claimed its idempotency key (for a conflict, another
         # call owns it): recording the key here would bind it to a call that never
         # ran, and break the unique (agent, key) index.

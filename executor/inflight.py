@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .cancel import CancelScope
 from .events import Batch
-from .journal import Journal
+from .journal import Journal, PolicyRecord
 
 
 @dataclass(slots=True)
@@ -26,6 +26,8 @@ class Active:
     # The very batch object it came in (its run and batch ids live there).
     batch: Batch
     started: bool = False
+    # The policy's decision, once made (journaled with the call).
+    decision: PolicyRecord | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

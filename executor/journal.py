@@ -12,6 +12,7 @@ Write rules, which crash recovery relies on:
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sqlite3
 import threading
@@ -23,80 +24,42 @@ from typing import Any, TypeVar
 
 from .codec import outcome_from_json, outcome_to_json
 from .errors import ExecgateError
+from .journal_schema import RECORD_COLUMNS, SCHEMA, migrate
 from .outcomes import ErrorClass, Mark, Outcome, Phase, Status, StopMode
 from .sqlite_writer import SqliteWriter
 
 T = TypeVar("T")
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS calls (
-    -- No AUTOINCREMENT: it writes sqlite_sequence on every insert. Rows are never
-    -- deleted, so rowid order is insertion order all the same.
-    seq             INTEGER PRIMARY KEY,
-    run_id          TEXT NOT NULL,
-    call_id         TEXT NOT NULL,
-    batch_id        TEXT NOT NULL,
-    tool            TEXT NOT NULL,
-    arguments_json  TEXT NOT NULL,
-    request_hash    TEXT NOT NULL,
-    idempotency_key TEXT,
-    agent           TEXT NOT NULL,
-    may_write       INTEGER NOT NULL,
-    state           TEXT NOT NULL CHECK (state IN ('running', 'finished')),
-    created_at      REAL NOT NULL,
-    finished_at     REAL,
-    status          TEXT,
-    outcome_json    TEXT,
-    raw_result      TEXT,
-    replay_of       TEXT,
-    UNIQUE (run_id, call_id)
-);
-CREATE UNIQUE INDEX IF NOT EXISTS calls_idempotency
-    ON calls (agent, idempotency_key) WHERE idempotency_key IS NOT NULL;
--- Only recovery looks for running calls, and there are few: a partial index.
-CREATE INDEX IF NOT EXISTS calls_running ON calls (state) WHERE state = 'running';
-CREATE INDEX IF NOT EXISTS calls_created ON calls (created_at);
-CREATE TABLE IF NOT EXISTS refusals (
-    seq         INTEGER PRIMARY KEY,
-    at          REAL NOT NULL,
-    run_id      TEXT NOT NULL,
-    call_id     TEXT NOT NULL,
-    tool        TEXT NOT NULL,
-    error_class TEXT NOT NULL,
-    message     TEXT NOT NULL
-);
--- Every Cancel request, recorded before anything is signalled. A row without
--- call_id and batch_id cancels its whole run: no later call of it starts.
-CREATE TABLE IF NOT EXISTS cancels (
-    seq       INTEGER PRIMARY KEY,
-    at        REAL NOT NULL,
-    requester TEXT NOT NULL,
-    reason    TEXT NOT NULL,
-    run_id    TEXT NOT NULL,
-    batch_id  TEXT NOT NULL,
-    call_id   TEXT NOT NULL,
-    grace     REAL
-);
--- Every policy file a running daemon was shown: accepted (now in force) or refused
--- (the last good one stayed in force), with the file:line:column reason.
-CREATE TABLE IF NOT EXISTS policy_events (
-    seq      INTEGER PRIMARY KEY,
-    at       REAL NOT NULL,
-    source   TEXT NOT NULL,
-    revision TEXT NOT NULL,
-    accepted INTEGER NOT NULL,
-    message  TEXT NOT NULL
-);
-"""
-
-RECORD_COLUMNS = (
-    "run_id, call_id, batch_id, tool, arguments_json, request_hash, idempotency_key, agent, "
-    "may_write, state, created_at, outcome_json, replay_of"
-)
-
 
 class DuplicateCall(ExecgateError):
     """The (run_id, call_id) pair is already in the journal."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRecord:
+    """The policy decision a call got: what, by which rules, under which file revision."""
+
+    effect: str
+    rule_ids: tuple[str, ...]
+    revision: str
+    # Rules in shadow mode that matched (logged, not enforced), as "id:effect".
+    shadow: tuple[str, ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "effect": self.effect,
+                "rules": self.rule_ids,
+                "revision": self.revision,
+                "shadow": self.shadow,
+            },
+            separators=(",", ":"),
+        )
+
+    @staticmethod
+    def from_json(text: str) -> PolicyRecord:
+        d = json.loads(text)
+        return PolicyRecord(d["effect"], tuple(d["rules"]), d["revision"], tuple(d["shadow"]))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,6 +78,7 @@ class CallRecord:
     outcome: Outcome | None = None
     replay_of: str = ""
     raw_result: str = ""
+    decision: PolicyRecord | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,6 +98,7 @@ class Journal:
         self.path = Path(path)
         conn = _connect(self.path)
         conn.executescript(SCHEMA)
+        migrate(conn)
         self._writer = SqliteWriter(conn)
         self._local = threading.local()
 
@@ -266,8 +231,8 @@ def _insert(conn: sqlite3.Connection, rec: CallRecord, outcome: Outcome | None, 
         conn.execute(
             "INSERT INTO calls (run_id, call_id, batch_id, tool, arguments_json, request_hash, "
             "idempotency_key, agent, may_write, state, created_at, finished_at, status, "
-            "outcome_json, raw_result, replay_of) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "outcome_json, raw_result, replay_of, decision_json) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 rec.run_id,
                 rec.call_id,
@@ -285,6 +250,7 @@ def _insert(conn: sqlite3.Connection, rec: CallRecord, outcome: Outcome | None, 
                 None if outcome is None else outcome_to_json(outcome),
                 raw,
                 rec.replay_of or None,
+                rec.decision.to_json() if rec.decision is not None else None,
             ),
         )
     except sqlite3.IntegrityError as exc:
@@ -310,6 +276,7 @@ def _record(row: tuple[Any, ...]) -> CallRecord:
         created_at,
         outcome_json,
         replay_of,
+        decision_json,
         *raw,
     ) = row
     return CallRecord(
@@ -326,6 +293,7 @@ def _record(row: tuple[Any, ...]) -> CallRecord:
         outcome=outcome_from_json(outcome_json) if outcome_json else None,
         replay_of=replay_of or "",
         raw_result=(raw[0] or "") if raw else "",
+        decision=PolicyRecord.from_json(decision_json) if decision_json else None,
     )
 
 

@@ -140,6 +140,13 @@ def record(r: CallRecord) -> pb.CallRecord:
     )
     if r.outcome is not None:
         msg.outcome.CopyFrom(outcome(r.outcome))
+    if r.decision is not None:
+        d = r.decision
+        msg.policy.CopyFrom(
+            pb.PolicyDecision(
+                effect=d.effect, rule_ids=d.rule_ids, revision=d.revision, shadow=d.shadow
+            )
+        )
     return msg
 
 

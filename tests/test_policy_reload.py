@@ -3,6 +3,7 @@ invalid one is refused (journaled with file:line) and the last good policy stays
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -99,3 +100,41 @@ def test_a_changed_sandbox_section_waits_for_a_restart(live: tuple[Daemon, Clien
     assert accepted == 0
     assert "sandbox" in message
     assert read(c) is Status.SUCCESS  # nothing of that file is in force
+
+
+def test_every_call_records_its_decision_with_rules_and_revision(
+    live: tuple[Daemon, Client, Path],
+) -> None:
+    d, c, policy = live
+    (d.workspace / ".env").write_text("KEY=1")
+    ok = c.run(Call(tool="read_file", arguments={"path": "a.txt"}, call_id="ok"))
+    no = c.run(Call(tool="read_file", arguments={"path": ".env"}, call_id="no"))
+    assert (ok.status, no.status) == (Status.SUCCESS, Status.REJECTED)
+    revision = hashlib.sha256(policy.read_bytes()).hexdigest()
+    allowed = c.get_call("ok").policy
+    assert allowed is not None
+    assert (allowed.effect, allowed.rule_ids, allowed.revision) == (
+        "allow",
+        ("workspace-reads",),
+        revision,
+    )
+    denied = c.get_call("no").policy
+    assert denied is not None
+    assert (denied.effect, denied.rule_ids, denied.revision) == ("deny", ("secrets",), revision)
+
+
+def test_shadow_rules_are_recorded_not_enforced(live: tuple[Daemon, Client, Path]) -> None:
+    d, c, policy = live
+    doc = yaml.safe_load(policy.read_text())
+    doc["rules"].append(
+        {"id": "maybe-no-reads", "effect": "deny", "mode": "shadow", "tools": ["read_file"]}
+    )
+    replace(policy, yaml.safe_dump(doc))
+    wait_until(lambda: events(d) and events(d)[-1][0] == 1, "the shadow rule to load", 10)
+    o = c.run(Call(tool="read_file", arguments={"path": "a.txt"}, call_id="shadowed"))
+    assert o.status is Status.SUCCESS  # not enforced
+    rec = c.get_call("shadowed").policy
+    assert rec is not None
+    assert rec.effect == "allow"
+    assert rec.shadow == ("maybe-no-reads:deny",)
+    assert "shadow rules maybe-no-reads:deny" in d.log()

@@ -421,10 +421,14 @@ def test_client_public_names_are_frozen() -> None:
         "ExecgateClientError",
         "Mark",
         "Outcome",
+        "PermissionDenied",
+        "PolicyDecision",
         "RequestError",
         "Status",
         "StopMode",
+        "TlsConfig",
         "ToolSpec",
+        "Unauthenticated",
     ]
     for name in execgate.client.__all__:
         assert getattr(execgate.client, name) is not None

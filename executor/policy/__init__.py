@@ -44,7 +44,10 @@ class Policy:
 
     def require(self, call: PolicyInput) -> Decision:
         """The decision if it allows the call; else the REJECTED ToolError to answer with."""
-        decision = self.decide(call)
+        return self.enforce(self.decide(call))
+
+    def enforce(self, decision: Decision) -> Decision:
+        """`decision` if it allows; else raise the REJECTED ToolError that says why."""
         if decision.effect is Effect.ALLOW:
             return decision
         rules = ", ".join(decision.rule_ids) or "default"

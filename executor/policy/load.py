@@ -9,6 +9,7 @@ itself at load; one that does not come out as written refuses the file.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,7 +131,7 @@ def load_text(text: str, source: str) -> Parsed:
         raise PolicyError("empty file: a policy has version, default, rules", path=source)
     top = doc.mapping(root, "file", FILE_KEYS)
     version = doc.value(top["version"]) if "version" in top else None
-    if version != 1:
+    if isinstance(version, bool) or version != 1:
         raise doc.error(top.get("version", root), "version: must be 1")
     default = _effect(doc, top.get("default"), "default", allowed=(Effect.ALLOW, Effect.DENY))
     shadow_file = _shadow(doc, top.get("mode"), "mode")
@@ -218,7 +219,7 @@ def _asking(doc: _Doc, keys: dict[str, yaml.Node], effect: Effect, where: str) -
         raise doc.error(keys["effect"], f"{where}.approvers: an ask rule names who may approve")
     approvers = doc.strings(keys["approvers"], f"{where}.approvers")
     ttl = doc.value(keys["ttl"]) if "ttl" in keys else DEFAULT_TTL
-    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or ttl <= 0:
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < math.inf:
         raise doc.error(keys["ttl"], f"{where}.ttl: seconds, a positive number")
     return {"approvers": approvers, "ttl": float(ttl)}
 

@@ -129,7 +129,7 @@ def _touches(
 
 
 def path_glob(path: str, pattern: str) -> bool:
-    """`**` spans directories, `*` and `?` stay within one; `dir/` means `dir/**`."""
+    """`**` spans directories, `*` and `?` stay within one; `dir/` is dir and all below it."""
     return _compiled(pattern).fullmatch(path) is not None
 
 
@@ -139,7 +139,7 @@ _CACHE: dict[str, re.Pattern[str]] = {}
 def _compiled(pattern: str) -> re.Pattern[str]:
     found = _CACHE.get(pattern)
     if found is None:
-        text = pattern.strip("/") + ("/**" if pattern.endswith("/") else "")
+        text = pattern.strip("/")
         out, i = [], 0
         while i < len(text):
             if text.startswith("**/", i):
@@ -157,7 +157,9 @@ def _compiled(pattern: str) -> re.Pattern[str]:
             else:
                 out.append(re.escape(text[i]))
                 i += 1
-        found = _CACHE[pattern] = re.compile("".join(out))
+        # `dir/` is the directory and everything below it.
+        tail = "(?:/.*)?" if pattern.endswith("/") else ""
+        found = _CACHE[pattern] = re.compile("".join(out) + tail)
     return found
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import enum
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from ..cancel import CancelScope
@@ -90,6 +92,10 @@ class ToolContext:
     marker: str = ""
     # The run the call belongs to (a sandbox may keep warm state per run).
     run_id: str = ""
+    # May this call read this (canonical, workspace) path? The policy's answer for the
+    # one file, for tools that walk a tree (search, list_dir): a tree allowed as a
+    # whole may still hold files a rule denies (`.env`), which they skip.
+    readable: Callable[[Path], bool] = field(default=lambda _path: True)
     # time.monotonic() by which the call must end (its timeout, cut to the run's
     # deadline), counted from before the sandbox starts; 0: `timeout` from now.
     deadline: float = 0.0

@@ -222,7 +222,9 @@ class ListDir:
     def _list(self, path: Path, max_entries: int, ctx: ToolContext) -> ToolOutput:
         fd = ctx.workspace.open_dir(path, "arguments.path")
         try:
-            names = sorted(os.listdir(fd))
+            listed = sorted(os.listdir(fd))
+            # Entries the policy denies to this call are not shown (counted only).
+            names = [n for n in listed if ctx.readable(Path(os.path.realpath(path / n)))]
             entries = [_entry(fd, name) for name in names[:max_entries]]
         finally:
             os.close(fd)
@@ -233,6 +235,7 @@ class ListDir:
                 "path": ctx.workspace.relative(path),
                 "entries": entries,
                 "total_entries": len(names),
+                "hidden_by_policy": len(listed) - len(names),
             },
             truncated=len(names) > max_entries,
         )

@@ -113,10 +113,13 @@ def _files(root: Path, ctx: ToolContext) -> Any:
         yield root
         return
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+        dirnames[:] = sorted(
+            d for d in dirnames if d not in SKIP_DIRS and ctx.readable(Path(dirpath, d))
+        )
         for name in sorted(filenames):
             path = Path(dirpath, name)
-            if path.is_symlink() and not ctx.workspace.contains(os.path.realpath(path)):
+            real = os.path.realpath(path)  # a symlink is judged by what it points to
+            if not ctx.workspace.contains(real) or not ctx.readable(Path(real)):
                 continue
             yield path
 

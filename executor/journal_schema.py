@@ -1,0 +1,80 @@
+"""The journal's tables, and the changes an older journal gets when a newer daemon opens it."""
+
+from __future__ import annotations
+
+import sqlite3
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS calls (
+    -- No AUTOINCREMENT: it writes sqlite_sequence on every insert. Rows are never
+    -- deleted, so rowid order is insertion order all the same.
+    seq             INTEGER PRIMARY KEY,
+    run_id          TEXT NOT NULL,
+    call_id         TEXT NOT NULL,
+    batch_id        TEXT NOT NULL,
+    tool            TEXT NOT NULL,
+    arguments_json  TEXT NOT NULL,
+    request_hash    TEXT NOT NULL,
+    idempotency_key TEXT,
+    agent           TEXT NOT NULL,
+    may_write       INTEGER NOT NULL,
+    state           TEXT NOT NULL CHECK (state IN ('running', 'finished')),
+    created_at      REAL NOT NULL,
+    finished_at     REAL,
+    status          TEXT,
+    outcome_json    TEXT,
+    raw_result      TEXT,
+    replay_of       TEXT,
+    -- The policy decision: effect, rule ids, revision, shadow rules (JSON).
+    decision_json   TEXT,
+    UNIQUE (run_id, call_id)
+);
+CREATE UNIQUE INDEX IF NOT EXISTS calls_idempotency
+    ON calls (agent, idempotency_key) WHERE idempotency_key IS NOT NULL;
+-- Only recovery looks for running calls, and there are few: a partial index.
+CREATE INDEX IF NOT EXISTS calls_running ON calls (state) WHERE state = 'running';
+CREATE INDEX IF NOT EXISTS calls_created ON calls (created_at);
+CREATE TABLE IF NOT EXISTS refusals (
+    seq         INTEGER PRIMARY KEY,
+    at          REAL NOT NULL,
+    run_id      TEXT NOT NULL,
+    call_id     TEXT NOT NULL,
+    tool        TEXT NOT NULL,
+    error_class TEXT NOT NULL,
+    message     TEXT NOT NULL
+);
+-- Every Cancel request, recorded before anything is signalled. A row without
+-- call_id and batch_id cancels its whole run: no later call of it starts.
+CREATE TABLE IF NOT EXISTS cancels (
+    seq       INTEGER PRIMARY KEY,
+    at        REAL NOT NULL,
+    requester TEXT NOT NULL,
+    reason    TEXT NOT NULL,
+    run_id    TEXT NOT NULL,
+    batch_id  TEXT NOT NULL,
+    call_id   TEXT NOT NULL,
+    grace     REAL
+);
+-- Every policy file a running daemon was shown: accepted (now in force) or refused
+-- (the last good one stayed in force), with the file:line:column reason.
+CREATE TABLE IF NOT EXISTS policy_events (
+    seq      INTEGER PRIMARY KEY,
+    at       REAL NOT NULL,
+    source   TEXT NOT NULL,
+    revision TEXT NOT NULL,
+    accepted INTEGER NOT NULL,
+    message  TEXT NOT NULL
+);
+"""
+
+RECORD_COLUMNS = (
+    "run_id, call_id, batch_id, tool, arguments_json, request_hash, idempotency_key, agent, "
+    "may_write, state, created_at, outcome_json, replay_of, decision_json"
+)
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Columns later versions added, on a journal an older daemon made."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(calls)")}
+    if "decision_json" not in columns:
+        conn.execute("ALTER TABLE calls ADD COLUMN decision_json TEXT")
