@@ -11,17 +11,26 @@ import grpc
 from execgate.v1 import executor_pb2 as pb
 from execgate.v1 import executor_pb2_grpc as pb_grpc
 
-from . import wire
+from . import _transport, wire
+from ._transport import TlsConfig
 from .types import Call, CallPlan, CallRecord, Event, Outcome, Status, ToolSpec
 
 
 class AsyncClient:
     """An asyncio connection to an execgate daemon; arguments as for `Client`."""
 
-    def __init__(self, address: str | None = None, *, run_id: str = "") -> None:
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        run_id: str = "",
+        token: str | None = None,
+        tls: TlsConfig | None = None,
+    ) -> None:
         self.address = wire.resolve_address(address)
         self.run_id = run_id
-        self._channel = grpc.aio.insecure_channel(self.address, options=wire.CHANNEL_OPTIONS)
+        self._metadata = _transport.call_metadata(_transport.resolve_token(token))
+        self._channel = _transport.aio_channel(self.address, tls)
         self._stub = pb_grpc.ExecutorStub(self._channel)
 
     async def close(self) -> None:
@@ -38,7 +47,7 @@ class AsyncClient:
 
     async def list_tools(self) -> list[ToolSpec]:
         try:
-            response = await self._stub.ListTools(pb.ListToolsRequest())
+            response = await self._stub.ListTools(pb.ListToolsRequest(), metadata=self._metadata)
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address) from exc
         return [wire.tool_spec(t) for t in response.tools]
@@ -54,7 +63,7 @@ class AsyncClient:
     ) -> AsyncIterator[Event]:
         request = wire.execute_request(calls, self._run(run_id), batch_id, not progress, deadline)
         try:
-            async for msg in self._stub.Execute(request):
+            async for msg in self._stub.Execute(request, metadata=self._metadata):
                 yield wire.event(msg)
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address) from exc
@@ -74,7 +83,7 @@ class AsyncClient:
         """
         request = wire.execute_request(calls, self._run(run_id), batch_id, True, deadline)
         try:
-            response = await self._stub.ExecuteBatch(request)
+            response = await self._stub.ExecuteBatch(request, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address) from exc
         return wire.outcomes(response)
@@ -83,7 +92,7 @@ class AsyncClient:
         """How the daemon would schedule these calls (locks, who waits for whom); runs nothing."""
         request = wire.execute_request(calls, self._run(run_id), "", True)
         try:
-            response = await self._stub.Explain(request)
+            response = await self._stub.Explain(request, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address) from exc
         return wire.call_plans(response)
@@ -100,7 +109,8 @@ class AsyncClient:
         run = self._run(run_id)
         try:
             msg = await self._stub.GetCall(
-                pb.GetCallRequest(run_id=run, call_id=call_id, include_raw=include_raw)
+                pb.GetCallRequest(run_id=run, call_id=call_id, include_raw=include_raw),
+                metadata=self._metadata,
             )
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address, run_id=run, call_id=call_id) from exc
@@ -120,7 +130,7 @@ class AsyncClient:
                 page_token=token,
             )
             try:
-                response = await self._stub.ListCalls(request)
+                response = await self._stub.ListCalls(request, metadata=self._metadata)
             except grpc.RpcError as exc:
                 raise wire.translate(exc, self.address) from exc
             records.extend(wire.record(r) for r in response.calls)
@@ -150,7 +160,7 @@ class AsyncClient:
             requester=requester,
         )
         try:
-            return list((await self._stub.Cancel(request)).call_ids)
+            return list((await self._stub.Cancel(request, metadata=self._metadata)).call_ids)
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address) from exc
 

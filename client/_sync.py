@@ -11,7 +11,8 @@ import grpc
 from execgate.v1 import executor_pb2 as pb
 from execgate.v1 import executor_pb2_grpc as pb_grpc
 
-from . import wire
+from . import _transport, wire
+from ._transport import TlsConfig
 from .types import Call, CallPlan, CallRecord, Event, Outcome, Status, ToolSpec
 
 
@@ -23,12 +24,24 @@ class Client:
             `unix:var/execgate.sock` (what `make run` listens on).
         run_id: the run calls belong to unless a call says otherwise ("" = the
             daemon's implicit run "default").
+        token: the bearer token of this client's identity; default $EXECGATE_TOKEN.
+            A daemon without an identities file needs none.
+        tls: certificates for a daemon's mTLS TCP listener; None: plaintext (the
+            Unix socket, or a TCP listener without TLS).
     """
 
-    def __init__(self, address: str | None = None, *, run_id: str = "") -> None:
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        run_id: str = "",
+        token: str | None = None,
+        tls: TlsConfig | None = None,
+    ) -> None:
         self.address = wire.resolve_address(address)
         self.run_id = run_id
-        self._channel = grpc.insecure_channel(self.address, options=wire.CHANNEL_OPTIONS)
+        self._metadata = _transport.call_metadata(_transport.resolve_token(token))
+        self._channel = _transport.sync_channel(self.address, tls)
         self._stub = pb_grpc.ExecutorStub(self._channel)
 
     def close(self) -> None:
@@ -42,7 +55,7 @@ class Client:
 
     def list_tools(self) -> list[ToolSpec]:
         try:
-            response = self._stub.ListTools(pb.ListToolsRequest())
+            response = self._stub.ListTools(pb.ListToolsRequest(), metadata=self._metadata)
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address) from exc
         return [wire.tool_spec(t) for t in response.tools]
@@ -59,7 +72,7 @@ class Client:
         """Every event of the batch as it happens: queued, started, finished."""
         request = wire.execute_request(calls, self._run(run_id), batch_id, not progress, deadline)
         try:
-            for msg in self._stub.Execute(request):
+            for msg in self._stub.Execute(request, metadata=self._metadata):
                 yield wire.event(msg)
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address) from exc
@@ -79,7 +92,7 @@ class Client:
         """
         request = wire.execute_request(calls, self._run(run_id), batch_id, True, deadline)
         try:
-            response = self._stub.ExecuteBatch(request)
+            response = self._stub.ExecuteBatch(request, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address) from exc
         return wire.outcomes(response)
@@ -88,7 +101,7 @@ class Client:
         """How the daemon would schedule these calls (locks, who waits for whom); runs nothing."""
         request = wire.execute_request(calls, self._run(run_id), "", True)
         try:
-            response = self._stub.Explain(request)
+            response = self._stub.Explain(request, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address) from exc
         return wire.call_plans(response)
@@ -105,7 +118,8 @@ class Client:
         run = self._run(run_id)
         try:
             msg = self._stub.GetCall(
-                pb.GetCallRequest(run_id=run, call_id=call_id, include_raw=include_raw)
+                pb.GetCallRequest(run_id=run, call_id=call_id, include_raw=include_raw),
+                metadata=self._metadata,
             )
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address, run_id=run, call_id=call_id) from exc
@@ -126,7 +140,7 @@ class Client:
                 page_token=token,
             )
             try:
-                response = self._stub.ListCalls(request)
+                response = self._stub.ListCalls(request, metadata=self._metadata)
             except grpc.RpcError as exc:
                 raise wire.translate(exc, self.address) from exc
             records.extend(wire.record(r) for r in response.calls)
@@ -156,7 +170,7 @@ class Client:
             requester=requester,
         )
         try:
-            return list(self._stub.Cancel(request).call_ids)
+            return list(self._stub.Cancel(request, metadata=self._metadata).call_ids)
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address) from exc
 

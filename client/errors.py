@@ -3,6 +3,9 @@
     ExecgateClientError            root
     ├── DaemonUnavailable          nothing answers at the address (carries `address`)
     ├── CallNotFound               GetCall for an id the journal does not have
+    ├── Unauthenticated            the daemon does not know who we are: no token, a wrong or
+    │                              revoked one, or an unknown client certificate
+    ├── PermissionDenied           our identity lacks the role the RPC needs
     └── RequestError               the daemon refused the request envelope
                                    (carries the gRPC `code` name and `details`)
 
@@ -38,4 +41,18 @@ class RequestError(ExecgateClientError):
     def __init__(self, code: str, details: str) -> None:
         super().__init__(f"{code}: {details}")
         self.code = code
+        self.details = details
+
+
+class Unauthenticated(ExecgateClientError):
+    def __init__(self, address: str, details: str = "") -> None:
+        super().__init__(f"the daemon at {address} does not know who we are: {details}")
+        self.address = address
+        self.details = details
+
+
+class PermissionDenied(ExecgateClientError):
+    def __init__(self, address: str, details: str = "") -> None:
+        super().__init__(f"the daemon at {address} refused: {details}")
+        self.address = address
         self.details = details

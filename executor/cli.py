@@ -12,7 +12,7 @@ from pathlib import Path
 
 from execgate.client import DaemonUnavailable, ExecgateClientError
 
-from . import cli_client, cli_policy, cli_sandbox
+from . import cli_client, cli_identity, cli_policy, cli_sandbox
 from .config import ServeConfig, parse_listener
 from .errors import ConfigError, PolicyError
 from .tools import Limits
@@ -45,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     cli_client.add_commands(sub)
     cli_sandbox.add_doctor(sub)
     cli_policy.add_commands(sub)
+    cli_identity.add_commands(sub)
     return parser
 
 
@@ -111,8 +112,9 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument(
         "--allow-remote",
         action="store_true",
-        help="permit TCP listeners on non-loopback addresses (no auth yet!)",
+        help="permit plaintext (non-TLS) TCP listeners on non-loopback addresses",
     )
+    cli_identity.add_serve_args(p)
     cli_sandbox.add_serve_args(p)
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(handler=_serve)
@@ -137,6 +139,8 @@ def _serve(args: argparse.Namespace) -> int:
         reflection=args.reflection,
         test_tools=args.test_tools,
         allow_remote=args.allow_remote,
+        identities=args.identities,
+        tls=cli_identity.tls_files(args),
         locks=args.locks,
         lock_dir=args.lock_dir,
         sandbox=cli_sandbox.config_from(args),

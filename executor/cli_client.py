@@ -17,7 +17,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 from rich.table import Table
 
-from execgate.client import Call, Client, DaemonUnavailable, Outcome, Status
+from execgate.client import Call, Client, DaemonUnavailable, Outcome, Status, TlsConfig
+from execgate.client._transport import sync_channel
 from execgate.client.wire import resolve_address
 
 STATUS_STYLE = {
@@ -35,6 +36,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--addr", help="daemon address (default: $EXECGATE_ADDR or unix:var/execgate.sock)"
     )
     common.add_argument("--json", action="store_true", help="machine-readable output")
+    common.add_argument(
+        "--token", default=None, help="bearer token of your identity (default: $EXECGATE_TOKEN)"
+    )
+    common.add_argument("--tls-ca", type=Path, metavar="PEM", help="CA of the daemon's cert")
+    common.add_argument("--tls-cert", type=Path, metavar="PEM", help="your client certificate")
+    common.add_argument("--tls-key", type=Path, metavar="PEM", help="its private key")
 
     p = sub.add_parser("tools", parents=[common], help="list the daemon's tools")
     p.set_defaults(handler=_tools)
@@ -92,8 +99,21 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.set_defaults(handler=_health)
 
 
+def _client(args: argparse.Namespace, *, run_id: str = "") -> Client:
+    return Client(args.addr, run_id=run_id, token=args.token, tls=_tls(args))
+
+
+def _tls(args: argparse.Namespace) -> TlsConfig | None:
+    given = (args.tls_ca, args.tls_cert, args.tls_key)
+    if not any(given):
+        return None
+    if not all(given):
+        raise SystemExit("execgate: --tls-ca, --tls-cert and --tls-key go together")
+    return TlsConfig(args.tls_ca, args.tls_cert, args.tls_key)
+
+
 def _tools(args: argparse.Namespace) -> int:
-    with Client(args.addr) as client:
+    with _client(args) as client:
         tools = client.list_tools()
     if args.json:
         _print_json([dataclasses.asdict(t) for t in tools])
@@ -112,7 +132,7 @@ def _tools(args: argparse.Namespace) -> int:
 
 
 def _call(args: argparse.Namespace) -> int:
-    with Client(args.addr, run_id=args.run) as client:
+    with _client(args, run_id=args.run) as client:
         arguments = _arguments(client, args)
         outcome = client.run(
             Call(
@@ -169,7 +189,7 @@ def _print_outcome(o: Outcome) -> None:
 
 
 def _calls_list(args: argparse.Namespace) -> int:
-    with Client(args.addr) as client:
+    with _client(args) as client:
         records = client.list_calls(
             run_id=args.run,
             statuses=[Status(s) for s in args.status],
@@ -200,7 +220,7 @@ def _calls_list(args: argparse.Namespace) -> int:
 
 
 def _calls_show(args: argparse.Namespace) -> int:
-    with Client(args.addr) as client:
+    with _client(args) as client:
         record = client.get_call(args.call_id, run_id=args.run, include_raw=args.raw)
     data = _jsonable(record)
     if args.json:
@@ -221,7 +241,7 @@ def _calls_show(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    with Client(args.addr) as client:
+    with _client(args) as client:
         hit = client.cancel(
             run_id=args.run,
             call_id=args.call,
@@ -243,7 +263,7 @@ def _explain(args: argparse.Namespace) -> int:
         calls = [Call(**item) for item in json.loads(text)]
     except (ValueError, TypeError) as exc:
         raise SystemExit(f"execgate: {args.batch}: not a JSON list of calls: {exc}") from exc
-    with Client(args.addr, run_id=args.run) as client:
+    with _client(args, run_id=args.run) as client:
         plans = client.explain(calls)
     if args.json:
         _print_json([_jsonable(p) for p in plans])
@@ -269,7 +289,8 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _health(args: argparse.Namespace) -> int:
     address = resolve_address(args.addr)
-    with grpc.insecure_channel(address) as channel:
+    # Health needs no credentials, but a TLS listener still needs the TLS handshake.
+    with sync_channel(address, _tls(args)) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)

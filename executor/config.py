@@ -58,6 +58,17 @@ def parse_listener(text: str) -> Listener:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TlsFiles:
+    """PEM files that make every TCP listener mTLS (client certificates required)."""
+
+    # The daemon's certificate (chain) and its private key.
+    cert: Path
+    key: Path
+    # The CA that signed the clients' certificates; no other client gets through.
+    client_ca: Path
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServeConfig:
     # Where the journal and the default socket live (created 0700).
     state_dir: Path = DEFAULT_STATE_DIR
@@ -78,9 +89,14 @@ class ServeConfig:
     # Where the filelock backend keeps its table; default: per workspace under
     # ~/.cache/execgate/locks/.
     lock_dir: Path | None = None
-    # Permit a TCP listener on a non-loopback address. Until token/mTLS
-    # authentication lands, anyone who can reach such a port can run tools.
+    # Permit a plaintext TCP listener on a non-loopback address (no --tls-*): tokens
+    # then cross the network in clear, so only on a network you trust.
     allow_remote: bool = False
+    # Identities file (see identity.py); required for any TCP listener. None: only
+    # Unix sockets, whose callers are all the built-in identity `local`.
+    identities: Path | None = None
+    # mTLS for the TCP listeners; None: TCP is plaintext (tokens only).
+    tls: TlsFiles | None = None
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     # Seconds between checks of the policy file for changes (hot reload).
     policy_reload: float = 1.0
@@ -109,9 +125,22 @@ class ServeConfig:
             raise ConfigError(
                 "--locks none turns the scheduler off; it is for tests only and needs --test-tools"
             )
-        for lst in self.listeners():
-            if not lst.is_loopback and not self.allow_remote:
+        self._check_listeners()
+
+    def _check_listeners(self) -> None:
+        """TCP needs identities; off loopback it also needs TLS (or --allow-remote)."""
+        tcp = [lst for lst in self.listeners() if lst.unix_path is None]
+        if self.tls is not None and not tcp:
+            raise ConfigError("--tls-cert/--tls-key/--tls-client-ca: there is no TCP --listen")
+        for lst in tcp:
+            if self.identities is None:
                 raise ConfigError(
-                    f"refusing to listen on {lst.grpc_address}: not loopback and there is no "
-                    "authentication yet; pass --allow-remote if the network is trusted"
+                    f"refusing to listen on {lst.grpc_address}: a TCP listener needs an "
+                    "identities file (--identities FILE) so that callers authenticate"
+                )
+            if not lst.is_loopback and self.tls is None and not self.allow_remote:
+                raise ConfigError(
+                    f"refusing to listen on {lst.grpc_address}: not loopback and not TLS; "
+                    "pass --tls-cert/--tls-key/--tls-client-ca, or --allow-remote if the "
+                    "network is trusted (tokens then cross it in clear)"
                 )

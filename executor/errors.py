@@ -4,6 +4,7 @@
     ├── ToolError                 an expected, typed failure of one call
     │   (carries the Status, ErrorClass, message and offending field)
     ├── ConfigError               bad daemon configuration (CLI flags, paths)
+    │   └── IdentityError         an identities file that cannot be loaded (file:line:column)
     └── PolicyError               a policy file that cannot be loaded
 
 A `ToolError` raised by validation or a tool becomes that call's Outcome; it never
@@ -45,8 +46,8 @@ class ConfigError(ExecgateError):
     pass
 
 
-class PolicyError(ExecgateError):
-    """A policy file that cannot be used; says file:line:column and the field."""
+class LocatedError(ExecgateError):
+    """A file that cannot be used; says file:line:column and the field."""
 
     def __init__(self, message: str, *, path: str = "", line: int = 0, column: int = 0) -> None:
         where = path
@@ -56,3 +57,11 @@ class PolicyError(ExecgateError):
         self.path = path
         self.line = line
         self.column = column
+
+
+class PolicyError(LocatedError):
+    """A policy file that cannot be used."""
+
+
+class IdentityError(LocatedError, ConfigError):
+    """An identities file that cannot be used."""

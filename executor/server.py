@@ -21,10 +21,12 @@ from execgate.v1 import executor_pb2 as pb
 from execgate.v1 import executor_pb2_grpc as pb_grpc
 
 from . import wire
+from .authenticate import AuthInterceptor, caller, server_credentials
 from .calls import CallRequest
 from .config import JOURNAL_NAME, Listener, ServeConfig
 from .dispatch import Dispatcher
 from .errors import ConfigError
+from .identity import Identities, load_identities
 from .inflight import CancelOrder
 from .journal import Journal
 from .locks import FileLockManager, LockBackend, LockManager, NoLocks
@@ -67,7 +69,7 @@ class ExecutorService(pb_grpc.ExecutorServicer):
             run_id,
             batch_id,
             calls,
-            agent="local",
+            agent=caller().name,
             progress=not request.outcomes_only,
             deadline=_deadline(request),
         )
@@ -83,7 +85,12 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         run_id, batch_id, calls = await self._batch(request, context)
         finished: list[pb.ExecuteEvent] = [pb.ExecuteEvent()] * len(calls)
         events = self.dispatcher.execute(
-            run_id, batch_id, calls, agent="local", progress=False, deadline=_deadline(request)
+            run_id,
+            batch_id,
+            calls,
+            agent=caller().name,
+            progress=False,
+            deadline=_deadline(request),
         )
         async with contextlib.aclosing(events):
             async for event in events:
@@ -96,7 +103,7 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         context: grpc.aio.ServicerContext[pb.ExecuteRequest, pb.ExplainResponse],
     ) -> pb.ExplainResponse:
         _, _, calls = await self._batch(request, context)
-        rows = await self.dispatcher.explain(calls, agent="local")
+        rows = await self.dispatcher.explain(calls, agent=caller().name)
         root = str(self.dispatcher.workspace.root)
         return pb.ExplainResponse(calls=[wire.call_plan(r, root) for r in rows])
 
@@ -148,7 +155,7 @@ class ExecutorService(pb_grpc.ExecutorServicer):
                 batch_id=request.batch_id,
                 reason=request.reason or "cancelled by client",
                 grace=grace,
-                requester=request.requester or _peer(context),
+                requester=_requester(request.requester),
                 at=at,
             )
         )
@@ -190,10 +197,10 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         )
 
 
-def _peer(context: grpc.aio.ServicerContext[Any, Any]) -> str:
-    """The caller's address, when it says anything (a Unix socket peer is just "unix:")."""
-    peer = context.peer() or ""
-    return "" if peer.rstrip(":/") in ("", "unix") else peer
+def _requester(claimed: str) -> str:
+    """Who cancels: the authenticated caller; what the body claims is kept as a claim."""
+    name = caller().name
+    return f"{name} (says: {claimed})" if claimed and claimed != name else name
 
 
 def _deadline(request: pb.ExecuteRequest) -> float | None:
@@ -277,12 +284,13 @@ async def serve(
     config: ServeConfig, *, on_ready: Callable[[list[str]], None] | None = None
 ) -> None:
     config.check()
+    identities = None if config.identities is None else load_identities(config.identities)
     old_umask = os.umask(0o077)  # state dir, journal and sockets: owner only, from birth
     try:
         lock_fd = prepare_dirs(config)
         dispatcher, journal = build(config)
-        server, health_servicer = _server(config, dispatcher)
-        addresses = _bind(server, config.listeners())
+        server, health_servicer = _server(config, dispatcher, identities)
+        addresses = _bind(server, config)
     finally:
         os.umask(old_umask)
     stale = await dispatcher.sandboxes.cleanup_stale()
@@ -318,14 +326,15 @@ def _policy_watcher(config: ServeConfig, dispatcher: Dispatcher, journal: Journa
 
 
 def _server(
-    config: ServeConfig, dispatcher: Dispatcher
+    config: ServeConfig, dispatcher: Dispatcher, identities: Identities | None
 ) -> tuple[grpc.aio.Server, Any]:  # Any: health.aio.HealthServicer, see below
     server = grpc.aio.server(
+        interceptors=[AuthInterceptor(identities)],
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE),
             ("grpc.max_send_message_length", MAX_MESSAGE),
             ("grpc.so_reuseport", 0),
-        ]
+        ],
     )
     pb_grpc.add_ExecutorServicer_to_server(ExecutorService(dispatcher), server)
     # grpc-stubs type only the sync grpc_health.v1.health, not its `aio` module.
@@ -343,11 +352,16 @@ def _server(
     return server, health_servicer
 
 
-def _bind(server: grpc.aio.Server, listeners: tuple[Listener, ...]) -> list[str]:
+def _bind(server: grpc.aio.Server, config: ServeConfig) -> list[str]:
+    """Unix sockets are plaintext (owner-only); TCP is mTLS when config.tls says so."""
+    tls = None if config.tls is None else server_credentials(config.tls)
     addresses = []
-    for lst in listeners:
+    for lst in config.listeners():
         try:
-            port = server.add_insecure_port(lst.grpc_address)
+            if tls is not None and lst.unix_path is None:
+                port = server.add_secure_port(lst.grpc_address, tls)
+            else:
+                port = server.add_insecure_port(lst.grpc_address)
         except RuntimeError as exc:
             raise ConfigError(f"cannot listen on {lst.grpc_address}: {exc}") from exc
         if lst.unix_path is not None:

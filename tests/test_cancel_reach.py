@@ -185,7 +185,7 @@ def test_cancel_is_journaled_before_anything_is_signalled(plain: Daemon, pc: Cli
     assert len(rows) == 1, rows
     row_at, requester, reason, run_id, batch_id, grace = rows[0]
     assert (requester, reason, run_id, batch_id, grace) == (
-        f"tester-{tag[:6]}",
+        f"local (says: tester-{tag[:6]})",  # the authenticated caller, then the claim
         "journal first",
         "default",
         "",

@@ -227,7 +227,7 @@ def test_cancel_a_running_call(daemon: Daemon, client: Client) -> None:
     assert "force_terminated" not in phases
     cancel = o.mark("cancel_requested")
     assert cancel is not None
-    assert cancel.detail == "user pressed stop"
+    assert cancel.detail == "user pressed stop (requested by local)"
     assert at(o, "stopped") - at(o, "cancel_requested") < 1.0
     rec = client.get_call("c1")
     assert rec.outcome is not None

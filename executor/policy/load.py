@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from ..errors import PolicyError
+from ..yamldoc import YamlDoc as _Doc
 from .model import Condition, Effect, PolicyInput, Rule
 
 FILE_KEYS = {"version", "default", "mode", "rules", "sandbox"}
@@ -78,55 +79,9 @@ class Parsed:
     revision: str
 
 
-class _Doc:
-    """One file's nodes, and errors that point into it."""
-
-    def __init__(self, text: str, source: str) -> None:
-        self.source = source
-        self.loader = yaml.SafeLoader(text)
-
-    def error(self, node: yaml.Node | None, message: str) -> PolicyError:
-        if node is None:
-            return PolicyError(message, path=self.source)
-        mark = node.start_mark
-        return PolicyError(message, path=self.source, line=mark.line + 1, column=mark.column + 1)
-
-    def value(self, node: yaml.Node) -> Any:
-        return self.loader.construct_object(node, deep=True)
-
-    def mapping(self, node: yaml.Node, where: str, keys: set[str]) -> dict[str, yaml.Node]:
-        if not isinstance(node, yaml.MappingNode):
-            raise self.error(node, f"{where}: must be a mapping")
-        out: dict[str, yaml.Node] = {}
-        for key_node, value_node in node.value:
-            key = self.value(key_node)
-            if not isinstance(key, str) or key not in keys:
-                raise self.error(key_node, f"{where}: unknown key {key!r}")
-            if key in out:
-                raise self.error(key_node, f"{where}: {key!r} appears twice")
-            out[key] = value_node
-        return out
-
-    def sequence(self, node: yaml.Node, where: str) -> list[yaml.Node]:
-        if not isinstance(node, yaml.SequenceNode):
-            raise self.error(node, f"{where}: must be a list")
-        return list(node.value)
-
-    def strings(self, node: yaml.Node, where: str, *, empty: bool = False) -> tuple[str, ...]:
-        items = [self.value(n) for n in self.sequence(node, where)]
-        if (not items and not empty) or not all(isinstance(i, str) and i for i in items):
-            raise self.error(node, f"{where}: must be a list of non-empty strings")
-        return tuple(items)
-
-
 def load_text(text: str, source: str) -> Parsed:
-    doc = _Doc(text, source)
-    try:
-        root = doc.loader.get_single_node()
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line, column = (mark.line + 1, mark.column + 1) if mark else (0, 0)
-        raise PolicyError(f"not valid YAML: {exc}", path=source, line=line, column=column) from exc
+    doc = _Doc(text, source, PolicyError)
+    root = doc.root()
     if root is None:
         raise PolicyError("empty file: a policy has version, default, rules", path=source)
     top = doc.mapping(root, "file", FILE_KEYS)

@@ -223,8 +223,10 @@ class ListDir:
         fd = ctx.workspace.open_dir(path, "arguments.path")
         try:
             listed = sorted(os.listdir(fd))
-            # Entries the policy denies to this call are not shown (counted only).
-            names = [n for n in listed if ctx.readable(Path(os.path.realpath(path / n)))]
+            # Entries the policy denies to this call are not shown (counted only). A
+            # symlink is judged by its target; one leading outside is listed (a name,
+            # never followed: reading it is refused by the workspace confinement).
+            names = [n for n in listed if _shown(path / n, ctx)]
             entries = [_entry(fd, name) for name in names[:max_entries]]
         finally:
             os.close(fd)
@@ -239,6 +241,11 @@ class ListDir:
             },
             truncated=len(names) > max_entries,
         )
+
+
+def _shown(entry: Path, ctx: ToolContext) -> bool:
+    real = os.path.realpath(entry)
+    return not ctx.workspace.contains(real) or ctx.readable(Path(real))
 
 
 def _entry(dir_fd: int, name: str) -> dict[str, Any]:
