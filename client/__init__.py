@@ -12,6 +12,7 @@ from ._async import AsyncClient
 from ._sync import Client
 from ._transport import TlsConfig
 from .errors import (
+    ApprovalNotPending,
     CallNotFound,
     DaemonUnavailable,
     ExecgateClientError,
@@ -20,6 +21,8 @@ from .errors import (
     Unauthenticated,
 )
 from .types import (
+    Approval,
+    ApprovalState,
     Call,
     CallPlan,
     CallRecord,
@@ -35,6 +38,9 @@ from .types import (
 )
 
 __all__ = [
+    "Approval",
+    "ApprovalNotPending",
+    "ApprovalState",
     "AsyncClient",
     "Call",
     "CallNotFound",

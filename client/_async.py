@@ -13,7 +13,7 @@ from execgate.v1 import executor_pb2_grpc as pb_grpc
 
 from . import _transport, wire
 from ._transport import TlsConfig
-from .types import Call, CallPlan, CallRecord, Event, Outcome, Status, ToolSpec
+from .types import Approval, Call, CallPlan, CallRecord, Event, Outcome, Status, ToolSpec
 
 
 class AsyncClient:
@@ -32,6 +32,7 @@ class AsyncClient:
         self._metadata = _transport.call_metadata(_transport.resolve_token(token))
         self._channel = _transport.aio_channel(self.address, tls)
         self._stub = pb_grpc.ExecutorStub(self._channel)
+        self._approvals = pb_grpc.ApprovalsStub(self._channel)
 
     async def close(self) -> None:
         # grpc-stubs make `grace` required; grpc.aio defaults it to None.
@@ -163,6 +164,43 @@ class AsyncClient:
             return list((await self._stub.Cancel(request, metadata=self._metadata)).call_ids)
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address) from exc
+
+    async def approvals_pending(self) -> list[Approval]:
+        """The approvals waiting for a decision, oldest first (approver, operator, admin)."""
+        try:
+            response = await self._approvals.ListPending(
+                pb.ListPendingRequest(), metadata=self._metadata
+            )
+        except grpc.RpcError as exc:
+            raise wire.translate(exc, self.address) from exc
+        return [wire.approval(a) for a in response.approvals]
+
+    async def watch_approvals(self) -> AsyncIterator[Approval]:
+        """The pending approvals, then each one as it is created or decided."""
+        try:
+            async for msg in self._approvals.Watch(
+                pb.WatchApprovalsRequest(), metadata=self._metadata
+            ):
+                yield wire.approval(msg)
+        except grpc.RpcError as exc:
+            raise wire.translate(exc, self.address) from exc
+
+    async def approve(self, approval_id: str, comment: str = "") -> Approval:
+        """Let a parked call run. PermissionDenied: not an approver of its rule, or its
+        requester; ApprovalNotPending: unknown, decided or expired."""
+        return await self._decide(approval_id, True, comment)
+
+    async def deny(self, approval_id: str, comment: str) -> Approval:
+        """Refuse a parked call: it ends REJECTED (approval_denied) with `comment`."""
+        return await self._decide(approval_id, False, comment)
+
+    async def _decide(self, approval_id: str, approve: bool, comment: str) -> Approval:
+        request = pb.DecideRequest(approval_id=approval_id, approve=approve, comment=comment)
+        try:
+            msg = await self._approvals.Decide(request, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise wire.translate(exc, self.address, approval_id=approval_id) from exc
+        return wire.approval(msg)
 
     def _run(self, run_id: str | None) -> str:
         return self.run_id if run_id is None else run_id

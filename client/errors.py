@@ -3,6 +3,8 @@
     ExecgateClientError            root
     ├── DaemonUnavailable          nothing answers at the address (carries `address`)
     ├── CallNotFound               GetCall for an id the journal does not have
+    ├── ApprovalNotPending         approve/deny of an approval that does not exist or is
+    │                              no longer pending (decided or expired)
     ├── Unauthenticated            the daemon does not know who we are: no token, a wrong or
     │                              revoked one, or an unknown client certificate
     ├── PermissionDenied           our identity lacks the role the RPC needs
@@ -55,4 +57,11 @@ class PermissionDenied(ExecgateClientError):
     def __init__(self, address: str, details: str = "") -> None:
         super().__init__(f"the daemon at {address} refused: {details}")
         self.address = address
+        self.details = details
+
+
+class ApprovalNotPending(ExecgateClientError):
+    def __init__(self, approval_id: str, details: str = "") -> None:
+        super().__init__(f"approval {approval_id!r} cannot be decided: {details}")
+        self.approval_id = approval_id
         self.details = details

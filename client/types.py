@@ -109,6 +109,8 @@ class ToolSpec:
 class EventKind(enum.Enum):
     QUEUED = "queued"
     WAITING = "waiting"
+    # A policy rule asks a human first: see `approval_id` (Client.approve / deny).
+    AWAITING_APPROVAL = "awaiting_approval"
     STARTED = "started"
     FINISHED = "finished"
 
@@ -126,6 +128,11 @@ class Event:
     # WAITING only: the resources it conflicts on, and the calls ("run/call") it waits for.
     keys: tuple[str, ...] = ()
     blocked_by: tuple[str, ...] = ()
+    # AWAITING_APPROVAL only: the approval to decide, the rule that asks, and until when.
+    approval_id: str = ""
+    rule_id: str = ""
+    reason: str = ""
+    expires_at: float | None = None
     outcome: Outcome | None = None
 
 
@@ -176,3 +183,35 @@ class CallPlan:
     waits_for: tuple[str, ...]
     # Set when the call would be REJECTED before scheduling.
     rejected: Outcome | None = None
+
+
+class ApprovalState(enum.Enum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    DENIED = "denied"
+    # The ttl passed, the call was stopped, or the daemon stopped while it was pending.
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Approval:
+    """A call a policy `ask` rule parked until an approver decides."""
+
+    approval_id: str
+    run_id: str
+    call_id: str
+    batch_id: str
+    tool: str
+    arguments_json: str
+    # Who made the call; it may not decide it.
+    requester: str
+    rule_id: str
+    reason: str
+    # Identity names or roles that may decide.
+    approvers: tuple[str, ...]
+    created_at: float
+    expires_at: float
+    state: ApprovalState
+    decided_by: str = ""
+    comment: str = ""
+    decided_at: float | None = None

@@ -13,6 +13,7 @@ from google.protobuf.duration_pb2 import Duration
 from execgate.v1 import executor_pb2 as pb
 
 from .errors import (
+    ApprovalNotPending,
     CallNotFound,
     DaemonUnavailable,
     ExecgateClientError,
@@ -21,6 +22,8 @@ from .errors import (
     Unauthenticated,
 )
 from .types import (
+    Approval,
+    ApprovalState,
     Call,
     CallPlan,
     CallRecord,
@@ -97,6 +100,7 @@ def event(msg: pb.ExecuteEvent) -> Event:
     result = None
     if kind is EventKind.FINISHED:
         result = outcome(msg.finished.outcome, msg.call_id, msg.finished.replay_of_call_id)
+    asked = msg.awaiting_approval
     return Event(
         kind=kind,
         call_id=msg.call_id,
@@ -106,6 +110,35 @@ def event(msg: pb.ExecuteEvent) -> Event:
         outcome=result,
         keys=tuple(msg.waiting.keys),
         blocked_by=tuple(msg.waiting.blocked_by),
+        approval_id=asked.approval_id,
+        rule_id=asked.rule_id,
+        reason=asked.reason,
+        expires_at=_seconds(asked.expires_at) if asked.HasField("expires_at") else None,
+    )
+
+
+def _seconds(ts: Any) -> float:
+    return float(ts.ToNanoseconds()) / 1e9
+
+
+def approval(msg: pb.Approval) -> Approval:
+    return Approval(
+        approval_id=msg.approval_id,
+        run_id=msg.run_id,
+        call_id=msg.call_id,
+        batch_id=msg.batch_id,
+        tool=msg.tool,
+        arguments_json=msg.arguments_json,
+        requester=msg.requester,
+        rule_id=msg.rule_id,
+        reason=msg.reason,
+        approvers=tuple(msg.approvers),
+        created_at=_seconds(msg.created_at),
+        expires_at=_seconds(msg.expires_at),
+        state=ApprovalState(_enum_name(pb.ApprovalState, msg.state, "APPROVAL_STATE_")),
+        decided_by=msg.decided_by,
+        comment=msg.comment,
+        decided_at=_seconds(msg.decided_at) if msg.HasField("decided_at") else None,
     )
 
 
@@ -242,7 +275,12 @@ def list_request(
 
 
 def translate(
-    exc: grpc.RpcError, address: str, *, run_id: str = "", call_id: str = ""
+    exc: grpc.RpcError,
+    address: str,
+    *,
+    run_id: str = "",
+    call_id: str = "",
+    approval_id: str = "",
 ) -> ExecgateClientError:
     """One place where gRPC errors become the client's exceptions."""
     code = exc.code() if hasattr(exc, "code") else None
@@ -251,6 +289,8 @@ def translate(
         return DaemonUnavailable(address, details or "")
     if code is grpc.StatusCode.NOT_FOUND and call_id:
         return CallNotFound(run_id, call_id)
+    if code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION) and approval_id:
+        return ApprovalNotPending(approval_id, details or "")
     if code is grpc.StatusCode.UNAUTHENTICATED:
         return Unauthenticated(address, details or "")
     if code is grpc.StatusCode.PERMISSION_DENIED:

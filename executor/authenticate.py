@@ -42,6 +42,11 @@ _RUNS = frozenset({Role.AGENT, Role.ADMIN})
 # limited to the calls an agent started itself: the journal does not index calls by
 # agent for the cancel path, so an agent may stop another agent's run.
 _READS = frozenset({Role.AGENT, Role.OPERATOR, Role.ADMIN})
+_APPROVALS = "/execgate.v1.Approvals/"
+# Seeing what waits for a decision: approvers, operators, admins. Deciding: approvers
+# and admins, and then only those the rule names, never the requester (approve.py).
+_SEES_APPROVALS = frozenset({Role.APPROVER, Role.OPERATOR, Role.ADMIN})
+_DECIDES = frozenset({Role.APPROVER, Role.ADMIN})
 # No authentication at all: load balancers and `execgate health` probe these.
 PUBLIC = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
 # The roles each RPC needs (full gRPC method name -> any one of these roles).
@@ -53,6 +58,9 @@ ACCESS: Mapping[str, frozenset[Role]] = {
     _EXECUTOR + "GetCall": _READS,
     _EXECUTOR + "ListCalls": _READS,
     _EXECUTOR + "Cancel": _READS,
+    _APPROVALS + "ListPending": _SEES_APPROVALS,
+    _APPROVALS + "Watch": _SEES_APPROVALS,
+    _APPROVALS + "Decide": _DECIDES,
 }
 # Any method not in ACCESS (server reflection, a service added later): admin only.
 UNLISTED = frozenset({Role.ADMIN})

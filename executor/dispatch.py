@@ -1,4 +1,5 @@
-"""The call pipeline: validate, authorize, idempotency, schedule, intent, run, record, report.
+"""The call pipeline: validate, authorize, approve, idempotency, schedule, intent, run,
+record, report.
 
 One `Dispatcher` serves every Execute stream. Each call of a batch runs as its
 own task owned by the dispatcher (not by the RPC), so a client that disconnects
@@ -17,6 +18,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import replace
 
 from . import results
+from .approve import Approvals, ApprovalState
 from .authorize import file_check, policy_input
 from .calls import CallRequest, ValidCall
 from .endings import Endings, record
@@ -29,7 +31,7 @@ from .locks import Abandoned, LockBackend, WaitInfo
 from .locks import explain as explain_plans
 from .outcomes import ErrorClass, Mark, Outcome, Phase, Status, mark, rejected
 from .paths import Workspace
-from .policy import Policy
+from .policy import Decision, Policy, Rule
 from .sandbox.registry import Sandboxes
 from .tools import CancelScope, Limits, Tool, ToolContext
 from .validate import Validator
@@ -63,6 +65,7 @@ class Dispatcher:
         # Invariant: every task here is a call that has not yet recorded its outcome.
         self._tasks: set[asyncio.Task[None]] = set()
         self._inflight = InFlight(journal)
+        self.approvals = Approvals(journal)
         self._active = self._inflight.calls
         # Set by close(): calls that arrive afterwards are REJECTED, never started.
         self._closing = False
@@ -135,6 +138,7 @@ class Dispatcher:
         self._inflight.cancel_all(reason)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.approvals.close()
         self._locks.close()
 
     def force(self) -> None:
@@ -178,8 +182,12 @@ class Dispatcher:
         try:
             try:
                 call = await self._validator.validate(req)
-                self._authorize(call, batch.agent, self._active[key])
+                decision = self._authorize(call, batch.agent, self._active[key])
                 self._may_start(req, batch)
+                if decision.ask is not None:
+                    # Parked before the lock queue: it holds no locks while it waits.
+                    await self._approved(call, batch, scope, decision.ask)
+                    self._may_start(req, batch)
             except ToolError as err:
                 outcome = results.from_error(err, (queued,))
                 await self._endings.reject(req, batch, outcome, self._active[key].decision)
@@ -188,8 +196,8 @@ class Dispatcher:
         finally:
             del self._active[key]
 
-    def _authorize(self, call: ValidCall, agent: str, active: Active) -> None:
-        """Decide, keep the decision for the journal, and raise if it does not allow."""
+    def _authorize(self, call: ValidCall, agent: str, active: Active) -> Decision:
+        """Decide, keep the decision for the journal, and raise if it denies."""
         decision = self.policy.decide(policy_input(call, agent, self.workspace))
         shadow = tuple(f"{rule}:{effect.value}" for rule, effect in decision.shadow)
         active.decision = PolicyRecord(
@@ -202,7 +210,43 @@ class Dispatcher:
                 ", ".join(shadow),
                 decision.effect.value,
             )
-        self.policy.enforce(decision)
+        return self.policy.enforce(decision)
+
+    async def _approved(
+        self, call: ValidCall, batch: Batch, scope: CancelScope, rule: Rule
+    ) -> None:
+        """Park the call until an approver decides: return if approved, else raise the
+        REJECTED ToolError (denied, expired, or stopped while it waited)."""
+        req = call.request
+        decision = self._active[(req.run_id, req.call_id)].decision
+        approval = await self.approvals.park(call, batch.agent, rule, decision)
+        batch.emit(EventKind.AWAITING_APPROVAL, req, approval=approval)
+        ended = await self.approvals.wait(approval, scope)
+        where = f"approval {ended.id}, rule {ended.rule_id}"
+        match ended.state:
+            case ApprovalState.APPROVED:
+                return
+            case ApprovalState.DENIED:
+                raise ToolError(
+                    ErrorClass.APPROVAL_DENIED,
+                    f"denied by {ended.decided_by} ({where}): {ended.comment or 'no comment'}",
+                    status=Status.REJECTED,
+                )
+            case ApprovalState.EXPIRED if scope.requested.is_set():
+                why = ErrorClass.TIMEOUT if scope.timed_out else ErrorClass.CANCELLED
+                raise ToolError(
+                    why,
+                    f"stopped before it started, awaiting approval ({where}): {scope.reason}",
+                    status=Status.REJECTED,
+                )
+            case ApprovalState.EXPIRED:
+                raise ToolError(
+                    ErrorClass.APPROVAL_EXPIRED,
+                    f"nobody decided within the rule's ttl ({where})",
+                    status=Status.REJECTED,
+                )
+            case ApprovalState.PENDING:
+                raise AssertionError(f"approval {ended.id} ended its wait still pending")
 
     def _may_start(self, req: CallRequest, batch: Batch) -> None:
         """Raise the REJECTED ToolError of a call that must not start now."""

@@ -7,6 +7,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from .approve import Approval
 from .calls import CallRequest, ValidCall
 from .outcomes import Outcome
 
@@ -14,6 +15,8 @@ from .outcomes import Outcome
 class EventKind(enum.Enum):
     QUEUED = "queued"
     WAITING = "waiting"
+    # A policy `ask` rule parked it until an approver decides (no locks held).
+    AWAITING_APPROVAL = "awaiting_approval"
     STARTED = "started"
     FINISHED = "finished"
 
@@ -30,6 +33,8 @@ class Event:
     replay_of: str = ""
     # WAITING only: the rendered keys it conflicts on, and the owners it waits for.
     waiting: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+    # AWAITING_APPROVAL only: the pending approval.
+    approval: Approval | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +91,12 @@ class Batch:
         outcome: Outcome | None = None,
         replay_of: str = "",
         waiting: tuple[tuple[str, ...], tuple[str, ...]] | None = None,
+        approval: Approval | None = None,
     ) -> None:
         if not self.progress and kind is not EventKind.FINISHED:
             return
         at = time.time()
-        event = Event(kind, req.call_id, self.batch_id, at, req.index, outcome, replay_of, waiting)
+        event = Event(
+            kind, req.call_id, self.batch_id, at, req.index, outcome, replay_of, waiting, approval
+        )
         self.events.put_nowait(event)

@@ -158,6 +158,14 @@ class Journal:
         """Run `fn` in the writer's transaction (for the journal's other tables)."""
         return await self._writer.submit(fn, durable=durable)
 
+    def write_now(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn` in the writer's transaction, durably, and wait (startup only)."""
+        return self._writer.submit_sync(fn, durable=True)
+
+    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run a read of the journal's other tables in a worker thread."""
+        return await self._read(fn)
+
     def query_now(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run a read on the calling thread (startup only)."""
         return fn(self._reader())
@@ -224,6 +232,11 @@ def _connect(path: Path) -> sqlite3.Connection:
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("PRAGMA busy_timeout=30000")
     return conn
+
+
+def insert_call(conn: sqlite3.Connection, rec: CallRecord, outcome: Outcome) -> None:
+    """Insert a finished call inside another write (startup settling parked calls)."""
+    _insert(conn, rec, outcome, "")
 
 
 def _insert(conn: sqlite3.Connection, rec: CallRecord, outcome: Outcome | None, raw: str) -> None:

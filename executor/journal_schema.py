@@ -65,6 +65,32 @@ CREATE TABLE IF NOT EXISTS policy_events (
     accepted INTEGER NOT NULL,
     message  TEXT NOT NULL
 );
+-- Calls a policy `ask` rule parked (see executor/approve.py). A row is written
+-- (durably) before the call's awaiting_approval event is sent, and its decision
+-- before the call goes on. Rows are never deleted.
+CREATE TABLE IF NOT EXISTS approvals (
+    id             TEXT PRIMARY KEY,
+    run_id         TEXT NOT NULL,
+    call_id        TEXT NOT NULL,
+    batch_id       TEXT NOT NULL,
+    tool           TEXT NOT NULL,
+    arguments_json TEXT NOT NULL,
+    requester      TEXT NOT NULL,
+    rule_id        TEXT NOT NULL,
+    reason         TEXT NOT NULL,
+    approvers_json TEXT NOT NULL,
+    created_at     REAL NOT NULL,
+    expires_at     REAL NOT NULL,
+    state          TEXT NOT NULL
+        CHECK (state IN ('pending', 'approved', 'denied', 'expired')),
+    decided_by     TEXT NOT NULL DEFAULT '',
+    comment        TEXT NOT NULL DEFAULT '',
+    decided_at     REAL,
+    -- The call's policy decision (as in calls.decision_json), for the REJECTED row
+    -- startup writes when the daemon stopped while the call was pending.
+    decision_json  TEXT
+);
+CREATE INDEX IF NOT EXISTS approvals_pending ON approvals (state) WHERE state = 'pending';
 """
 
 RECORD_COLUMNS = (

@@ -20,7 +20,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from execgate.v1 import executor_pb2 as pb
 from execgate.v1 import executor_pb2_grpc as pb_grpc
 
-from . import wire
+from . import approve, wire
+from .approve import ApprovalError, Approvals, Refused
 from .authenticate import AuthInterceptor, caller, server_credentials
 from .calls import CallRequest
 from .config import JOURNAL_NAME, Listener, ServeConfig
@@ -44,6 +45,12 @@ MAX_BATCH = 1000
 MAX_MESSAGE = 64 * 1024 * 1024
 DEFAULT_RUN = "default"
 SERVICE_NAME = "execgate.v1.Executor"
+APPROVALS_NAME = "execgate.v1.Approvals"
+_REFUSED = {
+    Refused.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Refused.NOT_PENDING: grpc.StatusCode.FAILED_PRECONDITION,
+    Refused.FORBIDDEN: grpc.StatusCode.PERMISSION_DENIED,
+}
 
 
 class ExecutorService(pb_grpc.ExecutorServicer):
@@ -197,6 +204,45 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         )
 
 
+class ApprovalsService(pb_grpc.ApprovalsServicer):
+    def __init__(self, approvals: Approvals) -> None:
+        self.approvals = approvals
+
+    async def ListPending(
+        self,
+        request: pb.ListPendingRequest,
+        context: grpc.aio.ServicerContext[pb.ListPendingRequest, pb.ListPendingResponse],
+    ) -> pb.ListPendingResponse:
+        pending = await self.approvals.pending()
+        return pb.ListPendingResponse(approvals=[wire.approval(a) for a in pending])
+
+    async def Watch(
+        self,
+        request: pb.WatchApprovalsRequest,
+        context: grpc.aio.ServicerContext[pb.WatchApprovalsRequest, pb.Approval],
+    ) -> AsyncIterator[pb.Approval]:
+        async with contextlib.aclosing(self.approvals.watch()) as changes:
+            async for approval in changes:
+                yield wire.approval(approval)
+
+    async def Decide(
+        self,
+        request: pb.DecideRequest,
+        context: grpc.aio.ServicerContext[pb.DecideRequest, pb.Approval],
+    ) -> pb.Approval:
+        try:
+            decided = await self.approvals.decide(
+                request.approval_id,
+                approve=request.approve,
+                comment=request.comment,
+                decider=caller(),
+            )
+        except ApprovalError as err:
+            log.warning("refused Decide of %s by %s: %s", request.approval_id, caller().name, err)
+            await context.abort(_REFUSED[err.refused], err.message)
+        return wire.approval(decided)
+
+
 def _requester(claimed: str) -> str:
     """Who cancels: the authenticated caller; what the body claims is kept as a claim."""
     name = caller().name
@@ -253,6 +299,13 @@ def build(config: ServeConfig) -> tuple[Dispatcher, Journal]:
     recovered = journal.recover()
     if recovered:
         log.warning("recovered %d call(s) left running by a previous daemon", recovered)
+    orphans = approve.recover(journal)
+    if orphans:
+        log.warning(
+            "%d approval(s) were pending when the previous daemon stopped: "
+            "marked expired, their calls REJECTED (approval_expired)",
+            orphans,
+        )
     wanted = {r.backend for r in policy.sandbox if r.backend != "default"}
     sandboxes = sandbox_registry.build(
         config.sandbox, daemon_id(config.state_dir), wanted, policy.sandbox_for
@@ -337,6 +390,7 @@ def _server(
         ],
     )
     pb_grpc.add_ExecutorServicer_to_server(ExecutorService(dispatcher), server)
+    pb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(dispatcher.approvals), server)
     # grpc-stubs type only the sync grpc_health.v1.health, not its `aio` module.
     health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -345,6 +399,7 @@ def _server(
 
         names = (
             SERVICE_NAME,
+            APPROVALS_NAME,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
         )

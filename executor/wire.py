@@ -9,6 +9,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from execgate.v1 import executor_pb2 as pb
 
+from .approve import Approval, ApprovalState
 from .calls import CallRequest
 from .events import Event, EventKind, PlanRow
 from .journal import CallFilter, CallRecord
@@ -25,6 +26,10 @@ _PHASE = {p: cast(pb.Phase, pb.Phase.Value(f"PHASE_{p.name}")) for p in Phase}
 _STOP = {m: cast(pb.StopMode, pb.StopMode.Value(f"STOP_MODE_{m.name}")) for m in StopMode}
 _LOCK = {m: cast(pb.LockMode, pb.LockMode.Value(f"LOCK_MODE_{m.name}")) for m in LockMode}
 _STATUS_BACK = {v: k for k, v in _STATUS.items()}
+_APPROVAL = {
+    a: cast(pb.ApprovalState, pb.ApprovalState.Value(f"APPROVAL_STATE_{a.name}"))
+    for a in ApprovalState
+}
 _MODE = {Mode.READ: pb.ACCESS_MODE_READ, Mode.WRITE: pb.ACCESS_MODE_WRITE}
 
 
@@ -114,6 +119,13 @@ def event(e: Event) -> pb.ExecuteEvent:
             keys, blockers = e.waiting
             msg.waiting.keys.extend(keys)
             msg.waiting.blocked_by.extend(blockers)
+        case EventKind.AWAITING_APPROVAL:
+            assert e.approval is not None
+            a = e.approval
+            msg.awaiting_approval.approval_id = a.id
+            msg.awaiting_approval.rule_id = a.rule_id
+            msg.awaiting_approval.reason = a.reason
+            msg.awaiting_approval.expires_at.CopyFrom(timestamp(a.expires_at))
         case EventKind.STARTED:
             msg.started.SetInParent()
         case EventKind.FINISHED:
@@ -179,4 +191,27 @@ def call_plan(row: PlanRow, root: str) -> pb.CallPlan:
             pb.LockRequest(key=k.render(root), mode=_LOCK[m])
             for k, m in sorted(row.call.lock_plan.items())
         )
+    return msg
+
+
+def approval(a: Approval) -> pb.Approval:
+    msg = pb.Approval(
+        approval_id=a.id,
+        run_id=a.run_id,
+        call_id=a.call_id,
+        batch_id=a.batch_id,
+        tool=a.tool,
+        arguments_json=a.arguments_json,
+        requester=a.requester,
+        rule_id=a.rule_id,
+        reason=a.reason,
+        approvers=a.approvers,
+        created_at=timestamp(a.created_at),
+        expires_at=timestamp(a.expires_at),
+        state=_APPROVAL[a.state],
+        decided_by=a.decided_by,
+        comment=a.comment,
+    )
+    if a.decided_at is not None:
+        msg.decided_at.CopyFrom(timestamp(a.decided_at))
     return msg

@@ -156,7 +156,7 @@ def test_rule_level_shadow_is_reported_beside_the_live_decision() -> None:
     assert policy.decide(PolicyInput(tool="read_file", paths=("a.py",))).shadow == ()
 
 
-def test_require_refuses_deny_and_ask_as_rejected_policy_denied() -> None:
+def test_require_refuses_deny_as_rejected_policy_denied_and_returns_ask() -> None:
     policy = parse_policy(
         textwrap.dedent(
             """\
@@ -170,9 +170,13 @@ def test_require_refuses_deny_and_ask_as_rejected_policy_denied() -> None:
         "p.yaml",
     )
     assert policy.require(PolicyInput(tool="read_file", paths=("a",))).rule_ids == ("files",)
+    # An ask is not refused here: the dispatcher parks the call for an approver.
+    asked = policy.require(PolicyInput(tool="write_file", paths=("a",)))
+    assert (asked.effect, asked.rule_ids) == (Effect.ASK, ("confirm",))
+    assert asked.ask is not None
+    assert asked.ask.approvers == ("sec",)
     for call, rule in (
         (PolicyInput(tool="read_file", paths=(".env",)), "no-env"),
-        (PolicyInput(tool="write_file", paths=("a",)), "confirm"),
         (PolicyInput(tool="list_dir", paths=("a",)), "default"),
     ):
         with pytest.raises(ToolError) as info:

@@ -408,6 +408,9 @@ def test_policy_missing_file_refused(tmp_path: Path) -> None:
 def test_client_public_names_are_frozen() -> None:
     """Changing the public surface of `execgate.client` must be a deliberate act."""
     assert execgate.client.__all__ == [
+        "Approval",
+        "ApprovalNotPending",
+        "ApprovalState",
         "AsyncClient",
         "Call",
         "CallNotFound",

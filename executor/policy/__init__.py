@@ -43,23 +43,16 @@ class Policy:
         return decide(self.rules, self.default, self.revision, call)
 
     def require(self, call: PolicyInput) -> Decision:
-        """The decision if it allows the call; else the REJECTED ToolError to answer with."""
+        """The decision unless it denies the call; else the REJECTED ToolError to answer with."""
         return self.enforce(self.decide(call))
 
     def enforce(self, decision: Decision) -> Decision:
-        """`decision` if it allows; else raise the REJECTED ToolError that says why."""
-        if decision.effect is Effect.ALLOW:
+        """`decision` if it allows or asks (`decision.ask`: the caller parks the call
+        for an approver, see executor.approve); raise the REJECTED ToolError of a deny."""
+        if decision.effect is not Effect.DENY:
             return decision
         rules = ", ".join(decision.rule_ids) or "default"
-        if decision.effect is Effect.ASK:
-            # UNFINISHED (issue 5): approvals are not built yet, so a call a rule says
-            # to ask about cannot be asked about: it is refused, saying why.
-            message = (
-                f"needs approval by policy ({rules}): {decision.reason}; "
-                "this daemon has no approvals service yet, so it is refused"
-            )
-        else:
-            message = f"denied by policy ({rules}): {decision.reason}"
+        message = f"denied by policy ({rules}): {decision.reason}"
         raise ToolError(ErrorClass.POLICY_DENIED, message, field="tool", status=Status.REJECTED)
 
     def sandbox_for(self, tool: str) -> SandboxRule | None:

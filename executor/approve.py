@@ -1,0 +1,349 @@
+"""Approvals: a call a policy `ask` rule decided waits here for a human.
+
+One approval is one row of the journal's `approvals` table:
+
+    pending ──Decide(approve)──> approved   the call joins the lock queue and runs
+       ├──────Decide(deny)─────> denied     the call is REJECTED (approval_denied)
+       └──ttl / cancel / stop──> expired    the call is REJECTED (approval_expired,
+                                            or cancelled / timeout when it was stopped)
+
+Every transition is one conditional UPDATE (`WHERE state='pending'`) committed with
+fsync, so a decision and an expiry racing each other cannot both win, and nothing is
+reported (to the parked call or to watchers) before it is on disk.
+
+A parked call holds no resource locks: the dispatcher parks it before it joins the
+lock queue.
+
+Restart: an Execute stream does not outlive the daemon, so a call pending when the
+daemon died can never be resumed and nobody would receive its outcome. At startup
+(`recover`) each such approval is marked expired and its call recorded REJECTED
+(approval_expired): the agent retries it, and the new call asks again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import secrets
+import sqlite3
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Any
+
+from .calls import ValidCall
+from .cancel import CancelScope
+from .errors import ExecgateError
+from .identity import Identity, Role
+from .journal import CallRecord, DuplicateCall, Journal, PolicyRecord, insert_call
+from .outcomes import ErrorClass, Mark, Phase, rejected
+from .policy import Rule
+
+DECIDERS = frozenset({Role.APPROVER, Role.ADMIN})
+RESTARTED = (
+    "the daemon stopped while this call was awaiting approval; it never ran. "
+    "Retry it (a new call id; the same idempotency key is fine)"
+)
+
+
+class ApprovalState(enum.Enum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    DENIED = "denied"
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Approval:
+    id: str
+    run_id: str
+    call_id: str
+    batch_id: str
+    tool: str
+    arguments_json: str
+    # The identity that made the call; it may never decide it.
+    requester: str
+    rule_id: str
+    reason: str
+    # Identity names or roles (from the rule) that may decide.
+    approvers: tuple[str, ...]
+    created_at: float
+    expires_at: float
+    state: ApprovalState
+    decided_by: str = ""
+    # The decider's comment, or why it expired.
+    comment: str = ""
+    decided_at: float | None = None
+
+
+class Refused(enum.Enum):
+    NOT_FOUND = "not_found"
+    NOT_PENDING = "not_pending"
+    FORBIDDEN = "forbidden"
+
+
+class ApprovalError(ExecgateError):
+    """A Decide that cannot be done; `refused` says which kind (the server maps it)."""
+
+    def __init__(self, refused: Refused, message: str) -> None:
+        super().__init__(message)
+        self.refused = refused
+        self.message = message
+
+
+def may_decide(approval: Approval, who: Identity) -> str:
+    """Why `who` may not decide `approval` ("" when it may)."""
+    if not who.holds_any(DECIDERS):
+        return f"{who.name} holds neither the approver nor the admin role"
+    if who.name == approval.requester:
+        return f"{who.name} made this call: nobody approves their own calls"
+    if not any(a == who.name or a in who.roles for a in approval.approvers):
+        return (
+            f"rule {approval.rule_id!r} names {', '.join(approval.approvers)} as approvers; "
+            f"{who.name} (roles: {', '.join(sorted(who.roles))}) is none of them"
+        )
+    return ""
+
+
+class Approvals:
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        # Invariant: an id here is a row in state pending whose call awaits the
+        # future; the future is resolved only after the row's decision is on disk.
+        self._waiting: dict[str, asyncio.Future[Approval]] = {}
+        # One queue per Watch stream; None tells it the daemon is closing.
+        self._watchers: set[asyncio.Queue[Approval | None]] = set()
+
+    async def park(
+        self, call: ValidCall, requester: str, rule: Rule, decision: PolicyRecord | None
+    ) -> Approval:
+        """Write the pending row (durably); the caller then reports it and `wait`s."""
+        req = call.request
+        now = time.time()
+        approval = Approval(
+            id="appr_" + secrets.token_hex(8),
+            run_id=req.run_id,
+            call_id=req.call_id,
+            batch_id=req.batch_id,
+            tool=req.tool,
+            arguments_json=req.arguments_json,
+            requester=requester,
+            rule_id=rule.id,
+            reason=rule.reason,
+            approvers=rule.approvers,
+            created_at=now,
+            expires_at=now + (rule.ttl if rule.ttl is not None else 3600.0),
+            state=ApprovalState.PENDING,
+        )
+        self._waiting[approval.id] = asyncio.get_running_loop().create_future()
+        try:
+            await self.journal.write(lambda c: _insert(c, approval, decision), durable=True)
+        except BaseException:
+            del self._waiting[approval.id]
+            raise
+        self._publish(approval)
+        return approval
+
+    async def wait(self, approval: Approval, scope: CancelScope) -> Approval:
+        """The approval once decided, expired (ttl) or given up (the call was stopped)."""
+        decided = self._waiting[approval.id]
+        stopped = asyncio.create_task(scope.requested.wait())
+        try:
+            timeout = max(approval.expires_at - time.time(), 0.0)
+            either: set[asyncio.Future[Any]] = {decided, stopped}
+            await asyncio.wait(either, timeout=timeout)
+            if decided.done():
+                return decided.result()
+            if scope.requested.is_set():
+                why = f"the call was stopped while awaiting approval: {scope.reason}"
+            else:
+                why = "nobody decided before the ttl passed"
+            expired = await self._transition(approval.id, ApprovalState.EXPIRED, "", why)
+            # None: a decision won the race; it resolves the future once it is on disk.
+            return expired if expired is not None else await decided
+        finally:
+            stopped.cancel()
+            self._waiting.pop(approval.id, None)
+
+    async def decide(
+        self, approval_id: str, *, approve: bool, comment: str, decider: Identity
+    ) -> Approval:
+        """Record `decider`'s decision, then let the parked call go on (or end)."""
+        found = await self.get(approval_id)
+        if found is None:
+            raise ApprovalError(Refused.NOT_FOUND, f"no approval {approval_id!r}")
+        if found.state is not ApprovalState.PENDING:
+            raise ApprovalError(Refused.NOT_PENDING, _settled(found))
+        why = may_decide(found, decider)
+        if why:
+            raise ApprovalError(Refused.FORBIDDEN, why)
+        state = ApprovalState.APPROVED if approve else ApprovalState.DENIED
+        decided = await self._transition(approval_id, state, decider.name, comment)
+        if decided is None:  # it expired (or was decided) meanwhile
+            again = await self.get(approval_id)
+            assert again is not None
+            raise ApprovalError(Refused.NOT_PENDING, _settled(again))
+        waiter = self._waiting.get(approval_id)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(decided)
+        return decided
+
+    async def get(self, approval_id: str) -> Approval | None:
+        rows = await self._select("WHERE id = ?", (approval_id,))
+        return rows[0] if rows else None
+
+    async def pending(self) -> list[Approval]:
+        return await self._select("WHERE state = 'pending' ORDER BY created_at", ())
+
+    async def watch(self) -> AsyncGenerator[Approval, None]:
+        """Every pending approval, then every change, until `close`.
+
+        An approval created while the pending ones are read may be sent twice.
+        """
+        queue: asyncio.Queue[Approval | None] = asyncio.Queue()
+        self._watchers.add(queue)
+        try:
+            for approval in await self.pending():
+                yield approval
+            while (item := await queue.get()) is not None:
+                yield item
+        finally:
+            self._watchers.discard(queue)
+
+    def close(self) -> None:
+        """End every Watch stream (the daemon is stopping)."""
+        for queue in self._watchers:
+            queue.put_nowait(None)
+
+    async def _transition(
+        self, approval_id: str, state: ApprovalState, by: str, comment: str
+    ) -> Approval | None:
+        def write(conn: sqlite3.Connection) -> Approval | None:
+            updated = conn.execute(
+                "UPDATE approvals SET state=?, decided_by=?, comment=?, decided_at=? "
+                "WHERE id=? AND state='pending'",
+                (state.value, by, comment, time.time(), approval_id),
+            ).rowcount
+            if updated != 1:
+                return None
+            return _rows(conn, "WHERE id = ?", (approval_id,))[0]
+
+        done = await self.journal.write(write, durable=True)
+        if done is not None:
+            self._publish(done)
+        return done
+
+    async def _select(self, where: str, params: tuple[object, ...]) -> list[Approval]:
+        return await self.journal.read(lambda c: _rows(c, where, params))
+
+    def _publish(self, approval: Approval) -> None:
+        for queue in self._watchers:
+            queue.put_nowait(approval)
+
+
+def _settled(a: Approval) -> str:
+    by = f" by {a.decided_by}" if a.decided_by else ""
+    return f"approval {a.id} is already {a.state.value}{by}" + (
+        f": {a.comment}" if a.comment else ""
+    )
+
+
+_COLUMNS = (
+    "id, run_id, call_id, batch_id, tool, arguments_json, requester, rule_id, reason, "
+    "approvers_json, created_at, expires_at, state, decided_by, comment, decided_at"
+)
+
+
+def _insert(conn: sqlite3.Connection, a: Approval, decision: PolicyRecord | None) -> None:
+    conn.execute(
+        f"INSERT INTO approvals ({_COLUMNS}, decision_json) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            a.id,
+            a.run_id,
+            a.call_id,
+            a.batch_id,
+            a.tool,
+            a.arguments_json,
+            a.requester,
+            a.rule_id,
+            a.reason,
+            json.dumps(a.approvers),
+            a.created_at,
+            a.expires_at,
+            a.state.value,
+            a.decided_by,
+            a.comment,
+            a.decided_at,
+            decision.to_json() if decision is not None else None,
+        ),
+    )
+
+
+def _rows(conn: sqlite3.Connection, where: str, params: tuple[object, ...]) -> list[Approval]:
+    rows = conn.execute(f"SELECT {_COLUMNS} FROM approvals {where}", params).fetchall()
+    return [_approval(r) for r in rows]
+
+
+def _approval(r: tuple[Any, ...]) -> Approval:
+    return Approval(
+        id=r[0],
+        run_id=r[1],
+        call_id=r[2],
+        batch_id=r[3],
+        tool=r[4],
+        arguments_json=r[5],
+        requester=r[6],
+        rule_id=r[7],
+        reason=r[8],
+        approvers=tuple(json.loads(r[9])),
+        created_at=r[10],
+        expires_at=r[11],
+        state=ApprovalState(r[12]),
+        decided_by=r[13],
+        comment=r[14],
+        decided_at=r[15],
+    )
+
+
+def recover(journal: Journal) -> int:
+    """At startup: end the approvals a previous daemon left pending. Returns how many."""
+    return journal.write_now(_expire_orphans)
+
+
+def _expire_orphans(conn: sqlite3.Connection) -> int:
+    rows = conn.execute(
+        f"SELECT {_COLUMNS}, decision_json FROM approvals WHERE state = 'pending'"
+    ).fetchall()
+    now = time.time()
+    for row in rows:
+        a = _approval(row)
+        conn.execute(
+            "UPDATE approvals SET state='expired', comment=?, decided_at=? WHERE id=?",
+            ("the daemon stopped while this approval was pending", now, a.id),
+        )
+        outcome = rejected(ErrorClass.APPROVAL_EXPIRED, f"{RESTARTED} (approval {a.id})")
+        outcome = outcome.with_marks(
+            Mark(Phase.QUEUED, a.created_at),
+            Mark(Phase.RECOVERED, now, "daemon restarted"),
+            Mark(Phase.FINISHED, now),
+        )
+        rec = CallRecord(
+            run_id=a.run_id,
+            call_id=a.call_id,
+            batch_id=a.batch_id,
+            tool=a.tool,
+            arguments_json=a.arguments_json,
+            request_hash="",
+            idempotency_key="",
+            agent=a.requester,
+            may_write=False,
+            created_at=a.created_at,
+            decision=PolicyRecord.from_json(row[-1]) if row[-1] else None,
+        )
+        # An id that has a row already keeps it, as Endings.reject does.
+        with contextlib.suppress(DuplicateCall):
+            insert_call(conn, rec, outcome)
+    return len(rows)
