@@ -153,7 +153,7 @@ class Approvals:
         try:
             timeout = max(approval.expires_at - time.time(), 0.0)
             either: set[asyncio.Future[Any]] = {decided, stopped}
-            await asyncio.wait(either, timeout=timeout)
+            await asyncio.wait(either, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if decided.done():
                 return decided.result()
             if scope.requested.is_set():

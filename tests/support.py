@@ -26,9 +26,12 @@ def wait_until(predicate: Callable[[], object], what: str, timeout: float = 15.0
 class Streamer:
     """`client.stream(calls)` in a background thread, with its own client; events collected."""
 
-    def __init__(self, address: str, calls: list[Call], **kwargs: object) -> None:
+    def __init__(
+        self, address: str, calls: list[Call], *, token: str | None = None, **kwargs: object
+    ) -> None:
         self.events: list[Event] = []
         self.error: BaseException | None = None
+        self._token = token
         self._thread = threading.Thread(
             target=self._run, args=(address, calls, kwargs), daemon=True
         )
@@ -36,7 +39,7 @@ class Streamer:
 
     def _run(self, address: str, calls: list[Call], kwargs: dict[str, object]) -> None:
         try:
-            with Client(address) as c:
+            with Client(address, token=self._token) as c:
                 for event in c.stream(calls, **kwargs):  # type: ignore[arg-type]
                     self.events.append(event)
         except ExecgateClientError as exc:  # e.g. the daemon went away under the stream
