@@ -9,7 +9,11 @@ are not named by the rule. Nothing here sleeps: tests wait on events and journal
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -332,3 +336,32 @@ def test_a_graceful_stop_ends_pending_calls_as_cancelled(tmp_path: Path) -> None
         assert not (daemon.workspace / "never.txt").exists()
     finally:
         daemon.stop()
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def cli(daemon: Daemon, who: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "EXECGATE_TOKEN": TOKENS[who]}
+    return subprocess.run(
+        [sys.executable, "-m", "execgate.executor.cli", *args, "--addr", daemon.address],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
+
+
+def test_cli_lists_denies_and_refuses_self_approval(daemon: Daemon) -> None:
+    stream, approval_id = park(daemon, touch("cli-1", "cli.txt"), who="carol")
+    listed = cli(daemon, "alice", "approvals", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert approval_id in {a["approval_id"] for a in json.loads(listed.stdout)}
+    mine = cli(daemon, "carol", "approvals", "approve", approval_id)
+    assert mine.returncode == 1
+    assert "nobody approves their own calls" in mine.stderr
+    denied = cli(daemon, "alice", "approvals", "deny", approval_id, "--comment", "via cli")
+    assert denied.returncode == 0, denied.stderr
+    assert "DENIED" in denied.stdout
+    stream.join()
+    assert stream.outcome("cli-1").error_class == "approval_denied"

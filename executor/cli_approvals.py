@@ -1,0 +1,104 @@
+"""`execgate approvals list | watch | approve ID | deny ID --comment`: for approvers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from execgate.client import Approval, ApprovalState
+
+from .cli_client import _client, _jsonable, _print_json, _when
+
+STATE_STYLE = {
+    ApprovalState.PENDING: "yellow",
+    ApprovalState.APPROVED: "green",
+    ApprovalState.DENIED: "magenta",
+    ApprovalState.EXPIRED: "red",
+}
+
+
+def add_commands(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    approvals = sub.add_parser(
+        "approvals", help="calls a policy `ask` rule parked: list, watch, approve, deny"
+    ).add_subparsers(dest="approvals_cmd", required=True)
+    p = approvals.add_parser("list", parents=[common], help="pending approvals, oldest first")
+    p.set_defaults(handler=_list)
+    p = approvals.add_parser(
+        "watch", parents=[common], help="pending approvals, then each change as it happens"
+    )
+    p.set_defaults(handler=_watch)
+    p = approvals.add_parser("approve", parents=[common], help="let a parked call run")
+    p.add_argument("approval_id")
+    p.add_argument("--comment", default="", help="recorded with the decision")
+    p.set_defaults(handler=_approve)
+    p = approvals.add_parser("deny", parents=[common], help="refuse a parked call")
+    p.add_argument("approval_id")
+    p.add_argument("--comment", required=True, help="why; the agent receives it")
+    p.set_defaults(handler=_deny)
+
+
+def _list(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        pending = client.approvals_pending()
+    if args.json:
+        _print_json([_jsonable(a) for a in pending])
+        return 0
+    table = Table("approval", "requested", "by", "tool", "arguments", "rule", "expires")
+    for a in pending:
+        table.add_row(
+            a.approval_id,
+            _when(a.created_at),
+            a.requester,
+            a.tool,
+            a.arguments_json,
+            f"{a.rule_id}: {a.reason}" if a.reason else a.rule_id,
+            _when(a.expires_at),
+        )
+    Console().print(table)
+    return 0
+
+
+def _watch(args: argparse.Namespace) -> int:
+    console = Console(highlight=False)
+    with _client(args) as client:
+        for a in client.watch_approvals():
+            if args.json:
+                print(json.dumps(_jsonable(a), ensure_ascii=False), flush=True)
+            else:
+                console.print(_line(a))
+    return 0
+
+
+def _approve(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        decided = client.approve(args.approval_id, args.comment)
+    return _show(args, decided)
+
+
+def _deny(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        decided = client.deny(args.approval_id, args.comment)
+    return _show(args, decided)
+
+
+def _show(args: argparse.Namespace, a: Approval) -> int:
+    if args.json:
+        _print_json(_jsonable(a))
+    else:
+        Console(highlight=False).print(_line(a))
+    return 0
+
+
+def _line(a: Approval) -> str:
+    style = STATE_STYLE[a.state]
+    head = f"[{style}]{a.state.value.upper()}[/{style}] {a.approval_id}"
+    what = f"{a.requester}: {a.tool} {a.arguments_json} (rule {a.rule_id}, run {a.run_id})"
+    if a.state is ApprovalState.PENDING:
+        return f"{head}  {what}  expires {_when(a.expires_at)}"
+    by = f" by {a.decided_by}" if a.decided_by else ""
+    return f"{head}{by}  {what}" + (f"  — {a.comment}" if a.comment else "")
