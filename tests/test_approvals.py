@@ -365,3 +365,28 @@ def test_cli_lists_denies_and_refuses_self_approval(daemon: Daemon) -> None:
     assert "DENIED" in denied.stdout
     stream.join()
     assert stream.outcome("cli-1").error_class == "approval_denied"
+
+
+# ---------------------------------------------------------------- may_decide (unit)
+
+
+def test_may_decide_needs_the_role_a_named_approver_and_someone_else() -> None:
+    from execgate.executor.approve import Approval as Parked
+    from execgate.executor.approve import ApprovalState as State
+    from execgate.executor.approve import may_decide
+    from execgate.executor.identity import Identity, Role
+
+    parked = Parked(
+        id="a", run_id="r", call_id="c", batch_id="b", tool="run_command",
+        arguments_json="{}", requester="carol", rule_id="q", reason="",
+        approvers=("approver", "dave"), created_at=0.0, expires_at=1.0, state=State.PENDING,
+    )  # fmt: skip
+
+    def who(name: str, *roles: Role) -> Identity:
+        return Identity(name=name, roles=frozenset(roles))
+
+    assert may_decide(parked, who("alice", Role.APPROVER)) == ""  # by role
+    assert may_decide(parked, who("dave", Role.ADMIN)) == ""  # by name
+    assert "own calls" in may_decide(parked, who("carol", Role.APPROVER, Role.AGENT))
+    assert "neither" in may_decide(parked, who("dave", Role.AGENT))  # named, but no role
+    assert "none of them" in may_decide(parked, who("root", Role.ADMIN))
