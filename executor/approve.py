@@ -35,10 +35,11 @@ from typing import Any
 
 from .calls import ValidCall
 from .cancel import CancelScope
-from .errors import ExecgateError
+from .errors import ExecgateError, ToolError
+from .events import Batch, EventKind
 from .identity import Identity, Role
 from .journal import CallRecord, DuplicateCall, Journal, PolicyRecord, insert_call
-from .outcomes import ErrorClass, Mark, Phase, rejected
+from .outcomes import ErrorClass, Mark, Phase, Status, rejected
 from .policy import Rule
 
 DECIDERS = frozenset({Role.APPROVER, Role.ADMIN})
@@ -145,6 +146,46 @@ class Approvals:
             raise
         self._publish(approval)
         return approval
+
+    async def gate(
+        self,
+        call: ValidCall,
+        batch: Batch,
+        scope: CancelScope,
+        rule: Rule,
+        decision: PolicyRecord | None,
+    ) -> None:
+        """Park the call until an approver decides: return if approved, else raise the
+        REJECTED ToolError (denied, expired, or stopped while it waited)."""
+        req = call.request
+        approval = await self.park(call, batch.agent, rule, decision)
+        batch.emit(EventKind.AWAITING_APPROVAL, req, approval=approval)
+        ended = await self.wait(approval, scope)
+        where = f"approval {ended.id}, rule {ended.rule_id}"
+        match ended.state:
+            case ApprovalState.APPROVED:
+                return
+            case ApprovalState.DENIED:
+                raise ToolError(
+                    ErrorClass.APPROVAL_DENIED,
+                    f"denied by {ended.decided_by} ({where}): {ended.comment or 'no comment'}",
+                    status=Status.REJECTED,
+                )
+            case ApprovalState.EXPIRED if scope.requested.is_set():
+                why = ErrorClass.TIMEOUT if scope.timed_out else ErrorClass.CANCELLED
+                raise ToolError(
+                    why,
+                    f"stopped before it started, awaiting approval ({where}): {scope.reason}",
+                    status=Status.REJECTED,
+                )
+            case ApprovalState.EXPIRED:
+                raise ToolError(
+                    ErrorClass.APPROVAL_EXPIRED,
+                    f"nobody decided within the rule's ttl ({where})",
+                    status=Status.REJECTED,
+                )
+            case ApprovalState.PENDING:
+                raise AssertionError(f"approval {ended.id} ended its wait still pending")
 
     async def wait(self, approval: Approval, scope: CancelScope) -> Approval:
         """The approval once decided, expired (ttl) or given up (the call was stopped)."""

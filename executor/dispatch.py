@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import replace
 
 from . import results
-from .approve import Approvals, ApprovalState
+from .approve import Approvals
 from .authorize import file_check, policy_input
 from .calls import CallRequest, ValidCall
 from .endings import Endings, record
@@ -31,7 +31,7 @@ from .locks import Abandoned, LockBackend, WaitInfo
 from .locks import explain as explain_plans
 from .outcomes import ErrorClass, Mark, Outcome, Phase, Status, mark, rejected
 from .paths import Workspace
-from .policy import Decision, Policy, Rule
+from .policy import Decision, Policy
 from .sandbox.registry import Sandboxes
 from .tools import CancelScope, Limits, Tool, ToolContext
 from .validate import Validator
@@ -186,7 +186,8 @@ class Dispatcher:
                 self._may_start(req, batch)
                 if decision.ask is not None:
                     # Parked before the lock queue: it holds no locks while it waits.
-                    await self._approved(call, batch, scope, decision.ask)
+                    decided = self._active[key].decision
+                    await self.approvals.gate(call, batch, scope, decision.ask, decided)
                     self._may_start(req, batch)
             except ToolError as err:
                 outcome = results.from_error(err, (queued,))
@@ -211,42 +212,6 @@ class Dispatcher:
                 decision.effect.value,
             )
         return self.policy.enforce(decision)
-
-    async def _approved(
-        self, call: ValidCall, batch: Batch, scope: CancelScope, rule: Rule
-    ) -> None:
-        """Park the call until an approver decides: return if approved, else raise the
-        REJECTED ToolError (denied, expired, or stopped while it waited)."""
-        req = call.request
-        decision = self._active[(req.run_id, req.call_id)].decision
-        approval = await self.approvals.park(call, batch.agent, rule, decision)
-        batch.emit(EventKind.AWAITING_APPROVAL, req, approval=approval)
-        ended = await self.approvals.wait(approval, scope)
-        where = f"approval {ended.id}, rule {ended.rule_id}"
-        match ended.state:
-            case ApprovalState.APPROVED:
-                return
-            case ApprovalState.DENIED:
-                raise ToolError(
-                    ErrorClass.APPROVAL_DENIED,
-                    f"denied by {ended.decided_by} ({where}): {ended.comment or 'no comment'}",
-                    status=Status.REJECTED,
-                )
-            case ApprovalState.EXPIRED if scope.requested.is_set():
-                why = ErrorClass.TIMEOUT if scope.timed_out else ErrorClass.CANCELLED
-                raise ToolError(
-                    why,
-                    f"stopped before it started, awaiting approval ({where}): {scope.reason}",
-                    status=Status.REJECTED,
-                )
-            case ApprovalState.EXPIRED:
-                raise ToolError(
-                    ErrorClass.APPROVAL_EXPIRED,
-                    f"nobody decided within the rule's ttl ({where})",
-                    status=Status.REJECTED,
-                )
-            case ApprovalState.PENDING:
-                raise AssertionError(f"approval {ended.id} ended its wait still pending")
 
     def _may_start(self, req: CallRequest, batch: Batch) -> None:
         """Raise the REJECTED ToolError of a call that must not start now."""

@@ -6,10 +6,13 @@ import asyncio
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .approve import Approval
 from .calls import CallRequest, ValidCall
 from .outcomes import Outcome
+
+if TYPE_CHECKING:  # approve imports this module
+    from .approve import Approval
 
 
 class EventKind(enum.Enum):

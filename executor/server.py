@@ -1,34 +1,30 @@
-"""gRPC wiring: services, listeners, health, reflection, signals. No logic lives here."""
+"""gRPC wiring: listeners, health, reflection, signals, startup and shutdown.
+
+The servicers are in `services`; no call logic lives in either."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import logging
 import os
 import signal
 import socket
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from execgate.v1 import executor_pb2 as pb
 from execgate.v1 import executor_pb2_grpc as pb_grpc
 
-from . import approve, wire
-from .approve import ApprovalError, Approvals, Refused
-from .authenticate import AuthInterceptor, caller, server_credentials
-from .calls import CallRequest
+from . import approve
+from .authenticate import AuthInterceptor, server_credentials
 from .config import JOURNAL_NAME, Listener, ServeConfig
 from .dispatch import Dispatcher
 from .errors import ConfigError
 from .identity import Identities, load_identities
-from .inflight import CancelOrder
 from .journal import Journal
 from .locks import FileLockManager, LockBackend, LockManager, NoLocks
 from .paths import Workspace
@@ -36,221 +32,14 @@ from .policy import Policy, default_policy_path, load_policy
 from .policy.reload import PolicyWatcher
 from .sandbox import registry as sandbox_registry
 from .sandbox.registry import daemon_id
+from .services import ApprovalsService, ExecutorService
 from .tools import builtin_tools
-from .validate import MAX_ID_CHARS
 
 log = logging.getLogger("execgate.server")
 
-MAX_BATCH = 1000
 MAX_MESSAGE = 64 * 1024 * 1024
-DEFAULT_RUN = "default"
 SERVICE_NAME = "execgate.v1.Executor"
 APPROVALS_NAME = "execgate.v1.Approvals"
-_REFUSED = {
-    Refused.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    Refused.NOT_PENDING: grpc.StatusCode.FAILED_PRECONDITION,
-    Refused.FORBIDDEN: grpc.StatusCode.PERMISSION_DENIED,
-}
-
-
-class ExecutorService(pb_grpc.ExecutorServicer):
-    def __init__(self, dispatcher: Dispatcher) -> None:
-        self.dispatcher = dispatcher
-
-    async def ListTools(
-        self,
-        request: pb.ListToolsRequest,
-        context: grpc.aio.ServicerContext[pb.ListToolsRequest, pb.ListToolsResponse],
-    ) -> pb.ListToolsResponse:
-        return pb.ListToolsResponse(
-            tools=[wire.tool_spec(t.spec) for t in self.dispatcher.tools.values()]
-        )
-
-    async def Execute(
-        self,
-        request: pb.ExecuteRequest,
-        context: grpc.aio.ServicerContext[pb.ExecuteRequest, pb.ExecuteEvent],
-    ) -> AsyncIterator[pb.ExecuteEvent]:
-        run_id, batch_id, calls = await self._batch(request, context)
-        events = self.dispatcher.execute(
-            run_id,
-            batch_id,
-            calls,
-            agent=caller().name,
-            progress=not request.outcomes_only,
-            deadline=_deadline(request),
-        )
-        async with contextlib.aclosing(events):
-            async for event in events:
-                yield wire.event(event)
-
-    async def ExecuteBatch(
-        self,
-        request: pb.ExecuteRequest,
-        context: grpc.aio.ServicerContext[pb.ExecuteRequest, pb.ExecuteResponse],
-    ) -> pb.ExecuteResponse:
-        run_id, batch_id, calls = await self._batch(request, context)
-        finished: list[pb.ExecuteEvent] = [pb.ExecuteEvent()] * len(calls)
-        events = self.dispatcher.execute(
-            run_id,
-            batch_id,
-            calls,
-            agent=caller().name,
-            progress=False,
-            deadline=_deadline(request),
-        )
-        async with contextlib.aclosing(events):
-            async for event in events:
-                finished[event.index] = wire.event(event)
-        return pb.ExecuteResponse(batch_id=batch_id, outcomes=finished)
-
-    async def Explain(
-        self,
-        request: pb.ExecuteRequest,
-        context: grpc.aio.ServicerContext[pb.ExecuteRequest, pb.ExplainResponse],
-    ) -> pb.ExplainResponse:
-        _, _, calls = await self._batch(request, context)
-        rows = await self.dispatcher.explain(calls, agent=caller().name)
-        root = str(self.dispatcher.workspace.root)
-        return pb.ExplainResponse(calls=[wire.call_plan(r, root) for r in rows])
-
-    async def _batch(
-        self, request: pb.ExecuteRequest, context: grpc.aio.ServicerContext[pb.ExecuteRequest, Any]
-    ) -> tuple[str, str, list[CallRequest]]:
-        """The request's calls as the dispatcher takes them; aborts a malformed envelope."""
-        if len(request.calls) > MAX_BATCH:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"calls: {len(request.calls)} calls; a batch holds at most {MAX_BATCH}",
-            )
-        if len(request.batch_id) > MAX_ID_CHARS:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "batch_id: too long")
-        run_id = request.run_id or DEFAULT_RUN
-        batch_id = request.batch_id or self.dispatcher.new_id("batch")
-        calls = [
-            wire.call_request(
-                c,
-                run_id=run_id,
-                batch_id=batch_id,
-                index=i,
-                call_id=c.call_id or self.dispatcher.new_id("call"),
-            )
-            for i, c in enumerate(request.calls)
-        ]
-        return run_id, batch_id, calls
-
-    async def Cancel(
-        self,
-        request: pb.CancelRequest,
-        context: grpc.aio.ServicerContext[pb.CancelRequest, pb.CancelResponse],
-    ) -> pb.CancelResponse:
-        if not (request.run_id or request.call_id or request.batch_id):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "name a run_id, a call_id or a batch_id to cancel"
-            )
-        at = time.time()  # the moment of the request, before anything else happens
-        grace = request.grace.ToNanoseconds() / 1e9 if request.HasField("grace") else None
-        if grace is not None and grace < 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "grace: must not be negative")
-        # A call id is unique within its run (default: the implicit run); a batch or a
-        # run is a target by itself, so a batch in any run is reached without its run.
-        run_id = request.run_id or (DEFAULT_RUN if request.call_id else "")
-        hit = await self.dispatcher.cancel(
-            CancelOrder(
-                run_id=run_id,
-                call_id=request.call_id,
-                batch_id=request.batch_id,
-                reason=request.reason or "cancelled by client",
-                grace=grace,
-                requester=_requester(request.requester),
-                at=at,
-            )
-        )
-        return pb.CancelResponse(call_ids=hit)
-
-    async def GetCall(
-        self,
-        request: pb.GetCallRequest,
-        context: grpc.aio.ServicerContext[pb.GetCallRequest, pb.CallRecord],
-    ) -> pb.CallRecord:
-        run_id = request.run_id or DEFAULT_RUN
-        rec = await self.dispatcher.journal.get(
-            run_id, request.call_id, include_raw=request.include_raw
-        )
-        if rec is None:
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND, f"no call {request.call_id!r} in run {run_id!r}"
-            )
-        return wire.record(rec)
-
-    async def ListCalls(
-        self,
-        request: pb.ListCallsRequest,
-        context: grpc.aio.ServicerContext[pb.ListCallsRequest, pb.ListCallsResponse],
-    ) -> pb.ListCallsResponse:
-        before = 0
-        if request.page_token:
-            if not request.page_token.isdigit():
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "page_token: not ours")
-            before = int(request.page_token)
-        if request.limit < 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "limit: must not be negative")
-        limit = min(request.limit or 100, 1000)
-        flt = wire.call_filter(request, run_id=request.run_id, limit=limit, before_seq=before)
-        records, next_seq = await self.dispatcher.journal.list(flt)
-        return pb.ListCallsResponse(
-            calls=[wire.record(r) for r in records],
-            next_page_token=str(next_seq) if next_seq else "",
-        )
-
-
-class ApprovalsService(pb_grpc.ApprovalsServicer):
-    def __init__(self, approvals: Approvals) -> None:
-        self.approvals = approvals
-
-    async def ListPending(
-        self,
-        request: pb.ListPendingRequest,
-        context: grpc.aio.ServicerContext[pb.ListPendingRequest, pb.ListPendingResponse],
-    ) -> pb.ListPendingResponse:
-        pending = await self.approvals.pending()
-        return pb.ListPendingResponse(approvals=[wire.approval(a) for a in pending])
-
-    async def Watch(
-        self,
-        request: pb.WatchApprovalsRequest,
-        context: grpc.aio.ServicerContext[pb.WatchApprovalsRequest, pb.Approval],
-    ) -> AsyncIterator[pb.Approval]:
-        async with contextlib.aclosing(self.approvals.watch()) as changes:
-            async for approval in changes:
-                yield wire.approval(approval)
-
-    async def Decide(
-        self,
-        request: pb.DecideRequest,
-        context: grpc.aio.ServicerContext[pb.DecideRequest, pb.Approval],
-    ) -> pb.Approval:
-        try:
-            decided = await self.approvals.decide(
-                request.approval_id,
-                approve=request.approve,
-                comment=request.comment,
-                decider=caller(),
-            )
-        except ApprovalError as err:
-            log.warning("refused Decide of %s by %s: %s", request.approval_id, caller().name, err)
-            await context.abort(_REFUSED[err.refused], err.message)
-        return wire.approval(decided)
-
-
-def _requester(claimed: str) -> str:
-    """Who cancels: the authenticated caller; what the body claims is kept as a claim."""
-    name = caller().name
-    return f"{name} (says: {claimed})" if claimed and claimed != name else name
-
-
-def _deadline(request: pb.ExecuteRequest) -> float | None:
-    return request.deadline.ToNanoseconds() / 1e9 if request.HasField("deadline") else None
 
 
 def prepare_dirs(config: ServeConfig) -> int:

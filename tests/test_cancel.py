@@ -188,7 +188,14 @@ def test_an_escape_the_process_sandbox_cannot_see_is_not_called_verified(
     nap = f"3{uuid.uuid4().int % 1000}.25"  # a unique argv to find it by
     try:
         with Client(d.address) as c:
-            o = c.run(sh(f"env -i setsid sleep {nap} & echo started", "escape", timeout=20))
+            # The main shell exits only once the escapee has shed the marker (it runs
+            # with an empty environment and has written its pid), so the finishing
+            # sweep cannot catch it half-way.
+            script = (
+                f"env -i setsid /bin/sh -c 'echo $$ > escaped; exec sleep {nap}' & "
+                "while [ ! -s escaped ]; do sleep 0.01; done; echo started"
+            )
+            o = c.run(sh(script, "escape", timeout=20))
         assert o.status is Status.SUCCESS, o
         assert o.evidence.survivors is None
         assert "could not find" in o.message, o.message
