@@ -14,8 +14,9 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import replace
+from pathlib import Path
 
 from . import results
 from .approve import Approvals
@@ -199,7 +200,8 @@ class Dispatcher:
 
     def _authorize(self, call: ValidCall, agent: str, active: Active) -> Decision:
         """Decide, keep the decision for the journal, and raise if it denies."""
-        decision = self.policy.decide(policy_input(call, agent, self.workspace))
+        active.policy_input = policy_input(call, agent, self.workspace)
+        decision = self.policy.decide(active.policy_input)
         shadow = tuple(f"{rule}:{effect.value}" for rule, effect in decision.shadow)
         active.decision = PolicyRecord(
             decision.effect.value, decision.rule_ids, decision.revision, shadow
@@ -342,6 +344,12 @@ class Dispatcher:
         batch.emit(EventKind.FINISHED, req, outcome=outcome)
         return outcome
 
+    def _file_check(self, call: ValidCall, agent: str) -> Callable[[Path], bool]:
+        """Per-file policy answers for tree tools, on the input the call was decided on."""
+        active = self._active[(call.request.run_id, call.request.call_id)]
+        decided_on = active.policy_input or policy_input(call, agent, self.workspace)
+        return file_check(self.policy, decided_on, self.workspace)
+
     async def _run_tool(
         self, call: ValidCall, batch: Batch, scope: CancelScope, marks: tuple[Mark, ...]
     ) -> tuple[Outcome, str]:
@@ -361,9 +369,7 @@ class Dispatcher:
             marker=secrets.token_hex(8),
             run_id=call.request.run_id,
             deadline=time.monotonic() + timeout,
-            readable=file_check(
-                self.policy, policy_input(call, batch.agent, self.workspace), self.workspace
-            ),
+            readable=self._file_check(call, batch.agent),
         )
         try:
             out = await call.tool.run(call.args, ctx)

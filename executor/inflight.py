@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from .cancel import CancelScope
 from .events import Batch
 from .journal import Journal, PolicyRecord
+from .policy import PolicyInput
 
 
 @dataclass(slots=True)
@@ -26,8 +27,10 @@ class Active:
     # The very batch object it came in (its run and batch ids live there).
     batch: Batch
     started: bool = False
-    # The policy's decision, once made (journaled with the call).
+    # The policy's decision, once made (journaled with the call), and what it was made
+    # on (tree tools ask the policy again about each file, with the same input).
     decision: PolicyRecord | None = None
+    policy_input: PolicyInput | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

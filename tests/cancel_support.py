@@ -8,13 +8,13 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from execgate.client import Call, Client, Outcome
 from execgate.executor.sandbox import procscan
 from tests.daemon import Daemon
+from tests.support import comm
 
 GRACE = 1.0
 # How late the ladder may take a step it scheduled (event loop, /proc scans, docker).
@@ -58,44 +58,12 @@ def work(call_id: str, path: str, *, write: bool = False, seconds: float = 0) ->
     )
 
 
-def tagged(tag: str, comm: str | None = None) -> list[int]:
-    """Live host pids whose environment has EG_TAG=tag (and whose name is `comm`)."""
+def tagged(tag: str, name: str | None = None) -> list[int]:
+    """Live host pids whose environment has EG_TAG=tag (and whose name is `name`)."""
     pids = procscan.with_marker("EG_TAG", tag)
-    if comm is None:
+    if name is None:
         return pids
-    return [p for p in pids if _comm(p) == comm]
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
-def work_pids(path: Path) -> list[int]:
-    """Live host pids of the shell of a `work` call on `path` (argv: sh -c SCRIPT sh PATH ...).
-
-    Not the sandbox's own processes (the cgroup-joining /bin/sh, prlimit, bwrap), whose
-    argv carries the path too: they exist before the command runs.
-    """
-    want = str(path.resolve()).encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\x00")
-        except OSError:
-            continue
-        if argv[:2] == [b"sh", b"-c"] and argv[4:5] == [want] and procscan.alive(int(entry.name)):
-            found.append(int(entry.name))
-    return found
-
-
-def work_sleeping(path: Path) -> bool:
-    """A `work` call on `path` is in its sleep: it has read the file, and not written it yet."""
-    return any(_comm(kid) == "sleep" for pid in work_pids(path) for kid in procscan.children(pid))
+    return [p for p in pids if comm(p) == name]
 
 
 def at(o: Outcome, phase: str) -> float:

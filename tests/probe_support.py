@@ -190,30 +190,3 @@ def connect(backend: str, lst: Listener) -> Call:
         arguments={"argv": ["bash", "-c", f"echo hi > /dev/tcp/{lst.host}/{lst.port}"]},
         timeout=20,
     )
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
-def work_pids(path: Path) -> list[int]:
-    """Host pids of the shell of a `work` call on `path` (argv: sh -c SCRIPT sh PATH ...)."""
-    want = str(path.resolve()).encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\x00")
-        except OSError:
-            continue
-        if argv[:2] == [b"sh", b"-c"] and argv[4:5] == [want] and procscan.alive(int(entry.name)):
-            found.append(int(entry.name))
-    return found
-
-
-def work_sleeping(path: Path) -> bool:
-    return any(_comm(kid) == "sleep" for pid in work_pids(path) for kid in procscan.children(pid))

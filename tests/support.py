@@ -13,6 +13,7 @@ from typing import NoReturn
 import pytest
 
 from execgate.client import Call, Client, Event, EventKind, ExecgateClientError, Outcome
+from execgate.executor.sandbox import procscan
 
 
 def wait_until(predicate: Callable[[], object], what: str, timeout: float = 15.0) -> None:
@@ -113,3 +114,38 @@ def sandbox_serve_args(backend: str, root: Path) -> list[str]:
     workspace.mkdir(parents=True, exist_ok=True)
     os.chown(workspace, DOCKER_WORKSPACE_UID, DOCKER_WORKSPACE_UID)
     return [*args, "--docker-image", image]
+
+
+# ---------------------------------------------------------------- processes on this host
+
+
+def comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def work_pids(path: Path) -> list[int]:
+    """Live host pids of the shell of a `work` call on `path` (argv: sh -c SCRIPT sh PATH ...).
+
+    Not the sandbox's own processes (the cgroup-joining /bin/sh, prlimit, bwrap), whose
+    argv carries the path too: they exist before the command runs.
+    """
+    want = str(path.resolve()).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\x00")
+        except OSError:
+            continue
+        if argv[:2] == [b"sh", b"-c"] and argv[4:5] == [want] and procscan.alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def work_sleeping(path: Path) -> bool:
+    """A `work` call on `path` is in its sleep: it has read the file, and not written it yet."""
+    return any(comm(kid) == "sleep" for pid in work_pids(path) for kid in procscan.children(pid))

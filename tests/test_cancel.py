@@ -29,7 +29,6 @@ from tests.cancel_support import (
     STUBBORN,
     AliveWatcher,
     Boxed,
-    _comm,
     at,
     detail,
     graced_daemon,
@@ -40,11 +39,17 @@ from tests.cancel_support import (
     sh,
     tagged,
     work,
+)
+from tests.daemon import Daemon
+from tests.support import (
+    SANDBOX_BACKENDS,
+    Streamer,
+    comm,
+    sandbox_serve_args,
+    wait_until,
     work_pids,
     work_sleeping,
 )
-from tests.daemon import Daemon
-from tests.support import SANDBOX_BACKENDS, Streamer, sandbox_serve_args, wait_until
 
 # ---------------------------------------------------------------- daemons
 
@@ -246,7 +251,7 @@ def _bwrap_namespace_without_command(daemon: Daemon, tag: str) -> bool:
         return False  # the command is running: too late
     assert daemon.proc is not None
     for bwrap in procscan.children(daemon.proc.pid):  # the daemon runs one call here
-        if _comm(bwrap) != "bwrap":
+        if comm(bwrap) != "bwrap":
             continue
         kids = procscan.children(bwrap)
         ns = procscan.pid_namespace(kids[0]) if kids else None

@@ -31,10 +31,9 @@ from tests.cancel_support import (
     sh,
     tagged,
     work,
-    work_sleeping,
 )
 from tests.daemon import Daemon
-from tests.support import Streamer, wait_until
+from tests.support import Streamer, wait_until, work_sleeping
 
 
 @pytest.fixture(scope="module")

@@ -44,10 +44,8 @@ from tests.probe_support import (
     sh,
     start_box,
     tagged,
-    work_pids,
-    work_sleeping,
 )
-from tests.support import Streamer, wait_until
+from tests.support import Streamer, wait_until, work_pids, work_sleeping
 
 
 @pytest.fixture(scope="module")
