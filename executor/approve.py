@@ -14,16 +14,17 @@ reported (to the parked call or to watchers) before it is on disk.
 A parked call holds no resource locks: the dispatcher parks it before it joins the
 lock queue.
 
-Restart: an Execute stream does not outlive the daemon, so a call pending when the
-daemon died can never be resumed and nobody would receive its outcome. At startup
-(`recover`) each such approval is marked expired and its call recorded REJECTED
-(approval_expired): the agent retries it, and the new call asks again.
+Restart: approvals outlive the daemon. A daemon that stops (gracefully or not)
+leaves pending rows pending; a graceful stop ends the parked calls' Execute streams
+with UNAVAILABLE naming them (`Detached`). The next daemon re-parks every pending
+call from its row (`Dispatcher.resume_parked`): once decided it runs — or is
+REJECTED — with nobody streaming it, and GetCall returns its outcome. The ttl keeps
+counting while no daemon runs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import json
 import secrets
@@ -33,20 +34,16 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
-from .calls import ValidCall
+from .calls import CallRequest, ValidCall
 from .cancel import CancelScope
 from .errors import ExecgateError, ToolError
 from .events import Batch, EventKind
 from .identity import Identity, Role
-from .journal import CallRecord, DuplicateCall, Journal, PolicyRecord, insert_call
-from .outcomes import ErrorClass, Mark, Phase, Status, rejected
+from .journal import Journal, PolicyRecord
+from .outcomes import ErrorClass, Status
 from .policy import Rule
 
 DECIDERS = frozenset({Role.APPROVER, Role.ADMIN})
-RESTARTED = (
-    "the daemon stopped while this call was awaiting approval; it never ran. "
-    "Retry it (a new call id; the same idempotency key is fine)"
-)
 
 
 class ApprovalState(enum.Enum):
@@ -77,6 +74,31 @@ class Approval:
     # The decider's comment, or why it expired.
     comment: str = ""
     decided_at: float | None = None
+    # The rest of the request, for the daemon that re-parks it after a restart.
+    idempotency_key: str = ""
+    timeout: float | None = None
+
+    def request(self) -> CallRequest:
+        """The parked call's request, as the client sent it."""
+        return CallRequest(
+            run_id=self.run_id,
+            call_id=self.call_id,
+            batch_id=self.batch_id,
+            index=0,
+            tool=self.tool,
+            arguments_json=self.arguments_json,
+            idempotency_key=self.idempotency_key,
+            timeout=self.timeout,
+        )
+
+
+class Detached(Exception):
+    """The daemon is stopping while the call awaits approval: the approval stays
+    pending and the next daemon resumes the call; this one stops following it."""
+
+    def __init__(self, approval: Approval) -> None:
+        super().__init__(f"call {approval.call_id} awaits approval {approval.id}")
+        self.approval = approval
 
 
 class Refused(enum.Enum):
@@ -116,6 +138,9 @@ class Approvals:
         self._waiting: dict[str, asyncio.Future[Approval]] = {}
         # One queue per Watch stream; None tells it the daemon is closing.
         self._watchers: set[asyncio.Queue[Approval | None]] = set()
+        # Set when the daemon stops: a parked call stopped now is detached (its
+        # approval stays pending for the next daemon), not expired.
+        self._detaching = False
 
     async def park(
         self, call: ValidCall, requester: str, rule: Rule, decision: PolicyRecord | None
@@ -137,6 +162,8 @@ class Approvals:
             created_at=now,
             expires_at=now + (rule.ttl if rule.ttl is not None else 3600.0),
             state=ApprovalState.PENDING,
+            idempotency_key=req.idempotency_key,
+            timeout=req.timeout,
         )
         self._waiting[approval.id] = asyncio.get_running_loop().create_future()
         try:
@@ -152,13 +179,21 @@ class Approvals:
         call: ValidCall,
         batch: Batch,
         scope: CancelScope,
-        rule: Rule,
+        ask: Rule | Approval,
         decision: PolicyRecord | None,
     ) -> None:
         """Park the call until an approver decides: return if approved, else raise the
-        REJECTED ToolError (denied, expired, or stopped while it waited)."""
+        REJECTED ToolError (denied, expired, or stopped while it waited), or Detached.
+
+        `ask`: the rule that asks (a new pending row), or the call's approval a
+        previous daemon left pending (waited for again).
+        """
         req = call.request
-        approval = await self.park(call, batch.agent, rule, decision)
+        if isinstance(ask, Rule):
+            approval = await self.park(call, batch.agent, ask, decision)
+        else:
+            approval = ask
+            self._waiting[approval.id] = asyncio.get_running_loop().create_future()
         batch.emit(EventKind.AWAITING_APPROVAL, req, approval=approval)
         ended = await self.wait(approval, scope)
         where = f"approval {ended.id}, rule {ended.rule_id}"
@@ -197,6 +232,8 @@ class Approvals:
             await asyncio.wait(either, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if decided.done():
                 return decided.result()
+            if scope.requested.is_set() and self._detaching:
+                raise Detached(approval)
             if scope.requested.is_set():
                 why = f"the call was stopped while awaiting approval: {scope.reason}"
             else:
@@ -253,6 +290,14 @@ class Approvals:
         finally:
             self._watchers.discard(queue)
 
+    def detach(self) -> None:
+        """From now on, a parked call that is stopped leaves its approval pending."""
+        self._detaching = True
+
+    async def abandon(self, approval: Approval, why: str) -> None:
+        """Expire a pending approval whose call will not wait for it any more."""
+        await self._transition(approval.id, ApprovalState.EXPIRED, "", why)
+
     def close(self) -> None:
         """End every Watch stream (the daemon is stopping)."""
         for queue in self._watchers:
@@ -293,14 +338,15 @@ def _settled(a: Approval) -> str:
 
 _COLUMNS = (
     "id, run_id, call_id, batch_id, tool, arguments_json, requester, rule_id, reason, "
-    "approvers_json, created_at, expires_at, state, decided_by, comment, decided_at"
+    "approvers_json, created_at, expires_at, state, decided_by, comment, decided_at, "
+    "idempotency_key, timeout"
 )
 
 
 def _insert(conn: sqlite3.Connection, a: Approval, decision: PolicyRecord | None) -> None:
     conn.execute(
         f"INSERT INTO approvals ({_COLUMNS}, decision_json) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             a.id,
             a.run_id,
@@ -318,6 +364,8 @@ def _insert(conn: sqlite3.Connection, a: Approval, decision: PolicyRecord | None
             a.decided_by,
             a.comment,
             a.decided_at,
+            a.idempotency_key,
+            a.timeout,
             decision.to_json() if decision is not None else None,
         ),
     )
@@ -346,45 +394,11 @@ def _approval(r: tuple[Any, ...]) -> Approval:
         decided_by=r[13],
         comment=r[14],
         decided_at=r[15],
+        idempotency_key=r[16],
+        timeout=r[17],
     )
 
 
-def recover(journal: Journal) -> int:
-    """At startup: end the approvals a previous daemon left pending. Returns how many."""
-    return journal.write_now(_expire_orphans)
-
-
-def _expire_orphans(conn: sqlite3.Connection) -> int:
-    rows = conn.execute(
-        f"SELECT {_COLUMNS}, decision_json FROM approvals WHERE state = 'pending'"
-    ).fetchall()
-    now = time.time()
-    for row in rows:
-        a = _approval(row)
-        conn.execute(
-            "UPDATE approvals SET state='expired', comment=?, decided_at=? WHERE id=?",
-            ("the daemon stopped while this approval was pending", now, a.id),
-        )
-        outcome = rejected(ErrorClass.APPROVAL_EXPIRED, f"{RESTARTED} (approval {a.id})")
-        outcome = outcome.with_marks(
-            Mark(Phase.QUEUED, a.created_at),
-            Mark(Phase.RECOVERED, now, "daemon restarted"),
-            Mark(Phase.FINISHED, now),
-        )
-        rec = CallRecord(
-            run_id=a.run_id,
-            call_id=a.call_id,
-            batch_id=a.batch_id,
-            tool=a.tool,
-            arguments_json=a.arguments_json,
-            request_hash="",
-            idempotency_key="",
-            agent=a.requester,
-            may_write=False,
-            created_at=a.created_at,
-            decision=PolicyRecord.from_json(row[-1]) if row[-1] else None,
-        )
-        # An id that has a row already keeps it, as Endings.reject does.
-        with contextlib.suppress(DuplicateCall):
-            insert_call(conn, rec, outcome)
-    return len(rows)
+def left_pending(journal: Journal) -> list[Approval]:
+    """At startup: the approvals a previous daemon left pending, oldest first."""
+    return journal.write_now(lambda c: _rows(c, "WHERE state = 'pending' ORDER BY created_at", ()))

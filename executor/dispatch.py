@@ -14,12 +14,13 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from . import results
-from .approve import Approvals
+from .approve import Approval, Approvals, Detached
 from .authorize import file_check, policy_input
 from .calls import CallRequest, ValidCall
 from .endings import Endings, record
@@ -99,14 +100,12 @@ class Dispatcher:
                 lambda: self._inflight.abandon(batch, "run deadline passed", timed_out=True),
             )
         for req in calls:
-            task = asyncio.create_task(self._call(req, batch), name=f"call {req.call_id}")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._call(req, batch), req)
         remaining = len(calls)
         try:
             while remaining:
                 event = await batch.events.get()
-                remaining -= event.kind is EventKind.FINISHED
+                remaining -= event.kind in (EventKind.FINISHED, EventKind.DETACHED)
                 yield event
         finally:
             if timer is not None:
@@ -133,9 +132,21 @@ class Dispatcher:
         """Record the request, then ask the targeted calls to stop; returns the ids reached."""
         return await self._inflight.cancel(order)
 
+    def resume_parked(self, pending: list[Approval]) -> int:
+        """Park again the calls a previous daemon left awaiting approval (no stream
+        follows them: the outcome is recorded, for GetCall). Returns how many."""
+        for approval in pending:
+            req = approval.request()
+            batch = Batch(req.run_id, req.batch_id, approval.requester, progress=False)
+            batch.start_turns(1)
+            self._spawn(self._call(req, batch, parked=approval), req)
+        return len(pending)
+
     async def close(self, reason: str = "daemon shutting down") -> None:
-        """Cancel everything in flight (grace, then force) and wait until it is recorded."""
+        """Cancel everything in flight (grace, then force) and wait until it is recorded.
+        Calls awaiting approval are detached: their approvals stay pending."""
         self._closing = True
+        self.approvals.detach()
         self._inflight.cancel_all(reason)
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -152,11 +163,19 @@ class Dispatcher:
 
     # -- one call ----------------------------------------------------------------------
 
-    async def _call(self, req: CallRequest, batch: Batch) -> None:
-        queued = mark(Phase.QUEUED)
+    def _spawn(self, work: Coroutine[Any, Any, None], req: CallRequest) -> None:
+        task = asyncio.create_task(work, name=f"call {req.call_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _call(self, req: CallRequest, batch: Batch, parked: Approval | None = None) -> None:
+        queued = Mark(Phase.QUEUED, parked.created_at) if parked else mark(Phase.QUEUED)
         batch.emit(EventKind.QUEUED, req)
         try:
-            await self._pipeline(req, batch, queued)
+            await self._pipeline(req, batch, queued, parked)
+        except Detached as detached:
+            log.info("call %s stays parked: %s", req.call_id, detached)
+            batch.emit(EventKind.DETACHED, req, approval=detached.approval)
         except Exception as exc:
             # A bug or a journal failure: the stream must still end with an outcome
             # for this call, and the daemon must keep serving.
@@ -171,7 +190,9 @@ class Dispatcher:
         finally:
             batch.pass_turn(req.index)  # however it ended, the next call may go
 
-    async def _pipeline(self, req: CallRequest, batch: Batch, queued: Mark) -> None:
+    async def _pipeline(
+        self, req: CallRequest, batch: Batch, queued: Mark, parked: Approval | None
+    ) -> None:
         key = (req.run_id, req.call_id)
         if key in self._active:  # the same id is in flight (in this batch or another)
             await self._in_flight_duplicate(req, batch, queued)
@@ -183,12 +204,14 @@ class Dispatcher:
         try:
             try:
                 call = await self._validator.validate(req)
-                decision = self._authorize(call, batch.agent, self._active[key])
+                decision = await self._authorize_parked(call, batch, parked)
                 self._may_start(req, batch)
-                if decision.ask is not None:
+                # A call parked before a restart waits for the approval it has.
+                ask = parked or decision.ask
+                if ask is not None:
                     # Parked before the lock queue: it holds no locks while it waits.
                     decided = self._active[key].decision
-                    await self.approvals.gate(call, batch, scope, decision.ask, decided)
+                    await self.approvals.gate(call, batch, scope, ask, decided)
                     self._may_start(req, batch)
             except ToolError as err:
                 outcome = results.from_error(err, (queued,))
@@ -197,6 +220,19 @@ class Dispatcher:
             await self._admitted(call, batch, scope, queued)
         finally:
             del self._active[key]
+
+    async def _authorize_parked(
+        self, call: ValidCall, batch: Batch, parked: Approval | None
+    ) -> Decision:
+        """`_authorize`; a call parked before a restart is decided again under the
+        policy now in force, and its approval abandoned if that policy denies it."""
+        active = self._active[(call.request.run_id, call.request.call_id)]
+        try:
+            return self._authorize(call, batch.agent, active)
+        except ToolError as err:
+            if parked is not None:
+                await self.approvals.abandon(parked, f"the policy now in force denies it: {err}")
+            raise
 
     def _authorize(self, call: ValidCall, agent: str, active: Active) -> Decision:
         """Decide, keep the decision for the journal, and raise if it denies."""

@@ -22,6 +22,9 @@ class EventKind(enum.Enum):
     AWAITING_APPROVAL = "awaiting_approval"
     STARTED = "started"
     FINISHED = "finished"
+    # Never sent: the daemon is stopping while the call awaits approval, which stays
+    # pending for the next daemon (see approve.py). Ends the call's part of the stream.
+    DETACHED = "detached"
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,9 +86,12 @@ CREATE TABLE IF NOT EXISTS approvals (
     decided_by     TEXT NOT NULL DEFAULT '',
     comment        TEXT NOT NULL DEFAULT '',
     decided_at     REAL,
-    -- The call's policy decision (as in calls.decision_json), for the REJECTED row
-    -- startup writes when the daemon stopped while the call was pending.
-    decision_json  TEXT
+    -- The call's policy decision (as in calls.decision_json).
+    decision_json  TEXT,
+    -- The rest of the request, so a daemon started after this one can run the
+    -- call once it is approved (approvals outlive the daemon; see approve.py).
+    idempotency_key TEXT NOT NULL DEFAULT '',
+    timeout         REAL
 );
 CREATE INDEX IF NOT EXISTS approvals_pending ON approvals (state) WHERE state = 'pending';
 """
@@ -104,3 +107,7 @@ def migrate(conn: sqlite3.Connection) -> None:
     columns = {row[1] for row in conn.execute("PRAGMA table_info(calls)")}
     if "decision_json" not in columns:
         conn.execute("ALTER TABLE calls ADD COLUMN decision_json TEXT")
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(approvals)")}
+    if "idempotency_key" not in columns:
+        conn.execute("ALTER TABLE approvals ADD COLUMN idempotency_key TEXT NOT NULL DEFAULT ''")
+        conn.execute("ALTER TABLE approvals ADD COLUMN timeout REAL")

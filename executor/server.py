@@ -88,13 +88,6 @@ def build(config: ServeConfig) -> tuple[Dispatcher, Journal]:
     recovered = journal.recover()
     if recovered:
         log.warning("recovered %d call(s) left running by a previous daemon", recovered)
-    orphans = approve.recover(journal)
-    if orphans:
-        log.warning(
-            "%d approval(s) were pending when the previous daemon stopped: "
-            "marked expired, their calls REJECTED (approval_expired)",
-            orphans,
-        )
     wanted = {r.backend for r in policy.sandbox if r.backend != "default"}
     sandboxes = sandbox_registry.build(
         config.sandbox, daemon_id(config.state_dir), wanted, policy.sandbox_for
@@ -138,6 +131,9 @@ async def serve(
     stale = await dispatcher.sandboxes.cleanup_stale()
     if stale:
         log.warning("removed %d sandbox leftover(s) of a previous daemon", stale)
+    parked = dispatcher.resume_parked(approve.left_pending(journal))
+    if parked:
+        log.info("%d call(s) still await approval from before the restart", parked)
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)

@@ -22,6 +22,7 @@ from .approve import ApprovalError, Approvals, Refused
 from .authenticate import caller
 from .calls import CallRequest
 from .dispatch import Dispatcher
+from .events import Event, EventKind
 from .inflight import CancelOrder
 from .validate import MAX_ID_CHARS
 
@@ -34,6 +35,19 @@ _REFUSED = {
     Refused.NOT_PENDING: grpc.StatusCode.FAILED_PRECONDITION,
     Refused.FORBIDDEN: grpc.StatusCode.PERMISSION_DENIED,
 }
+
+
+def _detached_message(detached: list[Event]) -> str:
+    """Why an Execute ends without some outcomes: the daemon stopped while those
+    calls awaited approval. Their approvals stay pending across the restart."""
+    parked = ", ".join(
+        f"{e.call_id} (approval {e.approval.id})" for e in detached if e.approval is not None
+    )
+    return (
+        f"the daemon is shutting down while call(s) {parked} await approval; the approvals "
+        "stay pending, and once decided the calls run (or are rejected) on the restarted "
+        "daemon: GetCall returns their outcomes"
+    )
 
 
 class ExecutorService(pb_grpc.ExecutorServicer):
@@ -63,9 +77,15 @@ class ExecutorService(pb_grpc.ExecutorServicer):
             progress=not request.outcomes_only,
             deadline=_deadline(request),
         )
+        detached: list[Event] = []
         async with contextlib.aclosing(events):
             async for event in events:
-                yield wire.event(event)
+                if event.kind is EventKind.DETACHED:
+                    detached.append(event)
+                else:
+                    yield wire.event(event)
+        if detached:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, _detached_message(detached))
 
     async def ExecuteBatch(
         self,
@@ -82,9 +102,15 @@ class ExecutorService(pb_grpc.ExecutorServicer):
             progress=False,
             deadline=_deadline(request),
         )
+        detached: list[Event] = []
         async with contextlib.aclosing(events):
             async for event in events:
-                finished[event.index] = wire.event(event)
+                if event.kind is EventKind.DETACHED:
+                    detached.append(event)
+                else:
+                    finished[event.index] = wire.event(event)
+        if detached:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, _detached_message(detached))
         return pb.ExecuteResponse(batch_id=batch_id, outcomes=finished)
 
     async def Explain(

@@ -1,5 +1,5 @@
 """Approvals end to end through the real daemon: a policy `ask` rule parks a call, an
-approver approves or denies it, its ttl expires it, and a daemon restart ends it.
+approver approves or denies it, its ttl expires it, and approvals outlive a daemon restart.
 
 Identities: `bot` (agent) makes the calls, `alice` (approver) decides, `carol` (agent and
 approver) makes calls she may not approve herself, `olga` (operator) and `root` (admin)
@@ -26,9 +26,12 @@ from execgate.client import (
     ApprovalNotPending,
     ApprovalState,
     Call,
+    CallNotFound,
     Client,
+    DaemonUnavailable,
     EventKind,
     ExecgateClientError,
+    Outcome,
     PermissionDenied,
     Status,
 )
@@ -293,46 +296,116 @@ def test_watch_streams_pending_and_decided_approvals(daemon: Daemon) -> None:
 # ---------------------------------------------------------------- restart
 
 
-def test_a_call_pending_when_the_daemon_dies_is_rejected_at_restart(tmp_path: Path) -> None:
+def outcome_when_recorded(daemon: Daemon, call_id: str, run_id: str = "r") -> Outcome:
+    """The call's outcome once the restarted daemon has recorded it (no stream follows
+    a call resumed after a restart: GetCall is how its agent learns the outcome)."""
+    found: list[Outcome] = []
+    with as_(daemon, "bot") as bot:
+
+        def recorded() -> bool:
+            with contextlib.suppress(CallNotFound):
+                outcome = bot.get_call(call_id, run_id=run_id).outcome
+                found.extend([outcome] if outcome is not None else [])
+            return bool(found)
+
+        wait_until(recorded, f"{call_id} recorded")
+    return found[0]
+
+
+def calls_with_id(daemon: Daemon, call_id: str) -> int:
+    conn = sqlite3.connect(f"file:{daemon.state_dir / 'journal.db'}?mode=ro", uri=True)
+    try:
+        return int(
+            conn.execute("SELECT count(*) FROM calls WHERE call_id=?", (call_id,)).fetchone()[0]
+        )
+    finally:
+        conn.close()
+
+
+def test_a_call_pending_when_the_daemon_dies_runs_once_approved_after_restart(
+    tmp_path: Path,
+) -> None:
     daemon = start(tmp_path)
     try:
-        stream, approval_id = park(daemon, touch("crash-1", "never.txt"), run_id="r")
+        stream, approval_id = park(daemon, touch("crash-1", "later.txt"), run_id="r")
         daemon.kill()
         stream.join()
         daemon.restart()
-        assert approval_id not in pending_ids(daemon)
-        row = approval_row(daemon, approval_id)
-        assert row["state"] == "expired"
-        assert "daemon stopped" in row["comment"]
-        with as_(daemon, "bot") as bot:
-            record = bot.get_call("crash-1", run_id="r")
-        assert record.outcome is not None
-        assert (record.outcome.status, record.outcome.error_class) == (
-            Status.REJECTED,
-            "approval_expired",
-        )
-        assert "retry" in record.outcome.message.lower()
-        assert record.policy is not None
-        assert record.policy.rule_ids == ("commands",)
-        with as_(daemon, "alice") as alice, pytest.raises(ApprovalNotPending):
-            alice.approve(approval_id)
-        assert not (daemon.workspace / "never.txt").exists()
+        assert approval_id in pending_ids(daemon)
+        assert approval_row(daemon, approval_id)["state"] == "pending"
+        assert not (daemon.workspace / "later.txt").exists()
+        with as_(daemon, "alice") as alice:
+            decided = alice.approve(approval_id, "fine after the restart")
+        assert decided.state is ApprovalState.APPROVED
+        outcome = outcome_when_recorded(daemon, "crash-1")
+        assert outcome.status is Status.SUCCESS, outcome
+        assert (daemon.workspace / "later.txt").exists()
+        # It ran once: one row, its queued mark from before the crash.
+        assert calls_with_id(daemon, "crash-1") == 1
+        queued = outcome.mark("queued")
+        assert queued is not None
+        assert queued.at == pytest.approx(approval_row(daemon, approval_id)["created_at"])
     finally:
         daemon.stop()
 
 
-def test_a_graceful_stop_ends_pending_calls_as_cancelled(tmp_path: Path) -> None:
+def test_a_graceful_stop_detaches_pending_calls_and_a_denial_after_restart_rejects(
+    tmp_path: Path,
+) -> None:
     daemon = start(tmp_path)
     try:
         stream, approval_id = park(daemon, touch("stop-1", "never.txt"), run_id="r")
         daemon.stop()
         stream.join()
+        # The stream ends with a typed error naming the parked call and its approval.
+        assert isinstance(stream.error, DaemonUnavailable), stream.error
+        assert "stop-1" in str(stream.error)
+        assert approval_id in str(stream.error)
         daemon.restart()
+        assert approval_row(daemon, approval_id)["state"] == "pending"
+        with as_(daemon, "alice") as alice:
+            alice.deny(approval_id, "not today")
+        outcome = outcome_when_recorded(daemon, "stop-1")
+        assert (outcome.status, outcome.error_class) == (Status.REJECTED, "approval_denied")
+        assert "not today" in outcome.message
+        assert not (daemon.workspace / "never.txt").exists()
+    finally:
+        daemon.stop()
+
+
+def test_the_ttl_keeps_counting_while_no_daemon_runs(tmp_path: Path) -> None:
+    daemon = start(tmp_path)
+    try:
+        call = Call(tool="run_command", arguments={"argv": ["true"]}, call_id="ttl-1")
+        stream, approval_id = park(daemon, call, run_id="r")
+        daemon.kill()
+        stream.join()
+        daemon.restart()
+        outcome = outcome_when_recorded(daemon, "ttl-1")
+        assert (outcome.status, outcome.error_class) == (Status.REJECTED, "approval_expired")
         assert approval_row(daemon, approval_id)["state"] == "expired"
-        with as_(daemon, "bot") as bot:
-            outcome = bot.get_call("stop-1", run_id="r").outcome
-        assert outcome is not None
-        assert (outcome.status, outcome.error_class) == (Status.REJECTED, "cancelled")
+    finally:
+        daemon.stop()
+
+
+def test_a_parked_call_the_new_policy_denies_is_rejected_at_restart(tmp_path: Path) -> None:
+    daemon = start(tmp_path)
+    try:
+        stream, approval_id = park(daemon, touch("deny-1", "never.txt"), run_id="r")
+        daemon.kill()
+        stream.join()
+        policy = tmp_path / "policy.yaml"
+        deny_touch = (
+            "  - id: no-touch\n    effect: deny\n    tools: [run_command]\n"
+            "    argv_prefix: [[touch]]\n    reason: no more touching\n"
+        )
+        policy.write_text(policy.read_text() + deny_touch)
+        daemon.restart()
+        outcome = outcome_when_recorded(daemon, "deny-1")
+        assert (outcome.status, outcome.error_class) == (Status.REJECTED, "policy_denied")
+        row = approval_row(daemon, approval_id)
+        assert row["state"] == "expired"
+        assert "policy now in force denies" in row["comment"]
         assert not (daemon.workspace / "never.txt").exists()
     finally:
         daemon.stop()
