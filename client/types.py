@@ -165,6 +165,8 @@ class PolicyDecision:
     revision: str
     # Shadow-mode rules that matched ("rule_id:effect"): logged, not enforced.
     shadow: tuple[str, ...] = ()
+    # effect "ask" in an Explain: who may approve (identity names or roles).
+    approvers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -183,6 +185,13 @@ class CallPlan:
     waits_for: tuple[str, ...]
     # Set when the call would be REJECTED before scheduling.
     rejected: Outcome | None = None
+    # The policy decision it would get; None when validation refused it first.
+    policy: PolicyDecision | None = None
+
+    @property
+    def needs_approval(self) -> bool:
+        """It would be parked until an approver decides (policy effect `ask`)."""
+        return self.policy is not None and self.policy.effect == "ask"
 
 
 class ApprovalState(enum.Enum):

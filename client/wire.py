@@ -157,6 +157,7 @@ def call_plans(response: pb.ExplainResponse) -> list[CallPlan]:
             ),
             waits_for=tuple(p.waits_for),
             rejected=outcome(p.rejected, p.call_id) if p.HasField("rejected") else None,
+            policy=_policy(p.policy) if p.HasField("policy") else None,
         )
         for p in response.calls
     ]
@@ -255,7 +256,9 @@ def record(msg: pb.CallRecord) -> CallRecord:
 
 
 def _policy(msg: pb.PolicyDecision) -> PolicyDecision:
-    return PolicyDecision(msg.effect, tuple(msg.rule_ids), msg.revision, tuple(msg.shadow))
+    return PolicyDecision(
+        msg.effect, tuple(msg.rule_ids), msg.revision, tuple(msg.shadow), tuple(msg.approvers)
+    )
 
 
 def list_request(

@@ -38,9 +38,8 @@ log = logging.getLogger("execgate.auth")
 
 _EXECUTOR = "/execgate.v1.Executor/"
 _RUNS = frozenset({Role.AGENT, Role.ADMIN})
-# Reading the journal and cancelling: any agent, operator or admin. Cancel is not yet
-# limited to the calls an agent started itself: the journal does not index calls by
-# agent for the cancel path, so an agent may stop another agent's run.
+# Reading the journal and cancelling: any agent, operator or admin. An agent cancels
+# only its own calls and runs (services.ExecutorService.Cancel, inflight.NotYours).
 _READS = frozenset({Role.AGENT, Role.OPERATOR, Role.ADMIN})
 _APPROVALS = "/execgate.v1.Approvals/"
 # Seeing what waits for a decision: approvers, operators, admins. Deciding: approvers

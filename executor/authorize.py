@@ -15,7 +15,9 @@ _TABLE_MARK = "\x00"  # locks.keys: the last part of a table key starts with it
 _NET_ROOT = "net"
 
 
-def policy_input(call: ValidCall, agent: str, workspace: Workspace) -> PolicyInput:
+def policy_input(
+    call: ValidCall, agent: str, memberships: frozenset[str], workspace: Workspace
+) -> PolicyInput:
     """Paths are workspace-relative and canonical (validation resolved `..` and symlinks)."""
     tables, hosts = [], []
     for claim in call.effects.claims:
@@ -28,6 +30,7 @@ def policy_input(call: ValidCall, agent: str, workspace: Workspace) -> PolicyInp
     return PolicyInput(
         tool=call.request.tool,
         agent=agent,
+        memberships=memberships,
         paths=tuple(sorted({workspace.relative(p) for p in call.paths.values()})),
         tables=tuple(sorted(set(tables))),
         hosts=tuple(sorted(set(hosts))),

@@ -17,7 +17,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 from rich.table import Table
 
-from execgate.client import Call, Client, DaemonUnavailable, Outcome, Status, TlsConfig
+from execgate.client import (
+    Call,
+    CallPlan,
+    Client,
+    DaemonUnavailable,
+    Outcome,
+    Status,
+    TlsConfig,
+)
 from execgate.client._transport import sync_channel
 from execgate.client.wire import resolve_address
 
@@ -272,11 +280,13 @@ def _explain(args: argparse.Namespace) -> int:
     if args.json:
         _print_json([_jsonable(p) for p in plans])
         return 0
-    table = Table("#", "call", "tool", "writes", "resources", "waits for", title="lock plan")
+    table = Table(
+        "#", "call", "tool", "writes", "resources", "waits for", "policy", title="lock plan"
+    )
     for p in plans:
         if p.rejected is not None:
             what = f"REJECTED {p.rejected.error_class}: {p.rejected.message}"
-            table.add_row(str(p.index), p.call_id, p.tool, "", what, "")
+            table.add_row(str(p.index), p.call_id, p.tool, "", what, "", _policy_cell(p))
             continue
         claims = "\n".join(f"{mode} {key}" for key, mode in p.claims)
         table.add_row(
@@ -286,9 +296,21 @@ def _explain(args: argparse.Namespace) -> int:
             "yes" if p.may_write else "no",
             claims,
             ", ".join(p.waits_for) or "-",
+            _policy_cell(p),
         )
     Console().print(table)
     return 0
+
+
+def _policy_cell(plan: CallPlan) -> str:
+    """`allow (rule)`, `deny (rule)`, or `ask (rule): needs approval from …`."""
+    d = plan.policy
+    if d is None:
+        return ""
+    cell = f"{d.effect} ({', '.join(d.rule_ids) or 'default'})"
+    if plan.needs_approval:
+        cell += f": needs approval from {', '.join(d.approvers)}"
+    return cell
 
 
 def _health(args: argparse.Namespace) -> int:

@@ -15,9 +15,10 @@ import yaml
 
 from .errors import PolicyError
 from .policy import Policy, PolicyInput, default_policy_path, load_policy
+from .policy.model import memberships
 
 TEST_CASE_KEYS = {"name", "input", "expect", "rules"}
-INPUT_KEYS = {"tool", "agent", "paths", "tables", "hosts", "argv", "args"}
+INPUT_KEYS = {"tool", "agent", "groups", "roles", "paths", "tables", "hosts", "argv", "args"}
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,6 +35,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     e.add_argument("--policy", type=Path, default=None, help="default: the shipped policy")
     e.add_argument("--tool", required=True)
     e.add_argument("--agent", default="local")
+    e.add_argument("--group", action="append", default=[], help="a group the agent is in")
+    e.add_argument("--role", action="append", default=[], help="a role the agent holds")
     e.add_argument(
         "--arg",
         action="append",
@@ -76,6 +79,7 @@ def _explain(args: argparse.Namespace) -> int:
     call = PolicyInput(
         tool=args.tool,
         agent=args.agent,
+        memberships=memberships(args.group, args.role),
         paths=tuple(_canonical(p) for p in args.path),
         tables=tuple(args.table),
         hosts=tuple(args.host),
@@ -84,6 +88,7 @@ def _explain(args: argparse.Namespace) -> int:
     )
     decision = policy.decide(call)
     rows = [(r.id, r.effect.value, r.shadow, r.mismatches(call)) for r in policy.rules]
+    runs = _how_it_runs(policy, call)
     if args.json:
         print(
             json.dumps(
@@ -97,6 +102,7 @@ def _explain(args: argparse.Namespace) -> int:
                         {"id": i, "effect": e, "shadow": s, "not_matched_by": list(m)}
                         for i, e, s, m in rows
                     ],
+                    "runs_with": runs,
                 },
                 indent=2,
             )
@@ -108,8 +114,26 @@ def _explain(args: argparse.Namespace) -> int:
         mode = " [shadow]" if shadow else ""
         verdict = "matches" if not failed else "does not match: " + ", ".join(failed)
         print(f"  {rid} ({effect}{mode}) {verdict}")
+    if decision.ask is not None:
+        who = ", ".join(decision.ask.approvers)
+        print(f"approval: needed from {who}, expires after {decision.ask.ttl:g}s")
+    print("runs with: " + ", ".join(f"{k} {v}" for k, v in runs.items()))
     print(f"policy {policy.source} revision {decision.revision[:12]}")
     return 0
+
+
+def _how_it_runs(policy: Policy, call: PolicyInput) -> dict[str, Any]:
+    """The sandbox and limits the policy sets for the call ("daemon default": unset)."""
+    rule = policy.sandbox_for(call.tool, call.agent, call.memberships)
+    limits = policy.limits_for(call)
+    unset = "daemon default"
+    return {
+        "sandbox": rule.backend if rule is not None else "default",
+        "network": rule.network if rule is not None else False,
+        "timeout_s": limits.timeout if limits.timeout is not None else unset,
+        "grace_s": limits.grace if limits.grace is not None else unset,
+        "output_cap_bytes": limits.output_cap if limits.output_cap is not None else unset,
+    }
 
 
 def _pair(text: str) -> tuple[str, Any]:
@@ -164,6 +188,7 @@ def _run_case(policy: Policy, case: Any, where: str) -> tuple[bool, str]:
     call = PolicyInput(
         tool=raw["tool"],
         agent=raw.get("agent", "local"),
+        memberships=memberships(raw.get("groups", []), raw.get("roles", [])),
         paths=tuple(_canonical(p) for p in raw.get("paths", [])),
         tables=tuple(raw.get("tables", [])),
         hosts=tuple(raw.get("hosts", [])),

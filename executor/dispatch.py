@@ -33,7 +33,7 @@ from .locks import Abandoned, LockBackend, WaitInfo
 from .locks import explain as explain_plans
 from .outcomes import ErrorClass, Mark, Outcome, Phase, Status, mark, rejected
 from .paths import Workspace
-from .policy import Decision, Policy
+from .policy import Decision, Policy, PolicyInput
 from .sandbox.registry import Sandboxes
 from .tools import CancelScope, Limits, Tool, ToolContext
 from .validate import Validator
@@ -71,6 +71,9 @@ class Dispatcher:
         self._active = self._inflight.calls
         # Set by close(): calls that arrive afterwards are REJECTED, never started.
         self._closing = False
+        # An agent's `group:`/`role:` memberships, for policy `agents` entries. Set
+        # (and swapped on an identities reload) by the server; none by default.
+        self.memberships: Callable[[str], frozenset[str]] = lambda agent: frozenset()
         self._id_prefix = secrets.token_hex(6) + "_"
         self._ids = itertools.count(1)
 
@@ -119,11 +122,16 @@ class Dispatcher:
         for req in calls:
             try:
                 call = await self._validator.validate(req)
-                self.policy.require(policy_input(call, agent, self.workspace))
             except ToolError as err:
                 rows.append(PlanRow(req, None, results.from_error(err, ()), ()))
                 continue
-            rows.append(PlanRow(req, call, None, ()))
+            decision = self.policy.decide(self._policy_input(call, agent))
+            try:
+                self.policy.enforce(decision)
+            except ToolError as err:
+                rows.append(PlanRow(req, None, results.from_error(err, ()), (), decision))
+                continue
+            rows.append(PlanRow(req, call, None, (), decision))
         planned = [(r.request.call_id, r.call.lock_plan) for r in rows if r.call is not None]
         waits = dict(explain_plans(planned))
         return [replace(r, waits_for=waits.get(r.request.call_id, ())) for r in rows]
@@ -236,7 +244,7 @@ class Dispatcher:
 
     def _authorize(self, call: ValidCall, agent: str, active: Active) -> Decision:
         """Decide, keep the decision for the journal, and raise if it denies."""
-        active.policy_input = policy_input(call, agent, self.workspace)
+        active.policy_input = self._policy_input(call, agent)
         decision = self.policy.decide(active.policy_input)
         shadow = tuple(f"{rule}:{effect.value}" for rule, effect in decision.shadow)
         active.decision = PolicyRecord(
@@ -383,19 +391,26 @@ class Dispatcher:
     def _file_check(self, call: ValidCall, agent: str) -> Callable[[Path], bool]:
         """Per-file policy answers for tree tools, on the input the call was decided on."""
         active = self._active[(call.request.run_id, call.request.call_id)]
-        decided_on = active.policy_input or policy_input(call, agent, self.workspace)
+        decided_on = active.policy_input or self._policy_input(call, agent)
         return file_check(self.policy, decided_on, self.workspace)
+
+    def _policy_input(self, call: ValidCall, agent: str) -> PolicyInput:
+        return policy_input(call, agent, self.memberships(agent), self.workspace)
 
     async def _run_tool(
         self, call: ValidCall, batch: Batch, scope: CancelScope, marks: tuple[Mark, ...]
     ) -> tuple[Outcome, str]:
-        sandbox, confinement = self.sandboxes.for_tool(call.request.tool)
-        timeout = call.timeout
+        decided_on = self._active[(call.request.run_id, call.request.call_id)].policy_input
+        assert decided_on is not None  # set by _authorize before anything runs
+        sandbox, confinement = self.sandboxes.for_call(
+            call.request.tool, batch.agent, decided_on.memberships
+        )
+        limits, timeout = self._call_limits(call, decided_on)
         if batch.deadline is not None:
             timeout = max(min(timeout, batch.deadline - time.time()), 0.0)
         ctx = ToolContext(
             self.workspace,
-            self.limits,
+            limits,
             timeout,
             scope,
             call.effects.detail,
@@ -416,9 +431,21 @@ class Dispatcher:
             outcome = results.from_crash(exc, may_write=call.may_write, marks=marks)
             return outcome.with_marks(mark(Phase.FINISHED)), ""
         outcome = results.from_output(
-            out, may_write=call.may_write, cap=self.limits.output_cap_bytes, marks=marks
+            out, may_write=call.may_write, cap=limits.output_cap_bytes, marks=marks
         )
         return outcome.with_marks(mark(Phase.FINISHED)), out.raw()
+
+    def _call_limits(self, call: ValidCall, decided_on: PolicyInput) -> tuple[Limits, float]:
+        """The daemon's limits with the policy's `limits:` for this call applied, and
+        the call's timeout (the policy's caps the one the call asked for)."""
+        set_by = self.policy.limits_for(decided_on)
+        limits = self.limits
+        if set_by.grace is not None:
+            limits = replace(limits, grace=min(set_by.grace, limits.max_grace))
+        if set_by.output_cap is not None:
+            limits = replace(limits, output_cap_bytes=min(set_by.output_cap, limits.raw_cap_bytes))
+        timeout = call.timeout if set_by.timeout is None else min(call.timeout, set_by.timeout)
+        return limits, timeout
 
 
 def _owner(req: CallRequest) -> str:

@@ -13,6 +13,7 @@ from .outcomes import Outcome
 
 if TYPE_CHECKING:  # approve imports this module
     from .approve import Approval
+    from .policy import Decision
 
 
 class EventKind(enum.Enum):
@@ -52,6 +53,8 @@ class PlanRow:
     rejected: Outcome | None
     # Earlier calls of the batch it conflicts with, so would wait for.
     waits_for: tuple[str, ...]
+    # The policy decision it would get (None when validation refused it first).
+    decision: Decision | None = None
 
 
 @dataclass(slots=True)

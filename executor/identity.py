@@ -7,13 +7,15 @@ An identities file (`execgate serve --identities FILE`) lists them:
       - name: build-agent            # recorded as the call's `agent`; policies match it
         roles: [agent]               # any of: agent, approver, operator, admin
         token_sha256: 9f86d081...    # sha256 (hex) of its bearer token: `execgate token new`
+        groups: [builders]           # optional; policy `agents` entries `group:builders`
       - name: ci
         roles: [agent, operator]
         cert_subject: ci.example.internal   # the CN of its mTLS client certificate
 
 Tokens are never stored, only their sha256. A token is 32 random bytes, so a plain
 hash needs no salt or stretching: there is nothing to guess. Revoking an identity is
-removing it (or its credential) from the file and restarting the daemon.
+removing it (or its credential) from the file: the daemon reloads the file within a
+second (a file that does not load is refused and the last good one stays in force).
 
 Without an identities file the daemon listens on its Unix socket only, and every
 caller there is the built-in identity `local` with every role (`make run`).
@@ -32,10 +34,11 @@ from pathlib import Path
 import yaml
 
 from .errors import IdentityError
+from .policy.model import memberships
 from .yamldoc import YamlDoc as _Doc
 
 FILE_KEYS = {"version", "identities"}
-IDENTITY_KEYS = {"name", "roles", "token_sha256", "cert_subject"}
+IDENTITY_KEYS = {"name", "roles", "groups", "token_sha256", "cert_subject"}
 # Names go into the journal, policy `agents` lists and log lines: no spaces, no quotes.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -58,9 +61,15 @@ class Identity:
     token_sha256: str = ""
     # Subject CN of the identity's mTLS client certificate; "" when it has none.
     cert_subject: str = ""
+    # Names policy rules can match as `group:NAME` in their `agents` lists.
+    groups: frozenset[str] = frozenset()
 
     def holds_any(self, roles: frozenset[Role]) -> bool:
         return not self.roles.isdisjoint(roles)
+
+    def memberships(self) -> frozenset[str]:
+        """What a policy `agents` entry other than a name can match: `group:G`, `role:R`."""
+        return memberships(self.groups, self.roles)
 
 
 # The Unix-socket caller when no identities file is configured: today's single user.
@@ -86,6 +95,11 @@ class Identities:
 
     def by_cert_subject(self, common_name: str) -> Identity | None:
         return next((i for i in self.entries if i.cert_subject == common_name), None)
+
+    def memberships(self, name: str) -> frozenset[str]:
+        """The groups and roles of the identity called `name` (none for a stranger)."""
+        found = next((i for i in self.entries if i.name == name), None)
+        return found.memberships() if found is not None else frozenset()
 
 
 def hash_token(token: str) -> str:
@@ -153,7 +167,18 @@ def _identity(doc: _Doc, node: yaml.Node, where: str) -> Identity:
     )
     if not (token or subject):
         raise doc.error(node, f"{where}: needs a credential: token_sha256 or cert_subject")
-    return Identity(name=name, roles=roles, token_sha256=token, cert_subject=subject)
+    groups = _groups(doc, keys["groups"], f"{where}.groups") if "groups" in keys else ()
+    return Identity(
+        name=name, roles=roles, token_sha256=token, cert_subject=subject, groups=frozenset(groups)
+    )
+
+
+def _groups(doc: _Doc, node: yaml.Node, where: str) -> tuple[str, ...]:
+    groups = doc.strings(node, where)
+    for i, group in enumerate(groups):
+        if not NAME_PATTERN.fullmatch(group):
+            raise doc.error(doc.sequence(node, where)[i], f"{where}[{i}]: {group!r} is not a name")
+    return groups
 
 
 def _roles(doc: _Doc, node: yaml.Node, where: str) -> frozenset[Role]:

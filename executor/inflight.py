@@ -44,6 +44,9 @@ class CancelOrder:
     grace: float | None = None
     requester: str = ""
     at: float
+    # Set for a caller who may stop only its own calls (an agent, not an operator or
+    # admin): the identity name every targeted call must belong to.
+    only_agent: str = ""
 
     @property
     def whole_run(self) -> bool:
@@ -57,6 +60,10 @@ class RunBar:
     requester: str
 
 
+class NotYours(Exception):
+    """A caller who may stop only its own calls named someone else's."""
+
+
 class InFlight:
     def __init__(self, journal: Journal) -> None:
         self.journal = journal
@@ -64,7 +71,10 @@ class InFlight:
         self.barred: dict[str, RunBar] = journal.query_now(_barred_runs)
 
     async def cancel(self, order: CancelOrder) -> list[str]:
-        """Record the request, then reach every targeted call; returns their ids."""
+        """Record the request, then reach every targeted call; returns their ids.
+        Raises NotYours (recording nothing) when `order.only_agent` is not theirs."""
+        if order.only_agent:
+            await self._check_owner(order, [a for _, a in self._targets(order, anyones=True)])
         # The bar goes up before the (durable, so slow) write: a call of the run that
         # arrives meanwhile must not start. It signals nothing, so the request is
         # still on record before anything is done to a call.
@@ -77,15 +87,33 @@ class InFlight:
             if fresh:
                 del self.barred[order.run_id]
             raise
-        hit = []
-        for (run, call), active in list(self.calls.items()):
-            if (order.run_id and run != order.run_id) or (order.call_id and call != order.call_id):
-                continue
-            if order.batch_id and active.batch.batch_id != order.batch_id:
-                continue
+        # Looked up again: calls may have arrived while the request was written.
+        targets = self._targets(order)
+        for _, active in targets:
             active.scope.cancel(order.reason, order.grace, requester=order.requester, at=order.at)
-            hit.append(call)
-        return hit
+        return [call for call, _ in targets]
+
+    def _targets(self, order: CancelOrder, *, anyones: bool = False) -> list[tuple[str, Active]]:
+        """(call id, call) of each in-flight call the order names and may reach (with
+        `anyones`: also those of other agents, which an `only_agent` order may not)."""
+        return [
+            (call, active)
+            for (run, call), active in list(self.calls.items())
+            if _aims(order, run, call, active)
+            and (anyones or not order.only_agent or active.batch.agent == order.only_agent)
+        ]
+
+    async def _check_owner(self, order: CancelOrder, targets: list[Active]) -> None:
+        others = sorted({a.batch.agent for a in targets} - {order.only_agent})
+        if not others and order.whole_run:
+            # Barring a run stops its future calls too: the run must be the caller's alone.
+            others = await self.journal.read(lambda c: _run_agents(c, order.run_id))
+            others = [a for a in others if a != order.only_agent]
+        if others:
+            raise NotYours(
+                f"{order.only_agent} may cancel only its own calls; the target includes calls "
+                f"by {', '.join(others)} (an operator or admin may cancel them)"
+            )
 
     def cancel_all(self, reason: str) -> None:
         for active in list(self.calls.values()):
@@ -100,6 +128,17 @@ class InFlight:
         for active in list(self.calls.values()):
             if active.batch is batch and not active.started:
                 active.scope.cancel(reason, timed_out=timed_out)
+
+
+def _aims(order: CancelOrder, run: str, call: str, active: Active) -> bool:
+    if (order.run_id and run != order.run_id) or (order.call_id and call != order.call_id):
+        return False
+    return not order.batch_id or active.batch.batch_id == order.batch_id
+
+
+def _run_agents(conn: sqlite3.Connection, run_id: str) -> list[str]:
+    rows = conn.execute("SELECT DISTINCT agent FROM calls WHERE run_id = ?", (run_id,))
+    return [r[0] for r in rows]
 
 
 def _insert_cancel(conn: sqlite3.Connection, order: CancelOrder) -> None:

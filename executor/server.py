@@ -24,16 +24,17 @@ from .authenticate import AuthInterceptor, server_credentials
 from .config import JOURNAL_NAME, Listener, ServeConfig
 from .dispatch import Dispatcher
 from .errors import ConfigError
-from .identity import Identities, load_identities
+from .identity import Identities, load_identities, parse_identities
 from .journal import Journal
 from .locks import FileLockManager, LockBackend, LockManager, NoLocks
 from .paths import Workspace
 from .policy import Policy, default_policy_path, load_policy
-from .policy.reload import PolicyWatcher
+from .policy.reload import policy_watcher
 from .sandbox import registry as sandbox_registry
 from .sandbox.registry import daemon_id
 from .services import ApprovalsService, ExecutorService
 from .tools import builtin_tools
+from .watch import FileWatcher
 
 log = logging.getLogger("execgate.server")
 
@@ -124,7 +125,10 @@ async def serve(
     try:
         lock_fd = prepare_dirs(config)
         dispatcher, journal = build(config)
-        server, health_servicer = _server(config, dispatcher, identities)
+        interceptor = AuthInterceptor(identities)
+        if identities is not None:
+            dispatcher.memberships = identities.memberships
+        server, health_servicer = _server(config, dispatcher, interceptor)
         addresses = _bind(server, config)
     finally:
         os.umask(old_umask)
@@ -137,12 +141,15 @@ async def serve(
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-    watcher = _policy_watcher(config, dispatcher, journal)
-    watching = asyncio.create_task(watcher.run())
+    watchers: list[FileWatcher[Any]] = [_policy_watcher(config, dispatcher, journal)]
+    if identities is not None and config.identities is not None:
+        watchers.append(_identities_watcher(config.identities, interceptor, dispatcher, journal))
+    watching = [asyncio.create_task(w.run()) for w in watchers]
     if on_ready is not None:
         on_ready(addresses)
     await _until_signalled(on_second=dispatcher.force)
-    watching.cancel()
+    for task in watching:
+        task.cancel()
     log.info("shutting down: draining in-flight calls")
     await health_servicer.enter_graceful_shutdown()
     stopping = asyncio.create_task(server.stop(grace=config.limits.grace + 5))
@@ -153,21 +160,38 @@ async def serve(
     os.close(lock_fd)
 
 
-def _policy_watcher(config: ServeConfig, dispatcher: Dispatcher, journal: Journal) -> PolicyWatcher:
+def _policy_watcher(
+    config: ServeConfig, dispatcher: Dispatcher, journal: Journal
+) -> FileWatcher[Policy]:
     """Hot reload of the policy file the daemon started with (see policy/reload.py)."""
 
     def apply(policy: Policy) -> None:
         dispatcher.policy = policy  # one assignment: each call sees the old or the new
 
     path = Path(config.policy or default_policy_path())
-    return PolicyWatcher(path, dispatcher.policy, apply, journal, config.policy_reload)
+    return policy_watcher(path, dispatcher.policy, apply, journal, config.policy_reload)
+
+
+def _identities_watcher(
+    path: Path, interceptor: AuthInterceptor, dispatcher: Dispatcher, journal: Journal
+) -> FileWatcher[Identities]:
+    """Hot reload of the identities file: a removed identity or token is refused from
+    the next RPC on; a file that does not load leaves the last good one in force."""
+
+    def apply(identities: Identities) -> None:
+        interceptor.identities = identities
+        dispatcher.memberships = identities.memberships
+
+    return FileWatcher(
+        path, what="identities", parse=parse_identities, apply=apply, journal=journal
+    )
 
 
 def _server(
-    config: ServeConfig, dispatcher: Dispatcher, identities: Identities | None
+    config: ServeConfig, dispatcher: Dispatcher, interceptor: AuthInterceptor
 ) -> tuple[grpc.aio.Server, Any]:  # Any: health.aio.HealthServicer, see below
     server = grpc.aio.server(
-        interceptors=[AuthInterceptor(identities)],
+        interceptors=[interceptor],
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE),
             ("grpc.max_send_message_length", MAX_MESSAGE),

@@ -23,12 +23,15 @@ from .authenticate import caller
 from .calls import CallRequest
 from .dispatch import Dispatcher
 from .events import Event, EventKind
-from .inflight import CancelOrder
+from .identity import Role
+from .inflight import CancelOrder, NotYours
 from .validate import MAX_ID_CHARS
 
 log = logging.getLogger("execgate.server")
 
 MAX_BATCH = 1000
+# Who may cancel anyone's calls; an agent cancels only its own.
+CANCELS_ANY = frozenset({Role.OPERATOR, Role.ADMIN})
 DEFAULT_RUN = "default"
 _REFUSED = {
     Refused.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
@@ -164,17 +167,21 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         # A call id is unique within its run (default: the implicit run); a batch or a
         # run is a target by itself, so a batch in any run is reached without its run.
         run_id = request.run_id or (DEFAULT_RUN if request.call_id else "")
-        hit = await self.dispatcher.cancel(
-            CancelOrder(
-                run_id=run_id,
-                call_id=request.call_id,
-                batch_id=request.batch_id,
-                reason=request.reason or "cancelled by client",
-                grace=grace,
-                requester=_requester(request.requester),
-                at=at,
-            )
+        who = caller()
+        order = CancelOrder(
+            run_id=run_id,
+            call_id=request.call_id,
+            batch_id=request.batch_id,
+            reason=request.reason or "cancelled by client",
+            grace=grace,
+            requester=_requester(request.requester),
+            at=at,
+            only_agent="" if who.holds_any(CANCELS_ANY) else who.name,
         )
+        try:
+            hit = await self.dispatcher.cancel(order)
+        except NotYours as exc:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         return pb.CancelResponse(call_ids=hit)
 
     async def GetCall(

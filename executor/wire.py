@@ -181,6 +181,17 @@ def call_plan(row: PlanRow, root: str) -> pb.CallPlan:
     msg = pb.CallPlan(call_id=req.call_id, index=req.index, tool=req.tool, waits_for=row.waits_for)
     if row.rejected is not None:
         msg.rejected.CopyFrom(outcome(row.rejected))
+    if row.decision is not None:
+        d = row.decision
+        msg.policy.CopyFrom(
+            pb.PolicyDecision(
+                effect=d.effect.value,
+                rule_ids=d.rule_ids,
+                revision=d.revision,
+                shadow=[f"{rule}:{effect.value}" for rule, effect in d.shadow],
+                approvers=d.ask.approvers if d.ask is not None else (),
+            )
+        )
     if row.call is not None:
         msg.may_write = row.call.may_write
         msg.claims.extend(

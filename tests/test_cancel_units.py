@@ -299,14 +299,14 @@ def test_first_matching_sandbox_rule_decides(tmp_path: Path) -> None:
     backends: dict[str, Any] = {n: Named(n) for n in ("bwrap", "process", "docker")}
     base = Confinement()
     boxes = Sandboxes(backends, "bwrap", policy.sandbox_for, base)
-    box, conf = boxes.for_tool("run_command")
+    box, conf = boxes.for_call("run_command")
     assert box.name == "process"
     assert conf.network is True
     assert conf.memory_bytes == 64 << 20
     assert conf.processes == 16
     assert conf.cpu_seconds == base.cpu_seconds
-    assert boxes.for_tool("run_other")[0].name == "docker"
-    box, conf = boxes.for_tool("work")  # no rule: the default, no network
+    assert boxes.for_call("run_other")[0].name == "docker"
+    box, conf = boxes.for_call("work")  # no rule: the default, no network
     assert box.name == "bwrap"
     assert conf == base
     assert conf.network is False

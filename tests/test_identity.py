@@ -51,8 +51,8 @@ def test_the_hash_may_be_written_in_upper_case() -> None:
 @pytest.mark.parametrize(
     ("old", "new", "where", "says"),
     [
-        ("roles: [agent]\n", "roles: [agent]\n    groups: [x]\n", "ids.yaml:5:5",
-         "unknown key 'groups'"),
+        ("roles: [agent]\n", "roles: [agent]\n    teams: [x]\n", "ids.yaml:5:5",
+         "unknown key 'teams'"),
         ("roles: [agent, operator]", "roles: [agent, operatr]", "ids.yaml:7:20",
          "unknown role 'operatr'"),
         ("roles: [agent]", "roles: []", "ids.yaml:4:12", "at least one of"),

@@ -12,10 +12,12 @@ from pathlib import Path
 
 from ..errors import PolicyError, ToolError
 from ..outcomes import ErrorClass, Status
-from .load import SandboxRule, load_text, read_file
+from .load import load_text, read_file
 from .model import Decision, Effect, PolicyInput, Rule, decide, path_glob
+from .runrules import CallLimits, LimitRule, SandboxRule, limits_for
 
 __all__ = [
+    "CallLimits",
     "Decision",
     "Effect",
     "Policy",
@@ -38,6 +40,7 @@ class Policy:
     revision: str
     source: str
     sandbox: tuple[SandboxRule, ...] = ()
+    limits: tuple[LimitRule, ...] = ()
 
     def decide(self, call: PolicyInput) -> Decision:
         return decide(self.rules, self.default, self.revision, call)
@@ -55,14 +58,20 @@ class Policy:
         message = f"denied by policy ({rules}): {decision.reason}"
         raise ToolError(ErrorClass.POLICY_DENIED, message, field="tool", status=Status.REJECTED)
 
-    def sandbox_for(self, tool: str) -> SandboxRule | None:
-        """The first sandbox rule matching `tool` (None: daemon defaults, no network)."""
-        return next((r for r in self.sandbox if r.matches(tool)), None)
+    def sandbox_for(
+        self, tool: str, agent: str = "local", memberships: frozenset[str] = frozenset()
+    ) -> SandboxRule | None:
+        """The first sandbox rule covering the call (None: daemon defaults, no network)."""
+        return next((r for r in self.sandbox if r.scope.covers(tool, agent, memberships)), None)
+
+    def limits_for(self, call: PolicyInput) -> CallLimits:
+        """The timeout, grace and output cap the `limits:` section sets for `call`."""
+        return limits_for(self.limits, call.tool, call.agent, call.memberships)
 
 
 def parse_policy(text: str, source: str) -> Policy:
-    parsed = load_text(text, source)
-    return Policy(parsed.default, parsed.rules, parsed.revision, source, parsed.sandbox)
+    p = load_text(text, source)
+    return Policy(p.default, p.rules, p.revision, source, p.sandbox, p.limits)
 
 
 def load_policy(path: str | Path) -> Policy:

@@ -19,9 +19,10 @@ import yaml
 
 from ..errors import PolicyError
 from ..yamldoc import YamlDoc as _Doc
-from .model import Condition, Effect, PolicyInput, Rule
+from .model import Condition, Effect, PolicyInput, Rule, memberships
+from .runrules import LimitRule, SandboxRule, limit_rule, sandbox_rule
 
-FILE_KEYS = {"version", "default", "mode", "rules", "sandbox"}
+FILE_KEYS = {"version", "default", "mode", "rules", "sandbox", "limits"}
 RULE_KEYS = {
     "id",
     "effect",
@@ -39,36 +40,9 @@ RULE_KEYS = {
     "examples",
 }
 MATCHERS = ("agents", "tools", "paths", "tables", "hosts", "argv_prefix", "when")
-EXAMPLE_KEYS = {"tool", "agent", "paths", "tables", "hosts", "argv", "args"}
+EXAMPLE_KEYS = {"tool", "agent", "groups", "roles", "paths", "tables", "hosts", "argv", "args"}
 CONDITION_OPS = ("equals", "in", "matches")
-SANDBOX_KEYS = {"tools", "backend", "network", "limits"}
-BACKENDS = ("default", "process", "bwrap", "docker")
-# Policy limit name -> (Confinement field, multiplier).
-LIMIT_KEYS = {
-    "cpu_seconds": ("cpu_seconds", 1),
-    "memory_mb": ("memory_bytes", 1 << 20),
-    "file_size_mb": ("file_size_bytes", 1 << 20),
-    "open_files": ("open_files", 1),
-    "processes": ("processes", 1),
-}
 DEFAULT_TTL = 3600.0
-
-
-@dataclass(frozen=True, slots=True)
-class SandboxRule:
-    """Where a matching tool runs: the first rule whose globs match applies."""
-
-    tools: tuple[str, ...]
-    # "default" (the daemon's --sandbox), "process", "bwrap" or "docker".
-    backend: str = "default"
-    network: bool = False
-    # Confinement field -> value, overriding the daemon's defaults.
-    limits: tuple[tuple[str, int], ...] = ()
-
-    def matches(self, tool: str) -> bool:
-        import fnmatch
-
-        return any(fnmatch.fnmatchcase(tool, pattern) for pattern in self.tools)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +50,7 @@ class Parsed:
     default: Effect
     rules: tuple[Rule, ...]
     sandbox: tuple[SandboxRule, ...]
+    limits: tuple[LimitRule, ...]
     revision: str
 
 
@@ -99,9 +74,11 @@ def load_text(text: str, source: str) -> Parsed:
         if rid in ids[:i]:
             raise doc.error(top["rules"].value[i], f"rules[{i}].id: {rid!r} is used twice")
     nodes = doc.sequence(top["sandbox"], "sandbox") if "sandbox" in top else []
-    sandbox = tuple(_sandbox_rule(doc, n, f"sandbox[{i}]") for i, n in enumerate(nodes))
+    sandbox = tuple(sandbox_rule(doc, n, f"sandbox[{i}]") for i, n in enumerate(nodes))
+    nodes = doc.sequence(top["limits"], "limits") if "limits" in top else []
+    limits = tuple(limit_rule(doc, n, f"limits[{i}]") for i, n in enumerate(nodes))
     revision = hashlib.sha256(text.encode()).hexdigest()
-    return Parsed(default, rules, sandbox, revision)
+    return Parsed(default, rules, sandbox, limits, revision)
 
 
 def read_file(path: str | Path) -> tuple[str, str]:
@@ -236,34 +213,14 @@ def _example(doc: _Doc, node: yaml.Node, where: str) -> PolicyInput:
     args = doc.value(keys["args"]) if "args" in keys else {}
     if not isinstance(args, dict):
         raise doc.error(keys["args"], f"{where}.args: must be a mapping")
+    groups, roles = (
+        doc.strings(keys[k], f"{where}.{k}") if k in keys else () for k in ("groups", "roles")
+    )
     return PolicyInput(
         tool=str(doc.value(keys["tool"])),
         agent=str(doc.value(keys["agent"])) if "agent" in keys else "local",
+        memberships=memberships(groups, roles),
         argv=argv,
         args=args,
         **lists,
     )
-
-
-def _sandbox_rule(doc: _Doc, node: yaml.Node, where: str) -> SandboxRule:
-    keys = doc.mapping(node, where, SANDBOX_KEYS)
-    if "tools" not in keys:
-        raise doc.error(node, f"{where}.tools: required, a list of tool names or globs")
-    tools = doc.strings(keys["tools"], f"{where}.tools")
-    backend = doc.value(keys["backend"]) if "backend" in keys else "default"
-    if backend not in BACKENDS:
-        raise doc.error(keys["backend"], f"{where}.backend: must be one of {', '.join(BACKENDS)}")
-    network = doc.value(keys["network"]) if "network" in keys else False
-    if not isinstance(network, bool):
-        raise doc.error(keys["network"], f"{where}.network: must be true or false")
-    limits = (
-        doc.mapping(keys["limits"], f"{where}.limits", set(LIMIT_KEYS)) if "limits" in keys else {}
-    )
-    parsed = []
-    for name, value_node in limits.items():
-        value = doc.value(value_node)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise doc.error(value_node, f"{where}.limits.{name}: must be a positive integer")
-        field, unit = LIMIT_KEYS[name]
-        parsed.append((field, value * unit))
-    return SandboxRule(tools, backend, network, tuple(parsed))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import fnmatch
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,8 @@ class PolicyInput:
 
     tool: str
     agent: str = "local"
+    # The agent's `group:G` and `role:R` entries (identity.Identity.memberships).
+    memberships: frozenset[str] = frozenset()
     paths: tuple[str, ...] = ()
     tables: tuple[str, ...] = ()
     hosts: tuple[str, ...] = ()
@@ -95,7 +97,7 @@ class Rule:
     def _checks(self, call: PolicyInput) -> Iterator[tuple[str, bool]]:
         """Each matcher's verdict, computed only when asked for (`matches` stops early)."""
         every = self.effect is Effect.ALLOW
-        yield "agents", _names(self.agents, call.agent)
+        yield "agents", agent_matches(self.agents, call.agent, call.memberships)
         yield "tools", _names(self.tools, call.tool)
         yield "paths", _touches(self.paths, call.paths, every=every, glob=path_glob)
         yield "tables", _touches(self.tables, call.tables, every=every, glob=_glob)
@@ -113,6 +115,22 @@ class Rule:
 
 def _glob(name: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(name, pattern)
+
+
+def agent_matches(patterns: tuple[str, ...], name: str, memberships: frozenset[str]) -> bool:
+    """An `agents` entry is a name glob, or `group:G` / `role:R` (matched exactly)."""
+    return not patterns or any(
+        p in memberships if p.startswith(MEMBERSHIP_PREFIXES) else fnmatch.fnmatchcase(name, p)
+        for p in patterns
+    )
+
+
+MEMBERSHIP_PREFIXES = ("group:", "role:")
+
+
+def memberships(groups: Iterable[str], roles: Iterable[str]) -> frozenset[str]:
+    """The `memberships` of a PolicyInput for an agent in `groups` holding `roles`."""
+    return frozenset({f"group:{g}" for g in groups} | {f"role:{r}" for r in roles})
 
 
 def _names(patterns: tuple[str, ...], name: str) -> bool:

@@ -41,6 +41,10 @@ class SandboxConfig:
     cgroups: bool = True
 
 
+# Policy.sandbox_for: (tool, agent, memberships) -> the first sandbox rule covering it.
+RuleFor = Callable[[str, str, frozenset[str]], SandboxRule | None]
+
+
 def daemon_id(state_dir: Path) -> str:
     """Stable per state dir: a restarted daemon recognises what its predecessor left."""
     return hashlib.sha256(os.path.realpath(state_dir).encode()).hexdigest()[:12]
@@ -53,7 +57,7 @@ class Sandboxes:
         self,
         backends: dict[str, Sandbox],
         default: str,
-        rule_for: Callable[[str], SandboxRule | None],
+        rule_for: RuleFor,
         base: Confinement,
         cgroups: CgroupRoot | None = None,
     ) -> None:
@@ -62,19 +66,23 @@ class Sandboxes:
         self._rule_for = rule_for
         self._base = base
         self._cgroups = cgroups
-        self._cache: dict[str, tuple[Sandbox, Confinement]] = {}
+        self._cache: dict[tuple[str, str, frozenset[str]], tuple[Sandbox, Confinement]] = {}
 
-    def for_tool(self, tool: str) -> tuple[Sandbox, Confinement]:
-        found = self._cache.get(tool)
+    def for_call(
+        self, tool: str, agent: str = "local", memberships: frozenset[str] = frozenset()
+    ) -> tuple[Sandbox, Confinement]:
+        """The backend and confinement of the first sandbox rule covering the call."""
+        key = (tool, agent, memberships)
+        found = self._cache.get(key)
         if found is None:
-            rule = self._rule_for(tool)
+            rule = self._rule_for(tool, agent, memberships)
             if rule is None:
                 found = (self.backends[self.default], self._base)
             else:
                 name = self.default if rule.backend == "default" else rule.backend
                 conf = replace(self._base, network=rule.network, **dict(rule.limits))
                 found = (self.backends[name], conf)
-            self._cache[tool] = found
+            self._cache[key] = found
         return found
 
     async def cleanup_stale(self) -> int:
@@ -91,7 +99,7 @@ def build(
     config: SandboxConfig,
     ident: str,
     wanted_by_policy: set[str],
-    rule_for: Callable[[str], SandboxRule | None],
+    rule_for: RuleFor,
 ) -> Sandboxes:
     cgroups = CgroupRoot(ident) if config.cgroups else None
     if cgroups is not None and not cgroups.available:
