@@ -18,8 +18,11 @@ from .errors import (
     ExecgateClientError,
     PermissionDenied,
     RequestError,
+    RunNotFound,
+    RunRefused,
     Unauthenticated,
 )
+from .runs import CancelNotice, RunDetail, RunInfo, Runs
 from .types import (
     Approval,
     ApprovalState,
@@ -46,6 +49,7 @@ __all__ = [
     "CallNotFound",
     "CallPlan",
     "CallRecord",
+    "CancelNotice",
     "Client",
     "DaemonUnavailable",
     "Event",
@@ -57,6 +61,11 @@ __all__ = [
     "PermissionDenied",
     "PolicyDecision",
     "RequestError",
+    "RunDetail",
+    "RunInfo",
+    "RunNotFound",
+    "RunRefused",
+    "Runs",
     "Status",
     "StopMode",
     "TlsConfig",

@@ -13,6 +13,7 @@ from execgate.v1 import executor_pb2_grpc as pb_grpc
 
 from . import _transport, wire
 from ._transport import TlsConfig
+from .runs import Runs
 from .types import Approval, Call, CallPlan, CallRecord, Event, Outcome, Status, ToolSpec
 
 
@@ -44,6 +45,8 @@ class Client:
         self._channel = _transport.sync_channel(self.address, tls)
         self._stub = pb_grpc.ExecutorStub(self._channel)
         self._approvals = pb_grpc.ApprovalsStub(self._channel)
+        # Run records: start, append transitions, get, list, cancel, watch.
+        self.runs = Runs(self._channel, self._metadata, self.address)
 
     def close(self) -> None:
         self._channel.close()

@@ -8,8 +8,12 @@
     ├── Unauthenticated            the daemon does not know who we are: no token, a wrong or
     │                              revoked one, or an unknown client certificate
     ├── PermissionDenied           our identity lacks the role the RPC needs
-    └── RequestError               the daemon refused the request envelope
-                                   (carries the gRPC `code` name and `details`)
+    ├── RunNotFound                a Runs call for a run the daemon does not have
+    ├── RunRefused                 the daemon refused a run change: `kind` is gap, duplicate,
+    │                              discontinuous, illegal, ended, exists or malformed
+    ├── RequestError               the daemon refused the request envelope
+    │                              (carries the gRPC `code` name and `details`)
+    └── LoopError                  the loop core's own faults (execgate.client.loop.errors)
 
 A tool call that fails is never an exception: it is an `Outcome`.
 """
@@ -64,4 +68,20 @@ class ApprovalNotPending(ExecgateClientError):
     def __init__(self, approval_id: str, details: str = "") -> None:
         super().__init__(f"approval {approval_id!r} cannot be decided: {details}")
         self.approval_id = approval_id
+        self.details = details
+
+
+class RunNotFound(ExecgateClientError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run {run_id!r}")
+        self.run_id = run_id
+
+
+class RunRefused(ExecgateClientError):
+    """`kind`: the daemon's refusal class (the text before the first colon)."""
+
+    def __init__(self, run_id: str, details: str) -> None:
+        super().__init__(f"run {run_id!r}: {details}")
+        self.run_id = run_id
+        self.kind = details.split(":", 1)[0].strip()
         self.details = details

@@ -19,6 +19,8 @@ from .errors import (
     ExecgateClientError,
     PermissionDenied,
     RequestError,
+    RunNotFound,
+    RunRefused,
     Unauthenticated,
 )
 from .types import (
@@ -277,6 +279,13 @@ def list_request(
     )
 
 
+_RUN_REFUSALS = (
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.ALREADY_EXISTS,
+    grpc.StatusCode.INVALID_ARGUMENT,
+)
+
+
 def translate(
     exc: grpc.RpcError,
     address: str,
@@ -284,12 +293,17 @@ def translate(
     run_id: str = "",
     call_id: str = "",
     approval_id: str = "",
+    run_op: bool = False,
 ) -> ExecgateClientError:
     """One place where gRPC errors become the client's exceptions."""
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
     if code is grpc.StatusCode.UNAVAILABLE:
         return DaemonUnavailable(address, details or "")
+    if run_op and code is grpc.StatusCode.NOT_FOUND:
+        return RunNotFound(run_id)
+    if run_op and code in _RUN_REFUSALS:
+        return RunRefused(run_id, details or "")
     if code is grpc.StatusCode.NOT_FOUND and call_id:
         return CallNotFound(run_id, call_id)
     if code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION) and approval_id:

@@ -42,6 +42,7 @@ _RUNS = frozenset({Role.AGENT, Role.ADMIN})
 # only its own calls and runs (services.ExecutorService.Cancel, inflight.NotYours).
 _READS = frozenset({Role.AGENT, Role.OPERATOR, Role.ADMIN})
 _APPROVALS = "/execgate.v1.Approvals/"
+_RUNS_SERVICE = "/execgate.v1.Runs/"
 # Seeing what waits for a decision: approvers, operators, admins. Deciding: approvers
 # and admins, and then only those the rule names, never the requester (approve.py).
 _SEES_APPROVALS = frozenset({Role.APPROVER, Role.OPERATOR, Role.ADMIN})
@@ -60,6 +61,14 @@ ACCESS: Mapping[str, frozenset[Role]] = {
     _APPROVALS + "ListPending": _SEES_APPROVALS,
     _APPROVALS + "Watch": _SEES_APPROVALS,
     _APPROVALS + "Decide": _DECIDES,
+    # A run's events are appended by its owner only; cancelling: the owner, or an
+    # operator or admin (services_runs.py checks both).
+    _RUNS_SERVICE + "StartRun": _RUNS,
+    _RUNS_SERVICE + "AppendEvents": _RUNS,
+    _RUNS_SERVICE + "GetRun": _READS,
+    _RUNS_SERVICE + "ListRuns": _READS,
+    _RUNS_SERVICE + "WatchRun": _READS,
+    _RUNS_SERVICE + "CancelRun": _READS,
 }
 # Any method not in ACCESS (server reflection, a service added later): admin only.
 UNLISTED = frozenset({Role.ADMIN})

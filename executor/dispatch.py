@@ -71,6 +71,9 @@ class Dispatcher:
         self._active = self._inflight.calls
         # Set by close(): calls that arrive afterwards are REJECTED, never started.
         self._closing = False
+        # Runs that reached a terminal state (runs.RunStore.ended): no call of theirs
+        # starts. Set by the server.
+        self.ended_runs: dict[str, str] = {}
         # An agent's `group:`/`role:` memberships, for policy `agents` entries. Set
         # (and swapped on an identities reload) by the server; none by default.
         self.memberships: Callable[[str], frozenset[str]] = lambda agent: frozenset()
@@ -270,6 +273,14 @@ class Dispatcher:
             raise ToolError(
                 ErrorClass.CANCELLED,
                 f"run {req.run_id!r} was cancelled ({bar.reason}); start a new run",
+                field="run_id",
+                status=Status.REJECTED,
+            )
+        ended = self.ended_runs.get(req.run_id)
+        if ended is not None:
+            raise ToolError(
+                ErrorClass.CANCELLED,
+                f"run {req.run_id!r} has ended ({ended}); start a new run",
                 field="run_id",
                 status=Status.REJECTED,
             )

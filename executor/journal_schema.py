@@ -94,6 +94,36 @@ CREATE TABLE IF NOT EXISTS approvals (
     timeout         REAL
 );
 CREATE INDEX IF NOT EXISTS approvals_pending ON approvals (state) WHERE state = 'pending';
+-- Agent loops (executor/runs.py): one row per run, its state kept in step with its
+-- last event; events are the state machine's transitions, seq 1, 2, ... per run.
+CREATE TABLE IF NOT EXISTS runs (
+    run_id           TEXT PRIMARY KEY,
+    goal             TEXT NOT NULL,
+    owner            TEXT NOT NULL,
+    limits_json      TEXT NOT NULL,
+    model            TEXT NOT NULL,
+    config_version   TEXT NOT NULL,
+    labels_json      TEXT NOT NULL,
+    state            TEXT NOT NULL,
+    reason           TEXT NOT NULL,
+    last_seq         INTEGER NOT NULL,
+    created_at       REAL NOT NULL,
+    updated_at       REAL NOT NULL,
+    cancel_requester TEXT,
+    cancel_reason    TEXT,
+    cancel_at        REAL
+);
+CREATE INDEX IF NOT EXISTS runs_created ON runs (created_at);
+CREATE TABLE IF NOT EXISTS run_events (
+    run_id     TEXT NOT NULL,
+    seq        INTEGER NOT NULL,
+    at         REAL NOT NULL,
+    from_state TEXT NOT NULL,
+    to_state   TEXT NOT NULL,
+    reason     TEXT NOT NULL,
+    data_json  TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
 """
 
 RECORD_COLUMNS = (

@@ -18,6 +18,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from execgate.v1 import executor_pb2_grpc as pb_grpc
+from execgate.v1 import runs_pb2
+from execgate.v1 import runs_pb2_grpc as rpb_grpc
 
 from . import approve
 from .authenticate import AuthInterceptor, server_credentials
@@ -30,9 +32,11 @@ from .locks import FileLockManager, LockBackend, LockManager, NoLocks
 from .paths import Workspace
 from .policy import Policy, default_policy_path, load_policy
 from .policy.reload import policy_watcher
+from .runs import RunStore
 from .sandbox import registry as sandbox_registry
 from .sandbox.registry import daemon_id
 from .services import ApprovalsService, ExecutorService
+from .services_runs import RunsService
 from .tools import builtin_tools
 from .watch import FileWatcher
 
@@ -41,6 +45,7 @@ log = logging.getLogger("execgate.server")
 MAX_MESSAGE = 64 * 1024 * 1024
 SERVICE_NAME = "execgate.v1.Executor"
 APPROVALS_NAME = "execgate.v1.Approvals"
+RUNS_NAME = runs_pb2.DESCRIPTOR.services_by_name["Runs"].full_name
 
 
 def prepare_dirs(config: ServeConfig) -> int:
@@ -128,7 +133,9 @@ async def serve(
         interceptor = AuthInterceptor(identities)
         if identities is not None:
             dispatcher.memberships = identities.memberships
-        server, health_servicer = _server(config, dispatcher, interceptor)
+        runs = RunStore(journal)
+        dispatcher.ended_runs = runs.ended
+        server, health_servicer = _server(config, dispatcher, runs, interceptor)
         addresses = _bind(server, config)
     finally:
         os.umask(old_umask)
@@ -153,6 +160,7 @@ async def serve(
     log.info("shutting down: draining in-flight calls")
     await health_servicer.enter_graceful_shutdown()
     stopping = asyncio.create_task(server.stop(grace=config.limits.grace + 5))
+    runs.close()
     await dispatcher.close()
     await stopping
     await dispatcher.sandboxes.close()
@@ -188,7 +196,7 @@ def _identities_watcher(
 
 
 def _server(
-    config: ServeConfig, dispatcher: Dispatcher, interceptor: AuthInterceptor
+    config: ServeConfig, dispatcher: Dispatcher, runs: RunStore, interceptor: AuthInterceptor
 ) -> tuple[grpc.aio.Server, Any]:  # Any: health.aio.HealthServicer, see below
     server = grpc.aio.server(
         interceptors=[interceptor],
@@ -200,6 +208,7 @@ def _server(
     )
     pb_grpc.add_ExecutorServicer_to_server(ExecutorService(dispatcher), server)
     pb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(dispatcher.approvals), server)
+    rpb_grpc.add_RunsServicer_to_server(RunsService(runs, dispatcher), server)
     # grpc-stubs type only the sync grpc_health.v1.health, not its `aio` module.
     health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -209,6 +218,7 @@ def _server(
         names = (
             SERVICE_NAME,
             APPROVALS_NAME,
+            RUNS_NAME,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
         )

@@ -269,9 +269,14 @@ class Machine:
         """
         machine = cls(run_id)
         for moved in transitions:
-            machine._check_record(moved)
-            machine._apply(moved)
+            machine.record(moved)
         return machine
+
+    def record(self, moved: Transition) -> None:
+        """Take a transition made elsewhere (a record being appended to this run's
+        history): checked as `replay` checks it, `BrokenHistory` if it does not fit."""
+        self._check_record(moved)
+        self._apply(moved)
 
     def _check_record(self, moved: Transition) -> None:
         def broken(kind: Breakage, detail: str) -> BrokenHistory:

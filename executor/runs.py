@@ -1,0 +1,339 @@
+"""Runs: the daemon's record of each agent loop (see proto/execgate/v1/runs.proto).
+
+The client moves its state machine; the daemon keeps the moves, in order, and
+refuses any that would corrupt the record. Appended events are checked with the
+same transition table the Python loop uses (`execgate.client.loop.states`), so a
+client in another language cannot write a history the Python loop could not
+replay. A run's row and its events change in one transaction.
+
+Refusals are typed (`RunRefused.kind`): not_found, exists, forbidden, gap,
+duplicate, discontinuous, illegal, ended, malformed. A terminal run refuses
+further events, and the dispatcher refuses its tool calls (`ended`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import enum
+import json
+import secrets
+import sqlite3
+import time
+from collections.abc import AsyncGenerator, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from execgate.client.loop.errors import BrokenHistory
+from execgate.client.loop.states import TERMINAL, Machine, State, Transition
+
+from .errors import ExecgateError
+from .journal import Journal
+
+MAX_DATA_BYTES = 1 << 20
+MAX_GOAL_BYTES = 64 * 1024
+LIMIT_KEYS = (
+    "max_steps",
+    "max_tokens",
+    "max_cost",
+    "deadline_seconds",
+    "max_consecutive_errors",
+    "max_repeats",
+)
+
+
+class Refusal(enum.StrEnum):
+    NOT_FOUND = "not_found"
+    EXISTS = "exists"
+    FORBIDDEN = "forbidden"
+    MALFORMED = "malformed"
+    ENDED = "ended"
+    # Breakage kinds of a history that does not fit (client.loop.errors.Breakage).
+    GAP = "gap"
+    DUPLICATE = "duplicate"
+    DISCONTINUOUS = "discontinuous"
+    ILLEGAL = "illegal"
+
+
+class RunRefused(ExecgateError):
+    def __init__(self, kind: Refusal, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class CancelAsk:
+    requester: str
+    reason: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Run:
+    run_id: str
+    goal: str
+    owner: str
+    limits: dict[str, Any] = field(default_factory=dict)
+    model: str = ""
+    config_version: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    state: str = State.CREATED.value
+    reason: str = ""
+    last_seq: int = 0
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    cancel: CancelAsk | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return State(self.state) in TERMINAL
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """What a WatchRun stream carries: a new event, or a cancel request."""
+
+    event: Transition | None = None
+    cancel: CancelAsk | None = None
+
+
+class RunStore:
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        # run id -> terminal state, for the dispatcher (no tool call of an ended run).
+        self.ended: dict[str, str] = journal.query_now(_ended_runs)
+        self._machines: dict[str, Machine] = {}
+        self._watchers: dict[str, set[asyncio.Queue[Update | None]]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def start(self, run: Run) -> Run:
+        _check_text(run.goal, MAX_GOAL_BYTES, "goal")
+        now = time.time()
+        run = replace(
+            run,
+            run_id=run.run_id or "run_" + secrets.token_hex(8),
+            created_at=now,
+            updated_at=now,
+            state=State.CREATED.value,
+        )
+        if not await self.journal.write(lambda c: _insert_run(c, run), durable=True):
+            raise RunRefused(Refusal.EXISTS, f"run {run.run_id!r} exists already", "run_id")
+        return run
+
+    async def get(self, run_id: str) -> Run:
+        found = await self.journal.read(lambda c: _run_rows(c, "WHERE run_id = ?", (run_id,)))
+        if not found:
+            raise RunRefused(Refusal.NOT_FOUND, f"no run {run_id!r}", "run_id")
+        return found[0]
+
+    async def events(self, run_id: str, after_seq: int = 0) -> list[Transition]:
+        return await self.journal.read(lambda c: _event_rows(c, run_id, after_seq))
+
+    async def find(self, states: Iterable[str], owner: str, limit: int) -> list[Run]:
+        where, params = _list_filter(list(states), owner)
+        params.append(max(1, min(limit or 100, 1000)))
+        return await self.journal.read(
+            lambda c: _run_rows(c, f"{where} ORDER BY created_at DESC LIMIT ?", tuple(params))
+        )
+
+    async def append(self, run_id: str, events: list[Transition], who: str) -> Run:
+        """Check `events` against the run's history and store all of them, or none."""
+        async with self._lock(run_id):
+            run = await self.get(run_id)
+            if who != run.owner:
+                raise RunRefused(Refusal.FORBIDDEN, f"run {run_id!r} belongs to {run.owner}")
+            if run.terminal:
+                raise RunRefused(Refusal.ENDED, f"run {run_id!r} ended ({run.state})", "events")
+            machine = copy.copy(await self._machine(run_id))
+            for moved in events:
+                _check_text(json.dumps(moved.data), MAX_DATA_BYTES, "events.data_json")
+                try:
+                    machine.record(moved)
+                except BrokenHistory as exc:
+                    raise RunRefused(Refusal(exc.kind.value), str(exc), "events") from None
+            last = events[-1] if events else None
+            updated = await self.journal.write(
+                lambda c: _insert_events(c, run_id, events), durable=True
+            )
+            self._machines[run_id] = machine
+        if last is not None and last.to_state in TERMINAL:
+            self.ended[run_id] = last.to_state.value
+        for moved in events:
+            self._publish(run_id, Update(event=moved))
+        return updated
+
+    async def request_cancel(self, run_id: str, ask: CancelAsk) -> Run:
+        """Record who asked the run to stop (the first request stands)."""
+        run = await self.get(run_id)
+        if run.cancel is None and not run.terminal:
+            run = await self.journal.write(lambda c: _set_cancel(c, run_id, ask), durable=True)
+            self._publish(run_id, Update(cancel=ask))
+        return run
+
+    async def watch(self, run_id: str, after_seq: int) -> AsyncGenerator[Update, None]:
+        """The run's events after `after_seq`, then new ones, until it ends."""
+        queue: asyncio.Queue[Update | None] = asyncio.Queue()
+        self._watchers.setdefault(run_id, set()).add(queue)
+        try:
+            run = await self.get(run_id)
+            sent = after_seq
+            for moved in await self.events(run_id, after_seq):
+                sent = moved.seq
+                yield Update(event=moved)
+            if run.cancel is not None:
+                yield Update(cancel=run.cancel)
+            while not (run_id in self.ended and sent >= run.last_seq):
+                update = await queue.get()
+                if update is None:
+                    return
+                if update.event is not None:
+                    if update.event.seq <= sent:
+                        continue  # read from the table already
+                    sent = update.event.seq
+                    run = replace(run, last_seq=sent)
+                yield update
+        finally:
+            self._watchers[run_id].discard(queue)
+
+    def close(self) -> None:
+        for queues in self._watchers.values():
+            for queue in queues:
+                queue.put_nowait(None)
+
+    async def _machine(self, run_id: str) -> Machine:
+        found = self._machines.get(run_id)
+        if found is None:
+            found = Machine.replay(run_id, await self.events(run_id))
+            self._machines[run_id] = found
+        return found
+
+    def _lock(self, run_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(run_id, asyncio.Lock())
+
+    def _publish(self, run_id: str, update: Update) -> None:
+        for queue in self._watchers.get(run_id, ()):
+            queue.put_nowait(update)
+
+
+def _check_text(text: str, cap: int, field_name: str) -> None:
+    if len(text.encode()) > cap:
+        raise RunRefused(Refusal.MALFORMED, f"{field_name}: more than {cap} bytes", field_name)
+
+
+# -- SQL ------------------------------------------------------------------------------
+
+_RUN_COLUMNS = (
+    "run_id, goal, owner, limits_json, model, config_version, labels_json, state, reason, "
+    "last_seq, created_at, updated_at, cancel_requester, cancel_reason, cancel_at"
+)
+
+
+def _insert_run(conn: sqlite3.Connection, r: Run) -> bool:
+    cur = conn.execute(
+        f"INSERT OR IGNORE INTO runs ({_RUN_COLUMNS}) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, NULL)",
+        (
+            r.run_id,
+            r.goal,
+            r.owner,
+            json.dumps(r.limits),
+            r.model,
+            r.config_version,
+            json.dumps(r.labels),
+            r.state,
+            r.reason,
+            r.last_seq,
+            r.created_at,
+            r.updated_at,
+        ),
+    )
+    return cur.rowcount == 1
+
+
+def _insert_events(conn: sqlite3.Connection, run_id: str, events: list[Transition]) -> Run:
+    conn.executemany(
+        "INSERT INTO run_events (run_id, seq, at, from_state, to_state, reason, data_json) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [(run_id, e.seq, e.at, e.from_state, e.to_state, e.reason, _json(e)) for e in events],
+    )
+    if events:
+        last = events[-1]
+        conn.execute(
+            "UPDATE runs SET state=?, reason=?, last_seq=?, updated_at=? WHERE run_id=?",
+            (last.to_state.value, last.reason, last.seq, time.time(), run_id),
+        )
+    return _run_rows(conn, "WHERE run_id = ?", (run_id,))[0]
+
+
+def _json(e: Transition) -> str:
+    return json.dumps(e.data)
+
+
+def _set_cancel(conn: sqlite3.Connection, run_id: str, ask: CancelAsk) -> Run:
+    conn.execute(
+        "UPDATE runs SET cancel_requester=?, cancel_reason=?, cancel_at=? "
+        "WHERE run_id=? AND cancel_at IS NULL",
+        (ask.requester, ask.reason, ask.at, run_id),
+    )
+    return _run_rows(conn, "WHERE run_id = ?", (run_id,))[0]
+
+
+def _run_rows(conn: sqlite3.Connection, where: str, params: tuple[Any, ...]) -> list[Run]:
+    rows = conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs {where}", params).fetchall()
+    return [_run(r) for r in rows]
+
+
+def _run(r: tuple[Any, ...]) -> Run:
+    return Run(
+        run_id=r[0],
+        goal=r[1],
+        owner=r[2],
+        limits=json.loads(r[3]),
+        model=r[4],
+        config_version=r[5],
+        labels=json.loads(r[6]),
+        state=r[7],
+        reason=r[8],
+        last_seq=r[9],
+        created_at=r[10],
+        updated_at=r[11],
+        cancel=CancelAsk(r[12], r[13], r[14]) if r[14] is not None else None,
+    )
+
+
+def _event_rows(conn: sqlite3.Connection, run_id: str, after_seq: int) -> list[Transition]:
+    rows = conn.execute(
+        "SELECT seq, at, from_state, to_state, reason, data_json FROM run_events "
+        "WHERE run_id = ? AND seq > ? ORDER BY seq",
+        (run_id, after_seq),
+    ).fetchall()
+    return [
+        Transition(run_id, seq, at, State(f), State(t), reason, json.loads(data))
+        for seq, at, f, t, reason, data in rows
+    ]
+
+
+def _list_filter(states: list[str], owner: str) -> tuple[str, list[Any]]:
+    clauses, params = [], []
+    if "active" in states:
+        states = [s for s in states if s != "active"] + [
+            s.value for s in State if s not in TERMINAL
+        ]
+    if states:
+        clauses.append(f"state IN ({', '.join('?' * len(states))})")
+        params.extend(states)
+    if owner:
+        clauses.append("owner = ?")
+        params.append(owner)
+    return ("WHERE " + " AND ".join(clauses) if clauses else ""), params
+
+
+def _ended_runs(conn: sqlite3.Connection) -> dict[str, str]:
+    terminal = [s.value for s in TERMINAL]
+    rows = conn.execute(
+        f"SELECT run_id, state FROM runs WHERE state IN ({', '.join('?' * len(terminal))})",
+        terminal,
+    )
+    return dict(rows.fetchall())
