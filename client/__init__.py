@@ -22,6 +22,7 @@ from .errors import (
     RunRefused,
     Unauthenticated,
 )
+from .loop.driver import Loop, LoopResult, SoFar, Verdict
 from .runs import CancelNotice, RunDetail, RunInfo, Runs
 from .types import (
     Approval,
@@ -56,6 +57,8 @@ __all__ = [
     "EventKind",
     "Evidence",
     "ExecgateClientError",
+    "Loop",
+    "LoopResult",
     "Mark",
     "Outcome",
     "PermissionDenied",
@@ -66,9 +69,11 @@ __all__ = [
     "RunNotFound",
     "RunRefused",
     "Runs",
+    "SoFar",
     "Status",
     "StopMode",
     "TlsConfig",
     "ToolSpec",
     "Unauthenticated",
+    "Verdict",
 ]

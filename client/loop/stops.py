@@ -14,7 +14,7 @@ being paid for. Cancel and deadline may also be checked anywhere else (between b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -235,10 +235,11 @@ class StopRules:
 
         self.rules: tuple[StopRule, ...] = tuple(sorted(rules, key=rank))
 
-    def first(self, tally: Tally, now: float) -> Stop | None:
-        """The stop of the highest-priority rule that fires, or None to go on."""
+    def first(self, tally: Tally, now: float, *, skip: Collection[str] = ()) -> Stop | None:
+        """The stop of the highest-priority rule that fires, or None to go on. `skip`:
+        rule names not to check at this point (max_steps before a tool batch)."""
         for rule in self.rules:
-            if (stop := rule.check(tally, now)) is not None:
+            if rule.name not in skip and (stop := rule.check(tally, now)) is not None:
                 return stop
         return None
 

@@ -1,0 +1,114 @@
+"""Running one turn's calls through the daemon, and reconciling calls whose fate the
+loop did not see (a client that died mid-batch).
+
+Every call carries a call id fixed by the loop before it is sent and an
+idempotency key derived from it, so a call is never run twice: a resumed loop
+first asks the journal (GetCall) what became of it, waits for one still running,
+and re-sends only a call the daemon has no record of (it never got it) -- with
+the same id and key, which the daemon would refuse or answer from its journal if
+it had run after all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from ..errors import CallNotFound
+from ..types import Call, Event, EventKind, Outcome, Status
+from .record import Planned
+
+if TYPE_CHECKING:  # the client package imports the loop: no cycle at run time
+    from .._sync import Client
+
+POLL_S = 0.05
+
+
+def to_call(run_id: str, p: Planned) -> Call:
+    return Call(
+        tool=p.tool,
+        arguments=p.arguments,
+        call_id=p.call_id,
+        idempotency_key=f"{run_id}:{p.call_id}",
+    )
+
+
+def run_batch(
+    client: Client,
+    run_id: str,
+    planned: Sequence[Planned],
+    *,
+    deadline: float | None,
+    on_event: Callable[[Event], None],
+) -> dict[str, Outcome]:
+    """Execute the calls as one batch; their outcomes by call id."""
+    outcomes: dict[str, Outcome] = {}
+    calls = [to_call(run_id, p) for p in planned]
+    for event in client.stream(calls, run_id=run_id, deadline=deadline):
+        on_event(event)
+        if event.kind is EventKind.FINISHED and event.outcome is not None:
+            outcomes[event.call_id] = event.outcome
+    return outcomes
+
+
+def reconcile(
+    client: Client,
+    run_id: str,
+    planned: Sequence[Planned],
+    *,
+    wait_s: float,
+    deadline: float | None,
+) -> dict[str, Outcome]:
+    """What became of calls sent by a loop that died: the journal's outcome; a call still
+    running is waited for (up to `wait_s`, then UNKNOWN_OUTCOME); a call the daemon never
+    received is sent now, once."""
+    outcomes: dict[str, Outcome] = {}
+    unsent: list[Planned] = []
+    for p in planned:
+        try:
+            found = _settled(client, run_id, p.call_id, wait_s)
+        except CallNotFound:
+            unsent.append(p)
+            continue
+        outcomes[p.call_id] = found
+    if unsent:
+        outcomes.update(run_batch(client, run_id, unsent, deadline=deadline, on_event=_ignore))
+    return outcomes
+
+
+def _settled(client: Client, run_id: str, call_id: str, wait_s: float) -> Outcome:
+    give_up = time.monotonic() + wait_s
+    while True:
+        record = client.get_call(call_id, run_id=run_id)
+        if record.outcome is not None:
+            return record.outcome
+        if time.monotonic() >= give_up:
+            return still_running(call_id, wait_s)
+        time.sleep(POLL_S)
+
+
+def still_running(call_id: str, waited: float) -> Outcome:
+    return Outcome(
+        call_id=call_id,
+        status=Status.UNKNOWN_OUTCOME,
+        error_class="timeout",
+        message=(
+            f"still running at the daemon {waited:g}s after the run resumed; its effect is "
+            "unknown until it ends (GetCall shows it then)"
+        ),
+    )
+
+
+def missing(call_id: str) -> Outcome:
+    """A call the run's record says ran, but the journal has no row for."""
+    return Outcome(
+        call_id=call_id,
+        status=Status.UNKNOWN_OUTCOME,
+        error_class="internal",
+        message="the run's record says this call was sent, but the journal has no record of it",
+    )
+
+
+def _ignore(event: Event) -> None:
+    return None

@@ -1,0 +1,407 @@
+"""`Loop`: the agent loop, run against the daemon as an explicit state machine.
+
+Each step is a transition persisted to the daemon (Runs.AppendEvents) before the
+next one begins; the stop rules are checked before every model request and
+before and after every tool batch; the first rule to fire ends the run, exactly
+once, with its figures. The model's final answer is a proposal: it completes the
+run only if the verifier (if any) accepts it and no call of the run is pending.
+
+    created -> requesting_model -> validating -> running_tools -> requesting_model ...
+                                             \\-> completed (verified answer)
+    any non-terminal -> failed | cancelled | budget_exhausted | expired | escalated
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..models.base import Message, Model, ModelTool, Turn
+from ..models.errors import ModelError
+from ..types import Event, EventKind, Outcome
+from .batch import missing, reconcile, run_batch
+from .observe import Refusal
+from .record import Conversation, Planned, Rebuilt, Refused, rebuild, turn_json
+from .states import TERMINAL, Machine, State, Transition
+from .stops import Stop, StopRules
+from .tally import Tally, canonical_arguments
+
+if TYPE_CHECKING:  # the client package imports the loop: no cycle at run time
+    from .._sync import Client
+    from ..runs import RunInfo
+
+
+# StopRules.default's bounds, recorded with the run when no limits override them.
+DEFAULT_LIMITS = {"max_steps": 50, "max_consecutive_errors": 5, "max_repeats": 3}
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A verifier's answer: accept the final answer, or say what is wrong with it."""
+
+    accepted: bool
+    finding: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SoFar:
+    """What a verifier sees: the goal, the proposed answer, every call that ran."""
+
+    goal: str
+    answer: str
+    calls: tuple[tuple[str, dict[str, Any], Outcome], ...]
+
+
+Verifier = Callable[[SoFar], Verdict]
+
+
+@dataclass(frozen=True, slots=True)
+class LoopResult:
+    run_id: str
+    state: State
+    # The terminal transition's reason, and the stop rule that decided ("" if none did).
+    reason: str
+    rule: str = ""
+    answer: str = ""
+    figures: dict[str, Any] = field(default_factory=dict)
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def completed(self) -> bool:
+        return self.state is State.COMPLETED
+
+
+class Loop:
+    """Runs a model against the daemon's tools until a stop rule or a verified answer.
+
+    Args:
+        client: the daemon connection (its identity owns the runs).
+        model: anything with `respond(messages, tools, system=...) -> Turn`.
+        stops: the stop rules (default `StopRules.default()`).
+        verifier: checks a final answer against the run's record; None accepts it.
+        on_rejected_answer: "observe" sends the verifier's finding back to the model
+            (counted by the stop rules); "fail" ends the run `failed`.
+        tools: the daemon tools offered to the model (None: all of them).
+        reconcile_wait_s: on resume, how long to wait for a call still running.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        model: Model,
+        *,
+        stops: StopRules | None = None,
+        limits: Mapping[str, Any] | None = None,
+        verifier: Verifier | None = None,
+        on_rejected_answer: Literal["observe", "fail"] = "observe",
+        system: str = "",
+        tools: Sequence[str] | None = None,
+        result_cap: int = 4000,
+        reconcile_wait_s: float = 60.0,
+        config_version: str = "",
+    ) -> None:
+        self.client = client
+        self.model = model
+        self.limits = {**DEFAULT_LIMITS, **(limits or {})} if stops is None else dict(limits or {})
+        self.stops = stops or StopRules.default(**_stop_kwargs(self.limits))
+        self.verifier = verifier
+        self.on_rejected_answer = on_rejected_answer
+        self.system = system
+        self.result_cap = result_cap
+        self.reconcile_wait_s = reconcile_wait_s
+        self.config_version = config_version
+        self._tool_names = tools
+        self._tools: list[ModelTool] | None = None
+
+    # -- entry points ---------------------------------------------------------------
+
+    def run(self, goal: str, *, run_id: str = "") -> LoopResult:
+        info = self.client.runs.start(
+            goal,
+            run_id=run_id,
+            limits=self.limits,
+            model=getattr(self.model, "name", type(self.model).__name__),
+            config_version=self.config_version,
+            labels={"client": "python"},
+        )
+        step = _Step(self, info, Machine(info.run_id), _fresh(goal, info))
+        return step.go()
+
+    def resume(self, run_id: str) -> LoopResult:
+        """Continue a recorded run from its transitions and its calls in the journal."""
+        detail = self.client.runs.get(run_id)
+        machine = Machine.replay(run_id, detail.events)
+        if machine.state in TERMINAL:
+            return _result_of(run_id, detail.events)
+        outcomes = {c.call_id: c.outcome for c in detail.calls if c.outcome is not None}
+        tally = Tally(started_at=_monotonic_start(detail.run.created_at))
+        rebuilt = rebuild(detail.run.goal, detail.events, outcomes, tally, self.result_cap)
+        step = _Step(self, detail.run, machine, rebuilt.conversation)
+        return step.go(rebuilt)
+
+    def offered(self) -> list[ModelTool]:
+        if self._tools is None:
+            specs = self.client.list_tools()
+            wanted = self._tool_names
+            self._tools = [
+                ModelTool(s.name, s.description, s.input_schema)
+                for s in specs
+                if wanted is None or s.name in wanted
+            ]
+        return self._tools
+
+
+class _Step:
+    """One run in progress: the machine, the conversation, and the daemon's view."""
+
+    def __init__(self, loop: Loop, info: RunInfo, machine: Machine, conv: Conversation) -> None:
+        self.loop = loop
+        self.client = loop.client
+        self.info = info
+        self.run_id = info.run_id
+        self.machine = machine
+        self.conv = conv
+        deadline_s = loop.limits.get("deadline_seconds")
+        self.deadline = info.created_at + deadline_s if deadline_s else None
+
+    def go(self, rebuilt: Rebuilt | None = None) -> LoopResult:
+        if rebuilt is not None and (ended := self._continue(rebuilt)) is not None:
+            return ended
+        if self.machine.state is State.CREATED:
+            self._move(State.REQUESTING_MODEL, "run started")
+        while True:
+            ended = self._cycle()
+            if ended is not None:
+                return ended
+
+    def _cycle(self) -> LoopResult | None:
+        """One model request and what follows from it."""
+        if (stop := self._stop()) is not None:
+            return self._end(stop)
+        try:
+            turn = self.loop.model.respond(
+                self.conv.messages, self.loop.offered(), system=self.loop.system
+            )
+        except ModelError as exc:
+            return self._fail("model_error", f"the model failed: {exc}", {"error": str(exc)})
+        self.conv.add_turn(turn)
+        self._move(State.VALIDATING, "model replied", turn_json(turn))
+        return self._validate(turn)
+
+    def _validate(self, turn: Turn) -> LoopResult | None:
+        if turn.final:
+            return self._answer(turn.text)
+        planned, refused = self._check_calls(turn)
+        if not planned:
+            data = {"refused": [r.to_json() for r in refused]}
+            self._move(State.REQUESTING_MODEL, "every proposed call was refused", data)
+            self.conv.add_results(turn, refused, {}, self.loop.result_cap)
+            return None
+        # Before the batch: a bound the model request just crossed (tokens, cost), the
+        # clock or a cancel. max_steps counts model requests: checked before the next.
+        if (stop := self._stop(skip=("max_steps",))) is not None:
+            return self._end(stop, unrun=planned)
+        data = {"calls": [p.to_json() for p in planned], "refused": [r.to_json() for r in refused]}
+        self._move(State.RUNNING_TOOLS, f"{len(planned)} call(s) sent", data)
+        outcomes = run_batch(
+            self.client, self.run_id, planned, deadline=self.deadline, on_event=self._on_event
+        )
+        self._batch_done(turn, planned, refused, outcomes)
+        return None  # the stop rules look at the batch before the next model request
+
+    def _batch_done(
+        self,
+        turn: Turn,
+        planned: Sequence[Planned],
+        refused: Sequence[Refused],
+        outcomes: Mapping[str, Outcome],
+    ) -> None:
+        ran = {p.model_id: (p, outcomes.get(p.call_id) or missing(p.call_id)) for p in planned}
+        self.conv.add_results(turn, refused, ran, self.loop.result_cap)
+        if self.machine.state is State.AWAITING_APPROVAL:
+            self._move(State.RUNNING_TOOLS, "approvals settled")
+        results = [
+            {"call_id": p.call_id, "status": o.status.value, "error_class": o.error_class}
+            for p, o in ran.values()
+        ]
+        self._move(State.REQUESTING_MODEL, "batch finished", {"results": results})
+
+    def _on_event(self, event: Event) -> None:
+        """Approval parking moves the machine (running_tools <-> awaiting_approval)."""
+        if event.kind is EventKind.AWAITING_APPROVAL:
+            if self.machine.state is State.RUNNING_TOOLS:
+                data = {"call_id": event.call_id, "approval_id": event.approval_id}
+                self._move(State.AWAITING_APPROVAL, f"rule {event.rule_id}: {event.reason}", data)
+        elif (
+            event.kind in (EventKind.STARTED, EventKind.FINISHED)
+            and self.machine.state is State.AWAITING_APPROVAL
+        ):
+            self._move(State.RUNNING_TOOLS, f"{event.call_id} {event.kind.value}")
+
+    def _check_calls(self, turn: Turn) -> tuple[list[Planned], list[Refused]]:
+        offered = {t.name for t in self.loop.offered()}
+        planned, refused = [], []
+        step = self.conv.tally.steps
+        for i, call in enumerate(turn.tool_calls):
+            if call.name not in offered:
+                why = f"{call.name!r} is not one of the tools offered: {', '.join(sorted(offered))}"
+                refused.append(
+                    Refused(call.id, call.name, call.arguments, Refusal.TOOL_NOT_OFFERED, why)
+                )
+                continue
+            planned.append(Planned(f"s{step}c{i + 1}", call.id, call.name, call.arguments))
+        return planned, refused
+
+    def _answer(self, answer: str) -> LoopResult | None:
+        verdict = self._verify(answer)
+        if verdict.accepted:
+            pending = [c.call_id for c in self.client.runs.get(self.run_id).calls if c.running]
+            if not pending:
+                data = {"answer": answer, "figures": self._figures(), "actions": self._actions()}
+                return self._terminal(State.COMPLETED, "final answer accepted", data, answer=answer)
+            verdict = Verdict(False, f"calls still pending: {', '.join(pending)}")
+        if self.loop.on_rejected_answer == "fail":
+            return self._fail("verifier", verdict.finding, {"answer": answer})
+        self._move(State.REQUESTING_MODEL, "answer not accepted", {"finding": verdict.finding})
+        self.conv.add_finding(verdict.finding)
+        return None
+
+    def _verify(self, answer: str) -> Verdict:
+        if self.loop.verifier is None:
+            return Verdict(True)
+        calls = tuple((p.tool, p.arguments, o) for p, o in self.conv.done)
+        return self.loop.verifier(SoFar(self.info.goal, answer, calls))
+
+    # -- resume ---------------------------------------------------------------------
+
+    def _continue(self, rebuilt: Rebuilt) -> LoopResult | None:
+        """Pick up a recorded run where it stood."""
+        state = self.machine.state
+        if state is State.WAITING:
+            assert self.machine.suspended_from is not None
+            self._move(self.machine.suspended_from, "resumed")  # RESUME_INTO
+            state = self.machine.state
+        if state is State.VALIDATING and rebuilt.turn is not None:
+            return self._validate(rebuilt.turn)
+        if state in (State.RUNNING_TOOLS, State.AWAITING_APPROVAL) and rebuilt.turn is not None:
+            outcomes = reconcile(
+                self.client,
+                self.run_id,
+                rebuilt.planned,
+                wait_s=self.loop.reconcile_wait_s,
+                deadline=self.deadline,
+            )
+            self._batch_done(rebuilt.turn, rebuilt.planned, rebuilt.refused, outcomes)
+        return None
+
+    # -- moving and ending ---------------------------------------------------------
+
+    def _move(self, to: State, reason: str, data: Mapping[str, Any] | None = None) -> None:
+        """Advance and persist before anything else happens; note any cancel request."""
+        moved = self.machine.advance(to, reason, data)
+        self.info = self.client.runs.append(self.run_id, [moved])
+        if self.info.cancel is not None:
+            c = self.info.cancel
+            self.conv.tally.request_cancel(c.requester, c.reason, c.at)
+
+    def _stop(self, skip: tuple[str, ...] = ()) -> Stop | None:
+        return self.loop.stops.first(self.conv.tally, time.monotonic(), skip=skip)
+
+    def _end(self, stop: Stop, unrun: Sequence[Planned] = ()) -> LoopResult:
+        data: dict[str, Any] = {
+            "rule": stop.rule,
+            "figures": stop.figures,
+            "evidence": stop.evidence,
+            "last_action": self.conv.tally.last_action,
+        }
+        if unrun:  # proposed, never sent: the daemon has no record of them
+            data["not_run"] = [p.to_json() for p in unrun]
+        if stop.state is State.CANCELLED:
+            data["stopped_calls"] = self._stopped_calls()
+            data["rolled_back"] = False  # stopping undoes nothing a call already did
+        return self._terminal(stop.state, stop.reason, data, rule=stop.rule)
+
+    def _fail(self, rule: str, reason: str, extra: Mapping[str, Any]) -> LoopResult:
+        data = {"rule": rule, "figures": self._figures(), **extra}
+        data["last_action"] = self.conv.tally.last_action
+        return self._terminal(State.FAILED, reason, data, rule=rule)
+
+    def _terminal(
+        self, state: State, reason: str, data: dict[str, Any], *, rule: str = "", answer: str = ""
+    ) -> LoopResult:
+        self._move(state, reason, data)
+        evidence = data.get("evidence", {})
+        figures = data.get("figures", self._figures())
+        return LoopResult(self.run_id, state, reason, rule, answer, figures, evidence)
+
+    def _figures(self) -> dict[str, Any]:
+        return self.conv.tally.figures(time.monotonic())
+
+    def _actions(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "call_id": p.call_id,
+                "tool": p.tool,
+                "arguments": canonical_arguments(p.arguments),
+                "status": o.status.value,
+            }
+            for p, o in self.conv.done
+        ]
+
+    def _stopped_calls(self) -> list[dict[str, Any]]:
+        """The calls a cancel reached: when it was asked, and when each actually stopped."""
+        rows = []
+        for p, o in self.conv.done:
+            asked, stopped = o.mark("cancel_requested"), o.mark("stopped")
+            if asked is None:
+                continue
+            rows.append(
+                {
+                    "call_id": p.call_id,
+                    "tool": p.tool,
+                    "status": o.status.value,
+                    "cancel_requested_at": asked.at,
+                    "stopped_at": stopped.at if stopped is not None else None,
+                    "stopped_how": o.stopped_how.value,
+                }
+            )
+        return rows
+
+
+def _fresh(goal: str, info: RunInfo) -> Conversation:
+    return Conversation(
+        [Message("user", goal)], Tally(started_at=_monotonic_start(info.created_at))
+    )
+
+
+def _monotonic_start(created_at: float) -> float:
+    """The run's start on the monotonic clock (the deadline counts from its creation)."""
+    return time.monotonic() - max(time.time() - created_at, 0.0)
+
+
+def _stop_kwargs(limits: Mapping[str, Any]) -> dict[str, Any]:
+    names = {
+        "max_steps": "max_steps",
+        "max_tokens": "max_tokens",
+        "max_cost": "max_cost",
+        "deadline_seconds": "deadline_s",
+        "max_consecutive_errors": "max_consecutive_errors",
+        "max_repeats": "max_repeats",
+    }
+    return {names[k]: v for k, v in limits.items() if k in names}
+
+
+def _result_of(run_id: str, events: Sequence[Transition]) -> LoopResult:
+    last = events[-1]
+    data = last.data
+    return LoopResult(
+        run_id,
+        last.to_state,
+        last.reason,
+        str(data.get("rule", "")),
+        str(data.get("answer", "")),
+        dict(data.get("figures", {})),
+        dict(data.get("evidence", {})),
+    )

@@ -1,0 +1,199 @@
+"""What a run's transitions carry, and how a run is rebuilt from them.
+
+The loop writes every fact it needs to continue into its transitions' `data`:
+
+    requesting_model -> validating   {"turn": {"text", "calls": [{id, name, arguments}],
+                                      "stop_reason"}, "usage": {input_tokens, output_tokens,
+                                      cost}}
+    validating -> running_tools      {"calls": [{call_id, model_id, tool, arguments}],
+                                      "refused": [{model_id, tool, arguments, error_class,
+                                      reason}]}
+    validating -> requesting_model   {"refused": [...]} or {"finding": verifier's finding}
+    running_tools -> requesting_model {"results": [{call_id, status, error_class}]}
+
+Raw tool results stay in the daemon's journal (the run's calls): a rebuilt
+conversation takes them from there, through the same `observe` the live loop
+used, so a resumed model sees what the original one would have.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..models.base import Message, ToolCall, ToolResult, Turn, Usage
+from ..types import Outcome
+from .observe import Observation, not_run, observe
+from .states import State, Transition
+from .tally import Tally, fingerprint
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A proposed call the loop sends to the daemon."""
+
+    call_id: str
+    model_id: str
+    tool: str
+    arguments: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "call_id": self.call_id,
+            "model_id": self.model_id,
+            "tool": self.tool,
+            "arguments": self.arguments,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A proposed call the loop refused itself; it never reached the daemon."""
+
+    model_id: str
+    tool: str
+    arguments: Any
+    error_class: str
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model_id": self.model_id,
+            "tool": self.tool,
+            "arguments": self.arguments,
+            "error_class": self.error_class,
+            "reason": self.reason,
+        }
+
+    def observation(self) -> Observation:
+        return not_run(self.model_id, self.tool, self.reason, self.error_class)
+
+
+@dataclass(slots=True)
+class Conversation:
+    """The messages the model sees, and the figures the stop rules read."""
+
+    messages: list[Message]
+    tally: Tally
+    # Every call that ran: (planned, outcome), for verifiers and terminal records.
+    done: list[tuple[Planned, Outcome]] = field(default_factory=list)
+
+    def add_turn(self, turn: Turn) -> None:
+        self.tally.record_model(turn.usage.input_tokens, turn.usage.output_tokens, turn.usage.cost)
+        self.messages.append(Message("assistant", turn.text, turn.tool_calls))
+
+    def add_results(
+        self,
+        turn: Turn,
+        refused: Sequence[Refused],
+        ran: Mapping[str, tuple[Planned, Outcome]],
+        cap: int,
+    ) -> None:
+        """One result per proposed call, in the model's order, all in one message."""
+        by_model = {r.model_id: r for r in refused}
+        results = []
+        for call in turn.tool_calls:
+            if call.id in by_model:
+                seen = by_model[call.id].observation()
+                self._count(call.name, call.arguments, seen)
+            else:
+                planned, outcome = ran[call.id]
+                seen = observe(outcome, call.name, cap=cap)
+                self._count(call.name, call.arguments, seen)
+                self.done.append((planned, outcome))
+            results.append(ToolResult(call.id, seen.render(), seen.is_error))
+        self.messages.append(Message("tool_results", results=tuple(results)))
+
+    def add_finding(self, finding: str) -> None:
+        """The verifier did not accept the answer: its finding goes back as an observation."""
+        self.tally.record_result("final_answer", {}, False, fingerprint(finding), summary=finding)
+        self.messages.append(Message("user", f"Your answer was not accepted: {finding}"))
+
+    def _count(self, tool: str, arguments: Any, seen: Observation) -> None:
+        ok = not seen.is_error
+        result = fingerprint([seen.status, seen.error_class, seen.text])
+        summary = f"{seen.status}/{seen.error_class}"
+        self.tally.record_result(tool, arguments, ok, result, summary=summary)
+
+
+def turn_json(turn: Turn) -> dict[str, Any]:
+    return {
+        "turn": {
+            "text": turn.text,
+            "calls": [
+                {"id": c.id, "name": c.name, "arguments": c.arguments} for c in turn.tool_calls
+            ],
+            "stop_reason": turn.stop_reason,
+        },
+        "usage": {
+            "input_tokens": turn.usage.input_tokens,
+            "output_tokens": turn.usage.output_tokens,
+            "cost": turn.usage.cost,
+        },
+    }
+
+
+def turn_from(data: Mapping[str, Any]) -> Turn:
+    raw, usage = data["turn"], data["usage"]
+    calls = tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in raw["calls"])
+    return Turn(raw["text"], calls, Usage(**usage), raw.get("stop_reason", ""))
+
+
+def planned_from(data: Mapping[str, Any]) -> tuple[list[Planned], list[Refused]]:
+    planned = [Planned(**c) for c in data.get("calls", [])]
+    refused = [Refused(**r) for r in data.get("refused", [])]
+    return planned, refused
+
+
+@dataclass(slots=True)
+class Rebuilt:
+    """Where a recorded run stands: its conversation, and the step it was in."""
+
+    conversation: Conversation
+    # The last model turn, and the calls planned for it (when it was being validated
+    # or its calls were running).
+    turn: Turn | None = None
+    planned: list[Planned] = field(default_factory=list)
+    refused: list[Refused] = field(default_factory=list)
+
+
+def rebuild(
+    goal: str,
+    events: Iterable[Transition],
+    outcomes: Mapping[str, Outcome],
+    tally: Tally,
+    cap: int,
+) -> Rebuilt:
+    """Replay the recorded transitions into a conversation. `outcomes`: the run's
+    recorded call outcomes by call id (calls still unresolved are left to the caller)."""
+    state = Rebuilt(Conversation([Message("user", goal)], tally))
+    for moved in events:
+        _replay(state, moved, outcomes, cap)
+    return state
+
+
+def _replay(state: Rebuilt, moved: Transition, outcomes: Mapping[str, Outcome], cap: int) -> None:
+    conv = state.conversation
+    if moved.from_state is State.REQUESTING_MODEL and moved.to_state is State.VALIDATING:
+        state.turn = turn_from(moved.data)
+        state.planned, state.refused = [], []
+        conv.add_turn(state.turn)
+    elif moved.from_state is State.VALIDATING and moved.to_state is State.RUNNING_TOOLS:
+        state.planned, state.refused = planned_from(moved.data)
+    elif moved.from_state is State.VALIDATING and moved.to_state is State.REQUESTING_MODEL:
+        if "finding" in moved.data:
+            conv.add_finding(str(moved.data["finding"]))
+        elif state.turn is not None:
+            _, refused = planned_from(moved.data)
+            conv.add_results(state.turn, refused, {}, cap)
+        state.turn = None
+    elif moved.to_state is State.REQUESTING_MODEL and state.turn is not None:
+        ran = {p.model_id: (p, outcomes[p.call_id]) for p in state.planned}
+        conv.add_results(state.turn, state.refused, ran, cap)
+        state.turn, state.planned, state.refused = None, [], []
+
+
+def arguments_text(arguments: Any) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, sort_keys=True)
