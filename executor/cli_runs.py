@@ -1,0 +1,150 @@
+"""`execgate runs list | show RUN | cancel RUN`: agent loops as the daemon records them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from execgate.client import RunDetail, RunInfo
+from execgate.client.loop.states import State
+
+from .cli_client import _client, _jsonable, _print_json, _when
+
+STATE_STYLE = {
+    State.COMPLETED: "green",
+    State.FAILED: "red",
+    State.CANCELLED: "magenta",
+    State.BUDGET_EXHAUSTED: "yellow",
+    State.EXPIRED: "yellow",
+    State.ESCALATED: "bold yellow",
+}
+
+
+def add_commands(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    runs = sub.add_parser(
+        "runs", help="agent loops recorded by the daemon: list, show, cancel"
+    ).add_subparsers(dest="runs_cmd", required=True)
+    p = runs.add_parser("list", parents=[common], help="runs, newest first")
+    p.add_argument("--state", action="append", default=[], help="a state, or 'active' (repeatable)")
+    p.add_argument("--owner", default="")
+    p.add_argument("--limit", type=int, default=50)
+    p.set_defaults(handler=_list)
+    p = runs.add_parser("show", parents=[common], help="a run's transitions and calls")
+    p.add_argument("run_id")
+    p.set_defaults(handler=_show)
+    p = runs.add_parser("cancel", parents=[common], help="ask a run to stop")
+    p.add_argument("run_id")
+    p.add_argument("--reason", default="cancelled from the CLI")
+    p.set_defaults(handler=_cancel)
+
+
+def _list(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        runs = client.runs.find(states=args.state, owner=args.owner, limit=args.limit)
+    if args.json:
+        _print_json([_jsonable(r) for r in runs])
+        return 0
+    table = Table("created", "run", "owner", "state", "events", "reason", "goal", title="runs")
+    for r in runs:
+        table.add_row(
+            _when(r.created_at),
+            r.run_id,
+            r.owner,
+            _state(r),
+            str(r.last_seq),
+            r.reason,
+            _short(r.goal),
+        )
+    Console().print(table)
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        detail = client.runs.get(args.run_id)
+    if args.json:
+        _print_json(_jsonable(detail))
+        return 0
+    _print_detail(detail)
+    return 0
+
+
+def _print_detail(detail: RunDetail) -> None:
+    run = detail.run
+    console = Console(highlight=False)
+    console.print(f"run {run.run_id}  owner {run.owner}  model {run.model or '-'}")
+    console.print(f"goal: {run.goal}")
+    console.print(f"state: {_state(run)}  ({run.reason})")
+    if run.limits:
+        console.print("limits: " + ", ".join(f"{k} {v}" for k, v in run.limits.items()))
+    if run.cancel is not None:
+        ask = run.cancel
+        console.print(f"cancel requested by {ask.requester} at {_when(ask.at)}: {ask.reason}")
+    table = Table("seq", "+s", "from → to", "reason", "what", title="transitions")
+    start = detail.events[0].at if detail.events else run.created_at
+    for e in detail.events:
+        table.add_row(
+            str(e.seq),
+            f"{e.at - start:.3f}",
+            f"{e.from_state.value} → {e.to_state.value}",
+            e.reason,
+            _gist(e.data),
+        )
+    console.print(table)
+    calls = Table("call", "tool", "status", "class", title="calls")
+    for c in detail.calls:
+        o = c.outcome
+        calls.add_row(
+            c.call_id,
+            c.tool,
+            "running" if o is None else o.status.value,
+            "" if o is None else o.error_class,
+        )
+    console.print(calls)
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        run = client.runs.cancel(args.run_id, args.reason)
+    if args.json:
+        _print_json(_jsonable(run))
+        return 0
+    c = run.cancel
+    who = f" by {c.requester} at {_when(c.at)}" if c is not None else ""
+    print(f"run {run.run_id}: cancel requested{who}; state now {run.state.value}")
+    return 0
+
+
+def _gist(data: dict[str, Any]) -> str:
+    """One line of what a transition carries (`runs show --json` has all of it)."""
+    if "turn" in data:
+        turn = data["turn"]
+        calls = [f"{c['name']}({_short(json.dumps(c['arguments']), 30)})" for c in turn["calls"]]
+        return "calls " + ", ".join(calls) if calls else "answer: " + _short(turn["text"])
+    if "calls" in data:
+        return "sent " + ", ".join(f"{c['call_id']} {c['tool']}" for c in data["calls"])
+    if "answer" in data:
+        return f"{len(data.get('actions', []))} action(s); answer: " + _short(str(data["answer"]))
+    if "results" in data:
+        return ", ".join(f"{r['call_id']} {r['status']}" for r in data["results"])
+    if "rule" in data:
+        figures = data.get("figures", {})
+        return f"rule {data['rule']}; steps {figures.get('steps')}, {figures.get('elapsed_s')}s"
+    if "finding" in data:
+        return "verifier: " + _short(str(data["finding"]))
+    return _short(json.dumps(data, sort_keys=True)) if data else ""
+
+
+def _state(run: RunInfo) -> str:
+    style = STATE_STYLE.get(run.state)
+    return f"[{style}]{run.state.value}[/{style}]" if style else run.state.value
+
+
+def _short(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
