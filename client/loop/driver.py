@@ -22,11 +22,20 @@ from ..models.base import Message, Model, ModelTool, Turn
 from ..models.errors import ModelError
 from ..types import Event, EventKind, Outcome
 from .batch import missing, reconcile, run_batch
-from .observe import Refusal
-from .record import Conversation, Planned, Rebuilt, Refused, rebuild, turn_json
+from .gate import check_calls
+from .record import (
+    Conversation,
+    Planned,
+    Rebuilt,
+    Refused,
+    actions,
+    rebuild,
+    stopped_calls,
+    turn_json,
+)
 from .states import TERMINAL, Machine, State, Transition
 from .stops import Stop, StopRules
-from .tally import Tally, canonical_arguments
+from .tally import Tally
 
 if TYPE_CHECKING:  # the client package imports the loop: no cycle at run time
     from .._sync import Client
@@ -193,7 +202,8 @@ class _Step:
     def _validate(self, turn: Turn) -> LoopResult | None:
         if turn.final:
             return self._answer(turn.text)
-        planned, refused = self._check_calls(turn)
+        offered = {t.name for t in self.loop.offered()}
+        planned, refused = check_calls(turn, offered, self.conv, self.client, self.run_id)
         if not planned:
             data = {"refused": [r.to_json() for r in refused]}
             self._move(State.REQUESTING_MODEL, "every proposed call was refused", data)
@@ -240,26 +250,12 @@ class _Step:
         ):
             self._move(State.RUNNING_TOOLS, f"{event.call_id} {event.kind.value}")
 
-    def _check_calls(self, turn: Turn) -> tuple[list[Planned], list[Refused]]:
-        offered = {t.name for t in self.loop.offered()}
-        planned, refused = [], []
-        step = self.conv.tally.steps
-        for i, call in enumerate(turn.tool_calls):
-            if call.name not in offered:
-                why = f"{call.name!r} is not one of the tools offered: {', '.join(sorted(offered))}"
-                refused.append(
-                    Refused(call.id, call.name, call.arguments, Refusal.TOOL_NOT_OFFERED, why)
-                )
-                continue
-            planned.append(Planned(f"s{step}c{i + 1}", call.id, call.name, call.arguments))
-        return planned, refused
-
     def _answer(self, answer: str) -> LoopResult | None:
         verdict = self._verify(answer)
         if verdict.accepted:
             pending = [c.call_id for c in self.client.runs.get(self.run_id).calls if c.running]
             if not pending:
-                data = {"answer": answer, "figures": self._figures(), "actions": self._actions()}
+                data = {"answer": answer, "figures": self._figures(), "actions": actions(self.conv)}
                 return self._terminal(State.COMPLETED, "final answer accepted", data, answer=answer)
             verdict = Verdict(False, f"calls still pending: {', '.join(pending)}")
         if self.loop.on_rejected_answer == "fail":
@@ -319,7 +315,7 @@ class _Step:
         if unrun:  # proposed, never sent: the daemon has no record of them
             data["not_run"] = [p.to_json() for p in unrun]
         if stop.state is State.CANCELLED:
-            data["stopped_calls"] = self._stopped_calls()
+            data["stopped_calls"] = stopped_calls(self.conv)
             data["rolled_back"] = False  # stopping undoes nothing a call already did
         return self._terminal(stop.state, stop.reason, data, rule=stop.rule)
 
@@ -338,36 +334,6 @@ class _Step:
 
     def _figures(self) -> dict[str, Any]:
         return self.conv.tally.figures(time.monotonic())
-
-    def _actions(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "call_id": p.call_id,
-                "tool": p.tool,
-                "arguments": canonical_arguments(p.arguments),
-                "status": o.status.value,
-            }
-            for p, o in self.conv.done
-        ]
-
-    def _stopped_calls(self) -> list[dict[str, Any]]:
-        """The calls a cancel reached: when it was asked, and when each actually stopped."""
-        rows = []
-        for p, o in self.conv.done:
-            asked, stopped = o.mark("cancel_requested"), o.mark("stopped")
-            if asked is None:
-                continue
-            rows.append(
-                {
-                    "call_id": p.call_id,
-                    "tool": p.tool,
-                    "status": o.status.value,
-                    "cancel_requested_at": asked.at,
-                    "stopped_at": stopped.at if stopped is not None else None,
-                    "stopped_how": o.stopped_how.value,
-                }
-            )
-        return rows
 
 
 def _fresh(goal: str, info: RunInfo) -> Conversation:

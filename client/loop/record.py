@@ -27,7 +27,7 @@ from ..models.base import Message, ToolCall, ToolResult, Turn, Usage
 from ..types import Outcome
 from .observe import Observation, not_run, observe
 from .states import State, Transition
-from .tally import Tally, fingerprint
+from .tally import Tally, canonical_arguments, fingerprint
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +116,40 @@ class Conversation:
         result = fingerprint([seen.status, seen.error_class, seen.text])
         summary = f"{seen.status}/{seen.error_class}"
         self.tally.record_result(tool, arguments, ok, result, summary=summary)
+
+
+def actions(conv: Conversation) -> list[dict[str, Any]]:
+    """What the run did, for its `completed` record."""
+    return [
+        {
+            "call_id": p.call_id,
+            "tool": p.tool,
+            "arguments": canonical_arguments(p.arguments),
+            "status": o.status.value,
+        }
+        for p, o in conv.done
+    ]
+
+
+def stopped_calls(conv: Conversation) -> list[dict[str, Any]]:
+    """The calls a cancel reached: when it was asked, and when each actually stopped
+    (two moments, recorded separately; nothing is rolled back)."""
+    rows = []
+    for p, o in conv.done:
+        asked, stopped = o.mark("cancel_requested"), o.mark("stopped")
+        if asked is None:
+            continue
+        rows.append(
+            {
+                "call_id": p.call_id,
+                "tool": p.tool,
+                "status": o.status.value,
+                "cancel_requested_at": asked.at,
+                "stopped_at": stopped.at if stopped is not None else None,
+                "stopped_how": o.stopped_how.value,
+            }
+        )
+    return rows
 
 
 def turn_json(turn: Turn) -> dict[str, Any]:
