@@ -12,7 +12,7 @@ from pathlib import Path
 
 from execgate.client import DaemonUnavailable, ExecgateClientError
 
-from . import cli_client, cli_identity, cli_policy, cli_sandbox
+from . import cli_client, cli_demo, cli_identity, cli_policy, cli_sandbox
 from .config import ServeConfig, parse_listener
 from .errors import ConfigError, PolicyError
 from .tools import Limits
@@ -46,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     cli_sandbox.add_doctor(sub)
     cli_policy.add_commands(sub)
     cli_identity.add_commands(sub)
+    cli_demo.add_command(sub)
     return parser
 
 

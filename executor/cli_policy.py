@@ -184,6 +184,10 @@ def _run_case(policy: Policy, case: Any, where: str) -> tuple[bool, str]:
     raw = case["input"]
     if not isinstance(raw, dict) or set(raw) - INPUT_KEYS or "tool" not in raw:
         return False, f"{where}.input: keys {sorted(INPUT_KEYS)}, tool required"
+    for key in ("groups", "roles"):
+        value = raw.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            return False, f"{where}.input.{key}: must be a list of names"
     argv = raw.get("argv")
     call = PolicyInput(
         tool=raw["tool"],

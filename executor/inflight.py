@@ -60,6 +60,10 @@ class RunBar:
     requester: str
 
 
+# The run calls without a run id belong to (services.DEFAULT_RUN).
+SHARED_RUN = "default"
+
+
 class NotYours(Exception):
     """A caller who may stop only its own calls named someone else's."""
 
@@ -104,16 +108,18 @@ class InFlight:
         ]
 
     async def _check_owner(self, order: CancelOrder, targets: list[Active]) -> None:
-        others = sorted({a.batch.agent for a in targets} - {order.only_agent})
-        if not others and order.whole_run:
-            # Barring a run stops its future calls too: the run must be the caller's alone.
-            others = await self.journal.read(lambda c: _run_agents(c, order.run_id))
-            others = [a for a in others if a != order.only_agent]
+        me = order.only_agent
+        others = sorted({a.batch.agent for a in targets} - {me})
         if others:
             raise NotYours(
-                f"{order.only_agent} may cancel only its own calls; the target includes calls "
-                f"by {', '.join(others)} (an operator or admin may cancel them)"
+                f"{me} may cancel only its own calls; the target includes calls by "
+                f"{', '.join(others)} (an operator or admin may cancel them)"
             )
+        if order.whole_run:
+            # Barring a run stops its future calls too: the run must be the caller's.
+            why = await self.journal.read(lambda c: _not_owner(c, order.run_id, me))
+            if why:
+                raise NotYours(f"{me} may not cancel run {order.run_id!r}: {why}")
 
     def cancel_all(self, reason: str) -> None:
         for active in list(self.calls.values()):
@@ -136,9 +142,21 @@ def _aims(order: CancelOrder, run: str, call: str, active: Active) -> bool:
     return not order.batch_id or active.batch.batch_id == order.batch_id
 
 
-def _run_agents(conn: sqlite3.Connection, run_id: str) -> list[str]:
+def _not_owner(conn: sqlite3.Connection, run_id: str, agent: str) -> str:
+    """Why `agent` does not own `run_id` ("" if it does): it started the run (the runs
+    table), or, for a run never started, every call recorded in it is the agent's.
+    The implicit shared run, and a run nobody has used, belong to no agent."""
+    owner = conn.execute("SELECT owner FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    if owner is not None:
+        return "" if owner[0] == agent else f"it was started by {owner[0]}"
+    if run_id == SHARED_RUN:
+        return "it is the shared implicit run (an operator or admin may cancel it)"
     rows = conn.execute("SELECT DISTINCT agent FROM calls WHERE run_id = ?", (run_id,))
-    return [r[0] for r in rows]
+    agents = sorted(r[0] for r in rows)
+    if not agents:
+        return "nothing is recorded in it (start runs with Runs.StartRun to own them)"
+    others = [a for a in agents if a != agent]
+    return f"it has calls by {', '.join(others)}" if others else ""
 
 
 def _insert_cancel(conn: sqlite3.Connection, order: CancelOrder) -> None:

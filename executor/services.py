@@ -24,7 +24,7 @@ from .calls import CallRequest
 from .dispatch import Dispatcher
 from .events import Event, EventKind
 from .identity import Role
-from .inflight import CancelOrder, NotYours
+from .inflight import SHARED_RUN, CancelOrder, NotYours
 from .validate import MAX_ID_CHARS
 
 log = logging.getLogger("execgate.server")
@@ -32,7 +32,7 @@ log = logging.getLogger("execgate.server")
 MAX_BATCH = 1000
 # Who may cancel anyone's calls; an agent cancels only its own.
 CANCELS_ANY = frozenset({Role.OPERATOR, Role.ADMIN})
-DEFAULT_RUN = "default"
+DEFAULT_RUN = SHARED_RUN
 _REFUSED = {
     Refused.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     Refused.NOT_PENDING: grpc.StatusCode.FAILED_PRECONDITION,

@@ -177,14 +177,29 @@ def test_a_run_with_another_agents_recorded_calls_may_not_be_cancelled(daemon: D
 
 
 def test_an_agent_may_cancel_and_bar_its_own_fresh_run(daemon: Daemon) -> None:
-    run = f"carols-{new_tag()[:8]}"
     (daemon.workspace / "quick.txt").write_text("q")
     with as_(daemon, "carol") as carol:
+        run = carol.runs.start("nothing yet").run_id  # started by carol: hers
         assert carol.cancel(run_id=run, reason="never mind") == []
         assert cancels(daemon)[-1] == ("carol", run, "", "")
         late = carol.run(Call(tool="read_file", arguments={"path": "quick.txt"}), run_id=run)
     assert (late.status, late.error_class, late.field) == (Status.REJECTED, "cancelled", "run_id")
     assert "never mind" in late.message
+
+
+@pytest.mark.parametrize("run", ["default", "nobody-used-this-yet"])
+def test_an_agent_may_not_bar_a_run_that_is_not_its_own(daemon: Daemon, run: str) -> None:
+    """The shared implicit run, and a run id nobody has used, belong to no agent: an
+    agent barring them would stop everyone else's later calls there."""
+    before = cancels(daemon)
+    with as_(daemon, "carol") as carol, pytest.raises(PermissionDenied) as refused:
+        carol.cancel(run_id=run)
+    assert run in str(refused.value)
+    assert cancels(daemon) == before
+    (daemon.workspace / "quick.txt").write_text("q")
+    with as_(daemon, "bot") as bot:
+        ok = bot.run(Call(tool="read_file", arguments={"path": "quick.txt"}), run_id=run)
+    assert ok.status is Status.SUCCESS
 
 
 def test_an_agent_may_cancel_its_own_run_with_its_calls_in_flight(daemon: Daemon) -> None:

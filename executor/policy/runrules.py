@@ -32,7 +32,8 @@ CONFINEMENT_KEYS = {
     "open_files": ("open_files", 1),
     "processes": ("processes", 1),
 }
-LIMIT_KEYS = {"tools", "agents", "timeout_s", "grace_s", "output_cap_kb"}
+LIMIT_VALUES = ("timeout_s", "grace_s", "output_cap_kb")
+LIMIT_KEYS = {"tools", "agents", *LIMIT_VALUES}
 N = TypeVar("N", int, float)
 
 
@@ -122,8 +123,8 @@ def sandbox_rule(doc: YamlDoc, node: yaml.Node, where: str) -> SandboxRule:
 
 def limit_rule(doc: YamlDoc, node: yaml.Node, where: str) -> LimitRule:
     keys = doc.mapping(node, where, LIMIT_KEYS)
-    values = {k: _positive(doc, keys[k], f"{where}.{k}") for k in LIMIT_KEYS if k in keys}
-    if not {"timeout_s", "grace_s", "output_cap_kb"} & set(values):
+    values = {k: _positive(doc, keys[k], f"{where}.{k}") for k in LIMIT_VALUES if k in keys}
+    if not values:
         raise doc.error(node, f"{where}: sets no limit (timeout_s, grace_s, output_cap_kb)")
     cap = values.get("output_cap_kb")
     limits = CallLimits(
