@@ -94,6 +94,8 @@ class Loop:
             (counted by the stop rules); "fail" ends the run `failed`.
         tools: the daemon tools offered to the model (None: all of them).
         reconcile_wait_s: on resume, how long to wait for a call still running.
+        on_transition, on_event: called with each transition once it is persisted, and
+            with each event of the run's tool calls (for transcripts and UIs).
     """
 
     def __init__(
@@ -110,6 +112,8 @@ class Loop:
         result_cap: int = 4000,
         reconcile_wait_s: float = 60.0,
         config_version: str = "",
+        on_transition: Callable[[Transition], None] | None = None,
+        on_event: Callable[[Event], None] | None = None,
     ) -> None:
         self.client = client
         self.model = model
@@ -121,6 +125,9 @@ class Loop:
         self.result_cap = result_cap
         self.reconcile_wait_s = reconcile_wait_s
         self.config_version = config_version
+        # Watchers (a UI, a transcript): each transition once persisted, each call event.
+        self.on_transition = on_transition
+        self.on_event = on_event
         self._tool_names = tools
         self._tools: list[ModelTool] | None = None
 
@@ -240,6 +247,8 @@ class _Step:
 
     def _on_event(self, event: Event) -> None:
         """Approval parking moves the machine (running_tools <-> awaiting_approval)."""
+        if self.loop.on_event is not None:
+            self.loop.on_event(event)
         if event.kind is EventKind.AWAITING_APPROVAL:
             if self.machine.state is State.RUNNING_TOOLS:
                 data = {"call_id": event.call_id, "approval_id": event.approval_id}
@@ -298,6 +307,8 @@ class _Step:
         """Advance and persist before anything else happens; note any cancel request."""
         moved = self.machine.advance(to, reason, data)
         self.info = self.client.runs.append(self.run_id, [moved])
+        if self.loop.on_transition is not None:
+            self.loop.on_transition(moved)
         if self.info.cancel is not None:
             c = self.info.cancel
             self.conv.tally.request_cancel(c.requester, c.reason, c.at)
