@@ -178,6 +178,8 @@ class _Step:
         self.info = info
         self.run_id = info.run_id
         self.machine = machine
+        # Transitions made but not yet appended (see `_move`'s `hold`).
+        self._held: list[Transition] = []
         self.conv = conv
         deadline_s = loop.limits.get("deadline_seconds")
         self.deadline = info.created_at + deadline_s if deadline_s else None
@@ -203,7 +205,7 @@ class _Step:
         except ModelError as exc:
             return self._fail("model_error", f"the model failed: {exc}", {"error": str(exc)})
         self.conv.add_turn(turn)
-        self._move(State.VALIDATING, "model replied", turn_json(turn))
+        self._move(State.VALIDATING, "model replied", turn_json(turn), hold=True)
         return self._validate(turn)
 
     def _validate(self, turn: Turn) -> LoopResult | None:
@@ -303,12 +305,24 @@ class _Step:
 
     # -- moving and ending ---------------------------------------------------------
 
-    def _move(self, to: State, reason: str, data: Mapping[str, Any] | None = None) -> None:
-        """Advance and persist before anything else happens; note any cancel request."""
-        moved = self.machine.advance(to, reason, data)
-        self.info = self.client.runs.append(self.run_id, [moved])
-        if self.loop.on_transition is not None:
-            self.loop.on_transition(moved)
+    def _move(
+        self, to: State, reason: str, data: Mapping[str, Any] | None = None, *, hold: bool = False
+    ) -> None:
+        """Advance and persist before anything else happens; note any cancel request.
+
+        `hold`: the next step is local (validating a turn touches nothing outside), so the
+        move is appended together with the one that follows it -- before any call is sent
+        or the run ends. A client dying in between loses the model's turn, never an action:
+        resume asks the model again. One fsync'd append per step saved.
+        """
+        self._held.append(self.machine.advance(to, reason, data))
+        if hold:
+            return
+        moved, self._held = self._held, []
+        self.info = self.client.runs.append(self.run_id, moved)
+        for each in moved:
+            if self.loop.on_transition is not None:
+                self.loop.on_transition(each)
         if self.info.cancel is not None:
             c = self.info.cancel
             self.conv.tally.request_cancel(c.requester, c.reason, c.at)
