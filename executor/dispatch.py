@@ -74,6 +74,8 @@ class Dispatcher:
         # Runs that reached a terminal state (runs.RunStore.ended): no call of theirs
         # starts. Set by the server.
         self.ended_runs: dict[str, str] = {}
+        # Runs started through Runs.StartRun, and who owns each: nobody else's calls join.
+        self.run_owners: dict[str, str] = {}
         # An agent's `group:`/`role:` memberships, for policy `agents` entries. Set
         # (and swapped on an identities reload) by the server; none by default.
         self.memberships: Callable[[str], frozenset[str]] = lambda agent: frozenset()
@@ -273,6 +275,14 @@ class Dispatcher:
             raise ToolError(
                 ErrorClass.CANCELLED,
                 f"run {req.run_id!r} was cancelled ({bar.reason}); start a new run",
+                field="run_id",
+                status=Status.REJECTED,
+            )
+        owner = self.run_owners.get(req.run_id)
+        if owner is not None and owner != batch.agent:
+            raise ToolError(
+                ErrorClass.PERMISSION_DENIED,
+                f"run {req.run_id!r} was started by {owner}; only its calls join it",
                 field="run_id",
                 status=Status.REJECTED,
             )

@@ -48,6 +48,8 @@ class Refusal(enum.StrEnum):
     FORBIDDEN = "forbidden"
     MALFORMED = "malformed"
     ENDED = "ended"
+    # Someone asked the run to stop: it may end, but not as `completed`.
+    CANCEL_REQUESTED = "cancel_requested"
     # Breakage kinds of a history that does not fit (client.loop.errors.Breakage).
     GAP = "gap"
     DUPLICATE = "duplicate"
@@ -104,6 +106,8 @@ class RunStore:
         self.journal = journal
         # run id -> terminal state, for the dispatcher (no tool call of an ended run).
         self.ended: dict[str, str] = journal.query_now(_ended_runs)
+        # run id -> owner, for the dispatcher: only the owner's calls join a started run.
+        self.owners: dict[str, str] = journal.query_now(_owners)
         self._machines: dict[str, Machine] = {}
         self._watchers: dict[str, set[asyncio.Queue[Update | None]]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -120,6 +124,7 @@ class RunStore:
         )
         if not await self.journal.write(lambda c: _insert_run(c, run), durable=True):
             raise RunRefused(Refusal.EXISTS, f"run {run.run_id!r} exists already", "run_id")
+        self.owners[run.run_id] = run.owner
         return run
 
     async def get(self, run_id: str) -> Run:
@@ -146,6 +151,13 @@ class RunStore:
                 raise RunRefused(Refusal.FORBIDDEN, f"run {run_id!r} belongs to {run.owner}")
             if run.terminal:
                 raise RunRefused(Refusal.ENDED, f"run {run_id!r} ended ({run.state})", "events")
+            if run.cancel is not None and any(e.to_state is State.COMPLETED for e in events):
+                raise RunRefused(
+                    Refusal.CANCEL_REQUESTED,
+                    f"run {run_id!r}: {run.cancel.requester} asked it to stop; it cannot "
+                    "complete (end it cancelled)",
+                    "events",
+                )
             machine = copy.copy(await self._machine(run_id))
             for moved in events:
                 _check_text(json.dumps(moved.data), MAX_DATA_BYTES, "events.data_json")
@@ -328,6 +340,10 @@ def _list_filter(states: list[str], owner: str) -> tuple[str, list[Any]]:
         clauses.append("owner = ?")
         params.append(owner)
     return ("WHERE " + " AND ".join(clauses) if clauses else ""), params
+
+
+def _owners(conn: sqlite3.Connection) -> dict[str, str]:
+    return dict(conn.execute("SELECT run_id, owner FROM runs").fetchall())
 
 
 def _ended_runs(conn: sqlite3.Connection) -> dict[str, str]:

@@ -135,6 +135,7 @@ async def serve(
             dispatcher.memberships = identities.memberships
         runs = RunStore(journal)
         dispatcher.ended_runs = runs.ended
+        dispatcher.run_owners = runs.owners
         server, health_servicer = _server(config, dispatcher, runs, interceptor)
         addresses = _bind(server, config)
     finally:

@@ -145,8 +145,14 @@ def left_by_a_dead_loop(client: Client, run_id: str, turn: Turn, *, sent: bool) 
     ]
     if sent:
         planned = [
-            {"call_id": f"s1c{i}", "model_id": c.id, "tool": c.name, "arguments": c.arguments}
-            for i, c in enumerate(turn.tool_calls, start=1)
+            {
+                "call_id": f"s1c{i + 1}",
+                "index": i,
+                "model_id": c.id,
+                "tool": c.name,
+                "arguments": c.arguments,
+            }
+            for i, c in enumerate(turn.tool_calls)
         ]
         events.append(
             m.advance(State.RUNNING_TOOLS, "call(s) sent", {"calls": planned, "refused": []})
@@ -347,12 +353,6 @@ class ClientDied(Exception):
     """Stands for the client process dying while it waits for the model."""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: record.rebuild indexes the journal's outcomes with outcomes[p.call_id]: "
-    "a call recorded as finished (unknown_outcome, after reconcile gave up waiting) that "
-    "is still running in the journal makes a second resume raise KeyError",
-)
 def test_a_second_resume_while_a_call_still_runs(daemon: Daemon, eg: Client) -> None:
     run_id = "resumed-twice"
     release = daemon.workspace / "release-resumed-twice"
@@ -383,12 +383,6 @@ def test_a_second_resume_while_a_call_still_runs(daemon: Daemon, eg: Client) -> 
     assert [c.call_id for c in eg.runs.get(run_id).calls] == ["s1c1"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Loop.resume applies the resuming Loop's limits (DEFAULT_LIMITS when none "
-    "are given), not the run's recorded limits: a run started with max_steps=2 (or a "
-    "deadline) loses that bound when it is resumed",
-)
 def test_resume_keeps_the_runs_recorded_limits(eg: Client) -> None:
     run_id = "limits-on-record"
     model = S([S.calls(("list_dir", {"path": "."}))] * 10)

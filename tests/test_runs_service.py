@@ -351,6 +351,23 @@ def test_only_the_owner_appends(bot: Client, bob: Client, daemon: Daemon) -> Non
     assert bot.runs.get(run_id).run.last_seq == 1
 
 
+def test_only_the_owners_calls_join_a_started_run(bot: Client, bob: Client) -> None:
+    run_id, _ = opened(bot)
+    call = Call(tool="list_dir", arguments={"path": "."})
+    (theirs,) = bob.execute([call], run_id=run_id)
+    assert (theirs.status, theirs.error_class, theirs.field) == (
+        Status.REJECTED,
+        "permission_denied",
+        "run_id",
+    )
+    assert "bot" in theirs.message
+    (mine,) = bot.execute([call], run_id=run_id)
+    assert mine.status is Status.SUCCESS
+    # The refusal is on record too, and nothing of bob's ran in bot's run.
+    by_agent = {(c.agent, c.outcome.status) for c in bot.runs.get(run_id).calls if c.outcome}
+    assert by_agent == {("bob", Status.REJECTED), ("bot", Status.SUCCESS)}
+
+
 # ---------------------------------------------------------------- GetRun and ListRuns
 
 

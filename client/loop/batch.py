@@ -100,15 +100,5 @@ def still_running(call_id: str, waited: float) -> Outcome:
     )
 
 
-def missing(call_id: str) -> Outcome:
-    """A call the run's record says ran, but the journal has no row for."""
-    return Outcome(
-        call_id=call_id,
-        status=Status.UNKNOWN_OUTCOME,
-        error_class="internal",
-        message="the run's record says this call was sent, but the journal has no record of it",
-    )
-
-
 def _ignore(event: Event) -> None:
     return None

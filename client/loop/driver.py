@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..models.base import Message, Model, ModelTool, Turn
 from ..models.errors import ModelError
 from ..types import Event, EventKind, Outcome
-from .batch import missing, reconcile, run_batch
+from .batch import reconcile, run_batch
 from .gate import check_calls
 from .record import (
     Conversation,
@@ -30,6 +30,7 @@ from .record import (
     Refused,
     actions,
     rebuild,
+    sent,
     stopped_calls,
     turn_json,
 )
@@ -119,6 +120,7 @@ class Loop:
         self.model = model
         self.limits = {**DEFAULT_LIMITS, **(limits or {})} if stops is None else dict(limits or {})
         self.stops = stops or StopRules.default(**_stop_kwargs(self.limits))
+        self._own_stops = stops is not None
         self.verifier = verifier
         self.on_rejected_answer = on_rejected_answer
         self.system = system
@@ -142,7 +144,8 @@ class Loop:
             config_version=self.config_version,
             labels={"client": "python"},
         )
-        step = _Step(self, info, Machine(info.run_id), _fresh(goal, info))
+        machine = Machine(info.run_id)
+        step = _Step(self, info, machine, _fresh(goal, info), self.stops, self.limits)
         return step.go()
 
     def resume(self, run_id: str) -> LoopResult:
@@ -154,7 +157,10 @@ class Loop:
         outcomes = {c.call_id: c.outcome for c in detail.calls if c.outcome is not None}
         tally = Tally(started_at=_monotonic_start(detail.run.created_at))
         rebuilt = rebuild(detail.run.goal, detail.events, outcomes, tally, self.result_cap)
-        step = _Step(self, detail.run, machine, rebuilt.conversation)
+        # The run keeps the bounds it was started with (unless this Loop brings rules).
+        limits = self.limits if self._own_stops else detail.run.limits
+        stops = self.stops if self._own_stops else StopRules.default(**_stop_kwargs(limits))
+        step = _Step(self, detail.run, machine, rebuilt.conversation, stops, limits)
         return step.go(rebuilt)
 
     def offered(self) -> list[ModelTool]:
@@ -172,7 +178,15 @@ class Loop:
 class _Step:
     """One run in progress: the machine, the conversation, and the daemon's view."""
 
-    def __init__(self, loop: Loop, info: RunInfo, machine: Machine, conv: Conversation) -> None:
+    def __init__(
+        self,
+        loop: Loop,
+        info: RunInfo,
+        machine: Machine,
+        conv: Conversation,
+        stops: StopRules,
+        limits: Mapping[str, Any],
+    ) -> None:
         self.loop = loop
         self.client = loop.client
         self.info = info
@@ -181,7 +195,10 @@ class _Step:
         # Transitions made but not yet appended (see `_move`'s `hold`).
         self._held: list[Transition] = []
         self.conv = conv
-        deadline_s = loop.limits.get("deadline_seconds")
+        self.stops = stops
+        # Calls of the batch parked for approval, until they start or end.
+        self._parked: set[str] = set()
+        deadline_s = limits.get("deadline_seconds")
         self.deadline = info.created_at + deadline_s if deadline_s else None
 
     def go(self, rebuilt: Rebuilt | None = None) -> LoopResult:
@@ -205,10 +222,18 @@ class _Step:
         except ModelError as exc:
             return self._fail("model_error", f"the model failed: {exc}", {"error": str(exc)})
         self.conv.add_turn(turn)
-        self._move(State.VALIDATING, "model replied", turn_json(turn), hold=True)
+        # A final answer's move is appended at once: its reply may carry a cancel
+        # request, which must win over completing. Calls' moves wait for the next one.
+        self._move(State.VALIDATING, "model replied", turn_json(turn), hold=not turn.final)
         return self._validate(turn)
 
     def _validate(self, turn: Turn) -> LoopResult | None:
+        # A bound the model request just crossed (tokens, cost), the clock or a cancel
+        # ends the run before its calls are sent or its answer is taken: reaching a
+        # bound is never `completed`. max_steps counts model requests: checked before
+        # the next one.
+        if (stop := self._stop(skip=("max_steps",))) is not None:
+            return self._end(stop, unrun=turn)
         if turn.final:
             return self._answer(turn.text)
         offered = {t.name for t in self.loop.offered()}
@@ -218,10 +243,6 @@ class _Step:
             self._move(State.REQUESTING_MODEL, "every proposed call was refused", data)
             self.conv.add_results(turn, refused, {}, self.loop.result_cap)
             return None
-        # Before the batch: a bound the model request just crossed (tokens, cost), the
-        # clock or a cancel. max_steps counts model requests: checked before the next.
-        if (stop := self._stop(skip=("max_steps",))) is not None:
-            return self._end(stop, unrun=planned)
         data = {"calls": [p.to_json() for p in planned], "refused": [r.to_json() for r in refused]}
         self._move(State.RUNNING_TOOLS, f"{len(planned)} call(s) sent", data)
         outcomes = run_batch(
@@ -237,8 +258,9 @@ class _Step:
         refused: Sequence[Refused],
         outcomes: Mapping[str, Outcome],
     ) -> None:
-        ran = {p.model_id: (p, outcomes.get(p.call_id) or missing(p.call_id)) for p in planned}
+        ran = sent(planned, outcomes)
         self.conv.add_results(turn, refused, ran, self.loop.result_cap)
+        self._parked.clear()
         if self.machine.state is State.AWAITING_APPROVAL:
             self._move(State.RUNNING_TOOLS, "approvals settled")
         results = [
@@ -252,14 +274,16 @@ class _Step:
         if self.loop.on_event is not None:
             self.loop.on_event(event)
         if event.kind is EventKind.AWAITING_APPROVAL:
+            self._parked.add(event.call_id)
             if self.machine.state is State.RUNNING_TOOLS:
                 data = {"call_id": event.call_id, "approval_id": event.approval_id}
                 self._move(State.AWAITING_APPROVAL, f"rule {event.rule_id}: {event.reason}", data)
         elif (
-            event.kind in (EventKind.STARTED, EventKind.FINISHED)
-            and self.machine.state is State.AWAITING_APPROVAL
+            event.kind in (EventKind.STARTED, EventKind.FINISHED) and event.call_id in self._parked
         ):
-            self._move(State.RUNNING_TOOLS, f"{event.call_id} {event.kind.value}")
+            self._parked.discard(event.call_id)
+            if not self._parked and self.machine.state is State.AWAITING_APPROVAL:
+                self._move(State.RUNNING_TOOLS, f"{event.call_id} {event.kind.value}")
 
     def _answer(self, answer: str) -> LoopResult | None:
         verdict = self._verify(answer)
@@ -328,17 +352,17 @@ class _Step:
             self.conv.tally.request_cancel(c.requester, c.reason, c.at)
 
     def _stop(self, skip: tuple[str, ...] = ()) -> Stop | None:
-        return self.loop.stops.first(self.conv.tally, time.monotonic(), skip=skip)
+        return self.stops.first(self.conv.tally, time.monotonic(), skip=skip)
 
-    def _end(self, stop: Stop, unrun: Sequence[Planned] = ()) -> LoopResult:
+    def _end(self, stop: Stop, unrun: Turn | None = None) -> LoopResult:
         data: dict[str, Any] = {
             "rule": stop.rule,
             "figures": stop.figures,
             "evidence": stop.evidence,
             "last_action": self.conv.tally.last_action,
         }
-        if unrun:  # proposed, never sent: the daemon has no record of them
-            data["not_run"] = [p.to_json() for p in unrun]
+        if unrun is not None and unrun.tool_calls:  # proposed, never sent
+            data["not_run"] = [{"name": c.name, "arguments": c.arguments} for c in unrun.tool_calls]
         if stop.state is State.CANCELLED:
             data["stopped_calls"] = stopped_calls(self.conv)
             data["rolled_back"] = False  # stopping undoes nothing a call already did

@@ -43,9 +43,9 @@ def check_calls(
             )
             error_class = Refusal.REPEATED_CALL
         if why:
-            refused.append(Refused(call.id, call.name, call.arguments, error_class, why))
+            refused.append(Refused(i, call.id, call.name, call.arguments, error_class, why))
         else:
-            planned.append(Planned(f"s{step}c{i + 1}", call.id, call.name, call.arguments))
+            planned.append(Planned(f"s{step}c{i + 1}", i, call.id, call.name, call.arguments))
     return planned, refused
 
 

@@ -1,13 +1,16 @@
 """What a run's transitions carry, and how a run is rebuilt from them.
 
+`index` is the call's position in the model's turn: results are matched to proposed
+calls by position, since a provider may repeat or omit its own ids.
+
 The loop writes every fact it needs to continue into its transitions' `data`:
 
     requesting_model -> validating   {"turn": {"text", "calls": [{id, name, arguments}],
                                       "stop_reason"}, "usage": {input_tokens, output_tokens,
                                       cost}}
-    validating -> running_tools      {"calls": [{call_id, model_id, tool, arguments}],
-                                      "refused": [{model_id, tool, arguments, error_class,
-                                      reason}]}
+    validating -> running_tools      {"calls": [{call_id, index, model_id, tool, arguments}],
+                                      "refused": [{index, model_id, tool, arguments,
+                                      error_class, reason}]}
     validating -> requesting_model   {"refused": [...]} or {"finding": verifier's finding}
     running_tools -> requesting_model {"results": [{call_id, status, error_class}]}
 
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..models.base import Message, ToolCall, ToolResult, Turn, Usage
-from ..types import Outcome
+from ..types import Outcome, Status
 from .observe import Observation, not_run, observe
 from .states import State, Transition
 from .tally import Tally, canonical_arguments, fingerprint
@@ -35,6 +38,7 @@ class Planned:
     """A proposed call the loop sends to the daemon."""
 
     call_id: str
+    index: int
     model_id: str
     tool: str
     arguments: dict[str, Any]
@@ -42,6 +46,7 @@ class Planned:
     def to_json(self) -> dict[str, Any]:
         return {
             "call_id": self.call_id,
+            "index": self.index,
             "model_id": self.model_id,
             "tool": self.tool,
             "arguments": self.arguments,
@@ -52,6 +57,7 @@ class Planned:
 class Refused:
     """A proposed call the loop refused itself; it never reached the daemon."""
 
+    index: int
     model_id: str
     tool: str
     arguments: Any
@@ -60,6 +66,7 @@ class Refused:
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "index": self.index,
             "model_id": self.model_id,
             "tool": self.tool,
             "arguments": self.arguments,
@@ -88,18 +95,19 @@ class Conversation:
         self,
         turn: Turn,
         refused: Sequence[Refused],
-        ran: Mapping[str, tuple[Planned, Outcome]],
+        ran: Mapping[int, tuple[Planned, Outcome]],
         cap: int,
     ) -> None:
-        """One result per proposed call, in the model's order, all in one message."""
-        by_model = {r.model_id: r for r in refused}
+        """One result per proposed call, in the model's order, all in one message.
+        `ran`: the calls sent, by their position in the turn."""
+        by_index = {r.index: r for r in refused}
         results = []
-        for call in turn.tool_calls:
-            if call.id in by_model:
-                seen = by_model[call.id].observation()
+        for i, call in enumerate(turn.tool_calls):
+            if i in by_index:
+                seen = by_index[i].observation()
                 self._count(call.name, call.arguments, seen)
             else:
-                planned, outcome = ran[call.id]
+                planned, outcome = ran[i]
                 seen = observe(outcome, call.name, cap=cap)
                 self._count(call.name, call.arguments, seen)
                 self.done.append((planned, outcome))
@@ -224,9 +232,26 @@ def _replay(state: Rebuilt, moved: Transition, outcomes: Mapping[str, Outcome], 
             conv.add_results(state.turn, refused, {}, cap)
         state.turn = None
     elif moved.to_state is State.REQUESTING_MODEL and state.turn is not None:
-        ran = {p.model_id: (p, outcomes[p.call_id]) for p in state.planned}
-        conv.add_results(state.turn, state.refused, ran, cap)
+        conv.add_results(state.turn, state.refused, sent(state.planned, outcomes), cap)
         state.turn, state.planned, state.refused = None, [], []
+
+
+def sent(
+    planned: Iterable[Planned], outcomes: Mapping[str, Outcome]
+) -> dict[int, tuple[Planned, Outcome]]:
+    """The sent calls with their outcomes, by position in the turn; a call with no
+    recorded outcome (still running, or lost) is UNKNOWN_OUTCOME."""
+    return {p.index: (p, outcomes.get(p.call_id) or missing(p.call_id)) for p in planned}
+
+
+def missing(call_id: str) -> Outcome:
+    """A call sent with no outcome in the journal (yet): its effect is not known."""
+    return Outcome(
+        call_id=call_id,
+        status=Status.UNKNOWN_OUTCOME,
+        error_class="internal",
+        message="sent, but the journal has no outcome for it (still running, or lost)",
+    )
 
 
 def arguments_text(arguments: Any) -> str:
