@@ -161,7 +161,9 @@ def _rpc(stub: pb_grpc.ExecutorStub, rpc: str, tag: str, md: Any) -> Callable[[]
             pb.GetCallRequest(run_id="setup", call_id="seen"), metadata=md
         ),
         "ListCalls": lambda: stub.ListCalls(pb.ListCallsRequest(limit=5), metadata=md),
-        "Cancel": lambda: stub.Cancel(pb.CancelRequest(run_id=tag), metadata=md),
+        # A call of the run, not the run: barring a whole run also needs its ownership
+        # (tests/test_cancel_ownership.py), which is not what this matrix is about.
+        "Cancel": lambda: stub.Cancel(pb.CancelRequest(run_id=tag, call_id="c"), metadata=md),
     }
     return calls[rpc]
 
@@ -266,8 +268,9 @@ def test_the_journal_records_the_authenticated_identity_not_a_claim(served: Serv
             run_id="claims", calls=[pb.ToolCall(call_id="claimed", tool="noop")]
         )
         stub.ExecuteBatch(request, metadata=md)
-        stub.Cancel(pb.CancelRequest(run_id="claims-cancel", requester="root"), metadata=md)
-        stub.Cancel(pb.CancelRequest(run_id="plain-cancel"), metadata=md)
+        claimed = pb.CancelRequest(run_id="claims-cancel", call_id="c", requester="root")
+        stub.Cancel(claimed, metadata=md)
+        stub.Cancel(pb.CancelRequest(run_id="plain-cancel", call_id="c"), metadata=md)
     with served.client("root") as admin:
         assert admin.get_call("claimed", run_id="claims").agent == "alice"
     assert served.cancels("claims-cancel") == ["alice (says: root)"]
