@@ -48,6 +48,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/dispatch.py
 	$(BIN)/python bench/schedule.py
 	$(BIN)/python bench/cancel.py
+	$(BIN)/python bench/loop.py
 
 clean:
 	rm -rf $(VENV) gen build *.egg-info .pytest_cache
