@@ -22,7 +22,8 @@ from .errors import (
     RunRefused,
     Unauthenticated,
 )
-from .loop.driver import Loop, LoopResult, SoFar, Verdict
+from .loop.driver import Loop
+from .loop.results import LoopResult, SoFar, Verdict
 from .runs import CancelNotice, RunDetail, RunInfo, Runs
 from .types import (
     Approval,

@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 
+from ._tracecontext import AioTraceContext, TraceContext
 from .wire import CHANNEL_OPTIONS
 
 TOKEN_ENV = "EXECGATE_TOKEN"
@@ -56,12 +57,20 @@ def call_metadata(token: str) -> tuple[tuple[str, str], ...]:
 
 
 def sync_channel(address: str, tls: TlsConfig | None) -> grpc.Channel:
+    """A channel that sends the caller's trace context with every call."""
     if tls is None:
-        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-    return grpc.secure_channel(address, tls.credentials(), options=tls.options())
+        channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    else:
+        channel = grpc.secure_channel(address, tls.credentials(), options=tls.options())
+    return grpc.intercept_channel(channel, TraceContext())
 
 
 def aio_channel(address: str, tls: TlsConfig | None) -> grpc.aio.Channel:
+    interceptors: Any = [AioTraceContext()]  # grpc-stubs type this parameter as a cast-me
     if tls is None:
-        return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-    return grpc.aio.secure_channel(address, tls.credentials(), options=tls.options())
+        return grpc.aio.insecure_channel(
+            address, options=CHANNEL_OPTIONS, interceptors=interceptors
+        )
+    return grpc.aio.secure_channel(
+        address, tls.credentials(), options=tls.options(), interceptors=interceptors
+    )

@@ -30,7 +30,7 @@ import json
 import secrets
 import sqlite3
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,6 +181,7 @@ class Approvals:
         scope: CancelScope,
         ask: Rule | Approval,
         decision: PolicyRecord | None,
+        settled: Callable[[Approval], None] | None = None,
     ) -> None:
         """Park the call until an approver decides: return if approved, else raise the
         REJECTED ToolError (denied, expired, or stopped while it waited), or Detached.
@@ -196,6 +197,8 @@ class Approvals:
             self._waiting[approval.id] = asyncio.get_running_loop().create_future()
         batch.emit(EventKind.AWAITING_APPROVAL, req, approval=approval)
         ended = await self.wait(approval, scope)
+        if settled is not None:
+            settled(ended)
         where = f"approval {ended.id}, rule {ended.rule_id}"
         match ended.state:
             case ApprovalState.APPROVED:

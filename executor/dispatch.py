@@ -10,14 +10,15 @@ Calls of that batch still queued are REJECTED (cancelled) instead.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncGenerator, Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import results
 from .approve import Approval, Approvals, Detached
@@ -36,6 +37,10 @@ from .paths import Workspace
 from .policy import Decision, Policy, PolicyInput
 from .sandbox.registry import Sandboxes
 from .tools import CancelScope, Limits, Tool, ToolContext
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+from .tracing import CallFacts, Tracing
 from .validate import Validator
 
 log = logging.getLogger("execgate.dispatch")
@@ -79,6 +84,8 @@ class Dispatcher:
         # An agent's `group:`/`role:` memberships, for policy `agents` entries. Set
         # (and swapped on an identities reload) by the server; none by default.
         self.memberships: Callable[[str], frozenset[str]] = lambda agent: frozenset()
+        # Spans of batches and calls (set by the server; a no-op tracer until then).
+        self.tracing = Tracing(None)
         self._id_prefix = secrets.token_hex(6) + "_"
         self._ids = itertools.count(1)
 
@@ -93,6 +100,7 @@ class Dispatcher:
         *,
         progress: bool = True,
         deadline: float | None = None,
+        metadata: Sequence[tuple[str, Any]] = (),
     ) -> AsyncGenerator[Event, None]:
         """Start every call of the batch and yield their events until all have finished.
 
@@ -101,6 +109,7 @@ class Dispatcher:
         """
         batch = Batch(run_id, batch_id, agent, progress, deadline=deadline)
         batch.start_turns(len(calls))
+        span = self._trace(batch, metadata, len(calls))
         timer = None
         if deadline is not None:
             timer = asyncio.get_running_loop().call_later(
@@ -120,6 +129,7 @@ class Dispatcher:
                 timer.cancel()
             if remaining:  # the caller went away: queued calls must not start
                 self._inflight.abandon(batch, "client disconnected")
+            span.end()
 
     async def explain(self, calls: list[CallRequest], agent: str) -> list[PlanRow]:
         """The lock plan of a batch, computed exactly as Execute would, running nothing."""
@@ -152,6 +162,7 @@ class Dispatcher:
             req = approval.request()
             batch = Batch(req.run_id, req.batch_id, approval.requester, progress=False)
             batch.start_turns(1)
+            self._trace(batch, (), 1)  # no caller: a trace of its own, never ended early
             self._spawn(self._call(req, batch, parked=approval), req)
         return len(pending)
 
@@ -169,6 +180,23 @@ class Dispatcher:
     def force(self) -> None:
         """End every grace period now: in-flight calls are killed, and still recorded."""
         self._inflight.force_all("daemon shutting down (forced)")
+
+    def _trace(self, batch: Batch, metadata: Sequence[tuple[str, Any]], n: int) -> Span:
+        """The batch's span; each call's spans are built when it finishes (tracing.py)."""
+        span = self.tracing.batch_span(metadata, batch.run_id, batch.batch_id, batch.agent, n)
+
+        def finished(req: CallRequest, outcome: Outcome) -> None:
+            active = self._active.get((req.run_id, req.call_id))
+            facts = CallFacts(tool=req.tool, agent=batch.agent)
+            if active is not None and active.batch is batch:
+                facts = _facts(facts, active)
+            try:
+                self.tracing.call_spans(span, req.run_id, req.call_id, outcome, facts)
+            except Exception:  # a trace must never cost a call its outcome
+                log.exception("tracing call %s failed", req.call_id)
+
+        batch.on_finished = finished
+        return span
 
     def new_id(self, kind: str) -> str:
         """A daemon-assigned call or batch id: unique across restarts, cheap to make."""
@@ -223,8 +251,9 @@ class Dispatcher:
                 ask = parked or decision.ask
                 if ask is not None:
                     # Parked before the lock queue: it holds no locks while it waits.
-                    decided = self._active[key].decision
-                    await self.approvals.gate(call, batch, scope, ask, decided)
+                    active = self._active[key]
+                    settled = functools.partial(setattr, active, "approval")
+                    await self.approvals.gate(call, batch, scope, ask, active.decision, settled)
                     self._may_start(req, batch)
             except ToolError as err:
                 outcome = results.from_error(err, (queued,))
@@ -249,8 +278,13 @@ class Dispatcher:
 
     def _authorize(self, call: ValidCall, agent: str, active: Active) -> Decision:
         """Decide, keep the decision for the journal, and raise if it denies."""
+        began = time.time()
         active.policy_input = self._policy_input(call, agent)
         decision = self.policy.decide(active.policy_input)
+        active.policy_span = (began, time.time())
+        active.resources = tuple(
+            (c.key.render(self._root), c.mode.value) for c in call.effects.claims
+        )
         shadow = tuple(f"{rule}:{effect.value}" for rule, effect in decision.shadow)
         active.decision = PolicyRecord(
             decision.effect.value, decision.rule_ids, decision.revision, shadow
@@ -467,6 +501,24 @@ class Dispatcher:
             limits = replace(limits, output_cap_bytes=min(set_by.output_cap, limits.raw_cap_bytes))
         timeout = call.timeout if set_by.timeout is None else min(call.timeout, set_by.timeout)
         return limits, timeout
+
+
+def _facts(facts: CallFacts, active: Active) -> CallFacts:
+    facts.resources = active.resources
+    facts.policy_span = active.policy_span
+    if active.decision is not None:
+        facts.policy_effect = active.decision.effect
+        facts.policy_rules = active.decision.rule_ids
+    a = active.approval
+    if a is not None:
+        about = {
+            "execgate.approval.id": a.id,
+            "execgate.approval.rule_id": a.rule_id,
+            "execgate.approval.state": a.state.value,
+            "execgate.approval.decided_by": a.decided_by,
+        }
+        facts.approval = (a.created_at, a.decided_at or a.created_at, about)
+    return facts
 
 
 def _owner(req: CallRequest) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -69,6 +70,8 @@ class Batch:
     # The run's deadline (wall clock), if the request set one.
     deadline: float | None = None
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    # Told of every FINISHED outcome, reported or not (tracing builds the call's spans).
+    on_finished: Callable[[CallRequest, Outcome], None] | None = None
     # turns[i] is set once calls 0..i have all asked for their locks (or ended
     # without): call i+1 asks only after that, so the lock queue sees the batch in
     # proposal order even when some calls take longer to validate (sql reads a
@@ -102,6 +105,8 @@ class Batch:
         waiting: tuple[tuple[str, ...], tuple[str, ...]] | None = None,
         approval: Approval | None = None,
     ) -> None:
+        if kind is EventKind.FINISHED and outcome is not None and self.on_finished is not None:
+            self.on_finished(req, outcome)
         if not self.progress and kind is not EventKind.FINISHED:
             return
         at = time.time()

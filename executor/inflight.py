@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .cancel import CancelScope
 from .events import Batch
 from .journal import Journal, PolicyRecord
 from .policy import PolicyInput
+
+if TYPE_CHECKING:  # approve imports the dispatcher's modules
+    from .approve import Approval
 
 
 @dataclass(slots=True)
@@ -31,6 +35,11 @@ class Active:
     # on (tree tools ask the policy again about each file, with the same input).
     decision: PolicyRecord | None = None
     policy_input: PolicyInput | None = None
+    # For the call's trace: when the policy decided (epoch seconds), what it touches
+    # (key, mode), and its approval once settled.
+    policy_span: tuple[float, float] | None = None
+    resources: tuple[tuple[str, str], ...] = ()
+    approval: Approval | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

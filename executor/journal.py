@@ -162,6 +162,11 @@ class Journal:
         """Run `fn` in the writer's transaction, durably, and wait (startup only)."""
         return self._writer.submit_sync(fn, durable=True)
 
+    def write_from_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn` in the writer's transaction, not fsync'd, and wait: for threads
+        other than the event loop's (span exporters)."""
+        return self._writer.submit_sync(fn, durable=False)
+
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run a read of the journal's other tables in a worker thread."""
         return await self._read(fn)

@@ -124,6 +124,24 @@ CREATE TABLE IF NOT EXISTS run_events (
     data_json  TEXT NOT NULL,
     PRIMARY KEY (run_id, seq)
 );
+-- OpenTelemetry spans (executor/tracing.py), so traces need no collector. A view of
+-- the calls' own records, written without fsync; run_id/call_id from the attributes.
+CREATE TABLE IF NOT EXISTS spans (
+    seq             INTEGER PRIMARY KEY,
+    trace_id        TEXT NOT NULL,
+    span_id         TEXT NOT NULL,
+    parent_id       TEXT NOT NULL,
+    name            TEXT NOT NULL,
+    start           REAL NOT NULL,
+    end             REAL NOT NULL,
+    status          TEXT NOT NULL,
+    run_id          TEXT NOT NULL,
+    call_id         TEXT NOT NULL,
+    attributes_json TEXT NOT NULL,
+    events_json     TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS spans_trace ON spans (trace_id);
+CREATE INDEX IF NOT EXISTS spans_run ON spans (run_id) WHERE run_id != '';
 """
 
 RECORD_COLUMNS = (

@@ -21,7 +21,7 @@ from execgate.v1 import executor_pb2_grpc as pb_grpc
 from execgate.v1 import runs_pb2
 from execgate.v1 import runs_pb2_grpc as rpb_grpc
 
-from . import approve
+from . import approve, tracing
 from .authenticate import AuthInterceptor, server_credentials
 from .config import JOURNAL_NAME, Listener, ServeConfig
 from .dispatch import Dispatcher
@@ -133,6 +133,7 @@ async def serve(
         interceptor = AuthInterceptor(identities)
         if identities is not None:
             dispatcher.memberships = identities.memberships
+        dispatcher.tracing = tracing.setup(journal, daemon_id(config.state_dir))
         runs = RunStore(journal)
         dispatcher.ended_runs = runs.ended
         dispatcher.run_owners = runs.owners
@@ -165,6 +166,7 @@ async def serve(
     await dispatcher.close()
     await stopping
     await dispatcher.sandboxes.close()
+    dispatcher.tracing.shutdown()  # flushes spans into the journal, then over OTLP
     journal.close()
     os.close(lock_fd)
 

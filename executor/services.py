@@ -79,6 +79,7 @@ class ExecutorService(pb_grpc.ExecutorServicer):
             agent=caller().name,
             progress=not request.outcomes_only,
             deadline=_deadline(request),
+            metadata=tuple(context.invocation_metadata() or ()),
         )
         detached: list[Event] = []
         async with contextlib.aclosing(events):
@@ -104,6 +105,7 @@ class ExecutorService(pb_grpc.ExecutorServicer):
             agent=caller().name,
             progress=False,
             deadline=_deadline(request),
+            metadata=tuple(context.invocation_metadata() or ()),
         )
         detached: list[Event] = []
         async with contextlib.aclosing(events):

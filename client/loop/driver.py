@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
+
+from opentelemetry.trace import StatusCode
 
 from ..models.base import Message, Model, ModelTool, Turn
 from ..models.errors import ModelError
@@ -34,6 +35,19 @@ from .record import (
     stopped_calls,
     turn_json,
 )
+from .results import (
+    DEFAULT_LIMITS,
+    TRACER,
+    LoopResult,
+    SoFar,
+    Verdict,
+    Verifier,
+    close_span,
+    monotonic_start,
+    result_of,
+    stop_kwargs,
+    usage_attributes,
+)
 from .states import TERMINAL, Machine, State, Transition
 from .stops import Stop, StopRules
 from .tally import Tally
@@ -41,46 +55,6 @@ from .tally import Tally
 if TYPE_CHECKING:  # the client package imports the loop: no cycle at run time
     from .._sync import Client
     from ..runs import RunInfo
-
-
-# StopRules.default's bounds, recorded with the run when no limits override them.
-DEFAULT_LIMITS = {"max_steps": 50, "max_consecutive_errors": 5, "max_repeats": 3}
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """A verifier's answer: accept the final answer, or say what is wrong with it."""
-
-    accepted: bool
-    finding: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class SoFar:
-    """What a verifier sees: the goal, the proposed answer, every call that ran."""
-
-    goal: str
-    answer: str
-    calls: tuple[tuple[str, dict[str, Any], Outcome], ...]
-
-
-Verifier = Callable[[SoFar], Verdict]
-
-
-@dataclass(frozen=True, slots=True)
-class LoopResult:
-    run_id: str
-    state: State
-    # The terminal transition's reason, and the stop rule that decided ("" if none did).
-    reason: str
-    rule: str = ""
-    answer: str = ""
-    figures: dict[str, Any] = field(default_factory=dict)
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def completed(self) -> bool:
-        return self.state is State.COMPLETED
 
 
 class Loop:
@@ -119,7 +93,7 @@ class Loop:
         self.client = client
         self.model = model
         self.limits = {**DEFAULT_LIMITS, **(limits or {})} if stops is None else dict(limits or {})
-        self.stops = stops or StopRules.default(**_stop_kwargs(self.limits))
+        self.stops = stops or StopRules.default(**stop_kwargs(self.limits))
         self._own_stops = stops is not None
         self.verifier = verifier
         self.on_rejected_answer = on_rejected_answer
@@ -136,6 +110,12 @@ class Loop:
     # -- entry points ---------------------------------------------------------------
 
     def run(self, goal: str, *, run_id: str = "") -> LoopResult:
+        with TRACER.start_as_current_span("execgate.run") as span:
+            result = self._run(goal, run_id)
+            close_span(span, result)
+            return result
+
+    def _run(self, goal: str, run_id: str) -> LoopResult:
         info = self.client.runs.start(
             goal,
             run_id=run_id,
@@ -150,16 +130,24 @@ class Loop:
 
     def resume(self, run_id: str) -> LoopResult:
         """Continue a recorded run from its transitions and its calls in the journal."""
+        with TRACER.start_as_current_span(
+            "execgate.run", attributes={"execgate.resumed": True}
+        ) as span:
+            result = self._resume(run_id)
+            close_span(span, result)
+            return result
+
+    def _resume(self, run_id: str) -> LoopResult:
         detail = self.client.runs.get(run_id)
         machine = Machine.replay(run_id, detail.events)
         if machine.state in TERMINAL:
-            return _result_of(run_id, detail.events)
+            return result_of(run_id, detail.events)
         outcomes = {c.call_id: c.outcome for c in detail.calls if c.outcome is not None}
-        tally = Tally(started_at=_monotonic_start(detail.run.created_at))
+        tally = Tally(started_at=monotonic_start(detail.run.created_at))
         rebuilt = rebuild(detail.run.goal, detail.events, outcomes, tally, self.result_cap)
         # The run keeps the bounds it was started with (unless this Loop brings rules).
         limits = self.limits if self._own_stops else detail.run.limits
-        stops = self.stops if self._own_stops else StopRules.default(**_stop_kwargs(limits))
+        stops = self.stops if self._own_stops else StopRules.default(**stop_kwargs(limits))
         step = _Step(self, detail.run, machine, rebuilt.conversation, stops, limits)
         return step.go(rebuilt)
 
@@ -215,12 +203,16 @@ class _Step:
         """One model request and what follows from it."""
         if (stop := self._stop()) is not None:
             return self._end(stop)
-        try:
-            turn = self.loop.model.respond(
-                self.conv.messages, self.loop.offered(), system=self.loop.system
-            )
-        except ModelError as exc:
-            return self._fail("model_error", f"the model failed: {exc}", {"error": str(exc)})
+        with TRACER.start_as_current_span("execgate.model_request") as span:
+            span.set_attribute("gen_ai.request.model", getattr(self.loop.model, "name", ""))
+            try:
+                turn = self.loop.model.respond(
+                    self.conv.messages, self.loop.offered(), system=self.loop.system
+                )
+            except ModelError as exc:
+                span.set_status(StatusCode.ERROR, type(exc).__name__)
+                return self._fail("model_error", f"the model failed: {exc}", {"error": str(exc)})
+            span.set_attributes(usage_attributes(turn))
         self.conv.add_turn(turn)
         # A final answer's move is appended at once: its reply may carry a cancel
         # request, which must win over completing. Calls' moves wait for the next one.
@@ -245,9 +237,11 @@ class _Step:
             return None
         data = {"calls": [p.to_json() for p in planned], "refused": [r.to_json() for r in refused]}
         self._move(State.RUNNING_TOOLS, f"{len(planned)} call(s) sent", data)
-        outcomes = run_batch(
-            self.client, self.run_id, planned, deadline=self.deadline, on_event=self._on_event
-        )
+        with TRACER.start_as_current_span("execgate.tool_batch") as span:
+            span.set_attribute("execgate.batch.calls", len(planned))
+            outcomes = run_batch(
+                self.client, self.run_id, planned, deadline=self.deadline, on_event=self._on_event
+            )
         self._batch_done(turn, planned, refused, outcomes)
         return None  # the stop rules look at the batch before the next model request
 
@@ -386,37 +380,4 @@ class _Step:
 
 
 def _fresh(goal: str, info: RunInfo) -> Conversation:
-    return Conversation(
-        [Message("user", goal)], Tally(started_at=_monotonic_start(info.created_at))
-    )
-
-
-def _monotonic_start(created_at: float) -> float:
-    """The run's start on the monotonic clock (the deadline counts from its creation)."""
-    return time.monotonic() - max(time.time() - created_at, 0.0)
-
-
-def _stop_kwargs(limits: Mapping[str, Any]) -> dict[str, Any]:
-    names = {
-        "max_steps": "max_steps",
-        "max_tokens": "max_tokens",
-        "max_cost": "max_cost",
-        "deadline_seconds": "deadline_s",
-        "max_consecutive_errors": "max_consecutive_errors",
-        "max_repeats": "max_repeats",
-    }
-    return {names[k]: v for k, v in limits.items() if k in names}
-
-
-def _result_of(run_id: str, events: Sequence[Transition]) -> LoopResult:
-    last = events[-1]
-    data = last.data
-    return LoopResult(
-        run_id,
-        last.to_state,
-        last.reason,
-        str(data.get("rule", "")),
-        str(data.get("answer", "")),
-        dict(data.get("figures", {})),
-        dict(data.get("evidence", {})),
-    )
+    return Conversation([Message("user", goal)], Tally(started_at=monotonic_start(info.created_at)))

@@ -1,0 +1,113 @@
+"""What a run of the loop hands back, and the small conversions around it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import StatusCode
+
+from ..models.base import Turn
+from ..types import Outcome
+from .states import State, Transition
+
+# StopRules.default's bounds, recorded with the run when no limits override them.
+DEFAULT_LIMITS = {"max_steps": 50, "max_consecutive_errors": 5, "max_repeats": 3}
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A verifier's answer: accept the final answer, or say what is wrong with it."""
+
+    accepted: bool
+    finding: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SoFar:
+    """What a verifier sees: the goal, the proposed answer, every call that ran."""
+
+    goal: str
+    answer: str
+    calls: tuple[tuple[str, dict[str, Any], Outcome], ...]
+
+
+Verifier = Callable[[SoFar], Verdict]
+
+
+@dataclass(frozen=True, slots=True)
+class LoopResult:
+    run_id: str
+    state: State
+    # The terminal transition's reason, and the stop rule that decided ("" if none did).
+    reason: str
+    rule: str = ""
+    answer: str = ""
+    figures: dict[str, Any] = field(default_factory=dict)
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def completed(self) -> bool:
+        return self.state is State.COMPLETED
+
+
+TRACER = trace.get_tracer("execgate.client.loop")
+
+
+def close_span(span: trace.Span, result: LoopResult) -> None:
+    """The run span's outcome: its id, terminal state and the rule that ended it."""
+    span.set_attributes(
+        {
+            "execgate.run_id": result.run_id,
+            "execgate.run.state": result.state.value,
+            "execgate.run.reason": result.reason,
+            "execgate.stop.rule": result.rule,
+            "execgate.run.steps": int(result.figures.get("steps", 0)),
+        }
+    )
+    if not result.completed:
+        span.set_status(StatusCode.ERROR, result.state.value)
+
+
+def usage_attributes(turn: Turn) -> dict[str, Any]:
+    return {
+        "gen_ai.usage.input_tokens": turn.usage.input_tokens,
+        "gen_ai.usage.output_tokens": turn.usage.output_tokens,
+        "execgate.cost": turn.usage.cost,
+        "execgate.turn.calls": len(turn.tool_calls),
+        "execgate.turn.final": turn.final,
+    }
+
+
+def monotonic_start(created_at: float) -> float:
+    """The run's start on the monotonic clock (the deadline counts from its creation)."""
+    return time.monotonic() - max(time.time() - created_at, 0.0)
+
+
+def stop_kwargs(limits: Mapping[str, Any]) -> dict[str, Any]:
+    names = {
+        "max_steps": "max_steps",
+        "max_tokens": "max_tokens",
+        "max_cost": "max_cost",
+        "deadline_seconds": "deadline_s",
+        "max_consecutive_errors": "max_consecutive_errors",
+        "max_repeats": "max_repeats",
+    }
+    return {names[k]: v for k, v in limits.items() if k in names}
+
+
+def result_of(run_id: str, events: Sequence[Transition]) -> LoopResult:
+    last = events[-1]
+    data = last.data
+    return LoopResult(
+        run_id,
+        last.to_state,
+        last.reason,
+        str(data.get("rule", "")),
+        str(data.get("answer", "")),
+        dict(data.get("figures", {})),
+        dict(data.get("evidence", {})),
+    )
