@@ -16,13 +16,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 class Daemon:
     """`execgate serve` on `root/state/execgate.sock` with workspace `root/workspace`."""
 
-    def __init__(self, root: Path, *extra_args: str) -> None:
+    def __init__(self, root: Path, *extra_args: str, env: dict[str, str] | None = None) -> None:
         self.root = root
         self.workspace = root / "workspace"
         self.state_dir = root / "state"
         self.socket = self.state_dir / "execgate.sock"
         self.address = f"unix:{self.socket}"
         self.extra_args = extra_args
+        # Added to this process's environment for the daemon (OTEL_*, say).
+        self.env = env or {}
         self.log_path = root / "daemon.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -40,7 +42,13 @@ class Daemon:
             *self.extra_args,
         ]
         log = open(self.log_path, "ab")  # noqa: SIM115 -- owned by the child's lifetime
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.root,
+            env={**os.environ, **self.env},
+        )
         log.close()
         self.wait_serving(timeout)
         return self
