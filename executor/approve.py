@@ -293,6 +293,10 @@ class Approvals:
         finally:
             self._watchers.discard(queue)
 
+    def waiting(self) -> int:
+        """Calls parked here now."""
+        return len(self._waiting)
+
     def detach(self) -> None:
         """From now on, a parked call that is stopped leaves its approval pending."""
         self._detaching = True

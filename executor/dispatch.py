@@ -40,6 +40,7 @@ from .tools import CancelScope, Limits, Tool, ToolContext
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
+from .metrics import Metrics
 from .tracing import CallFacts, Tracing
 from .validate import Validator
 
@@ -86,6 +87,7 @@ class Dispatcher:
         self.memberships: Callable[[str], frozenset[str]] = lambda agent: frozenset()
         # Spans of batches and calls (set by the server; a no-op tracer until then).
         self.tracing = Tracing(None)
+        self.metrics = Metrics(None)
         self._id_prefix = secrets.token_hex(6) + "_"
         self._ids = itertools.count(1)
 
@@ -192,11 +194,16 @@ class Dispatcher:
                 facts = _facts(facts, active)
             try:
                 self.tracing.call_spans(span, req.run_id, req.call_id, outcome, facts)
-            except Exception:  # a trace must never cost a call its outcome
-                log.exception("tracing call %s failed", req.call_id)
+                self.metrics.record(req.tool, outcome)
+            except Exception:  # telemetry must never cost a call its outcome
+                log.exception("telemetry of call %s failed", req.call_id)
 
         batch.on_finished = finished
         return span
+
+    def queue_depth(self) -> int:
+        """Calls in the daemon that have not started (queued, parked, waiting for locks)."""
+        return sum(1 for active in list(self._active.values()) if not active.started)
 
     def new_id(self, kind: str) -> str:
         """A daemon-assigned call or batch id: unique across restarts, cheap to make."""

@@ -21,7 +21,7 @@ from execgate.v1 import executor_pb2_grpc as pb_grpc
 from execgate.v1 import runs_pb2
 from execgate.v1 import runs_pb2_grpc as rpb_grpc
 
-from . import approve, tracing
+from . import approve, metrics, tracing
 from .authenticate import AuthInterceptor, server_credentials
 from .config import JOURNAL_NAME, Listener, ServeConfig
 from .dispatch import Dispatcher
@@ -134,6 +134,8 @@ async def serve(
         if identities is not None:
             dispatcher.memberships = identities.memberships
         dispatcher.tracing = tracing.setup(journal, daemon_id(config.state_dir))
+        dispatcher.metrics = metrics.setup(daemon_id(config.state_dir))
+        dispatcher.metrics.gauges(dispatcher.approvals.waiting, dispatcher.queue_depth)
         runs = RunStore(journal)
         dispatcher.ended_runs = runs.ended
         dispatcher.run_owners = runs.owners
@@ -167,6 +169,7 @@ async def serve(
     await stopping
     await dispatcher.sandboxes.close()
     dispatcher.tracing.shutdown()  # flushes spans into the journal, then over OTLP
+    dispatcher.metrics.shutdown()
     journal.close()
     os.close(lock_fd)
 

@@ -20,7 +20,6 @@ Exporting never slows or fails a call: both exporters sit behind batch processor
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +32,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from .otelenv import disabled, otlp_protocol
 from .outcomes import Mark, Outcome, Phase
 from .outcomes import Status as OutcomeStatus
 from .trace_journal import JournalSpanExporter
@@ -163,7 +163,7 @@ class Tracing:
 def setup(journal: Any, instance: str) -> Tracing:
     """The daemon's tracing: the journal always; OTLP when `OTEL_*` configures it.
     OTEL_SDK_DISABLED=true turns both off."""
-    if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
+    if disabled():
         return Tracing(None)
     resource = Resource.create({"service.name": "execgate", "service.instance.id": instance})
     provider = TracerProvider(resource=resource)
@@ -171,20 +171,16 @@ def setup(journal: Any, instance: str) -> Tracing:
     otlp = _otlp_exporter()
     if otlp is not None:
         provider.add_span_processor(BatchSpanProcessor(otlp))
-        log.info("traces: journal and OTLP (%s)", _protocol())
+        log.info("traces: journal and OTLP (%s)", otlp_protocol("traces"))
     return Tracing(provider)
 
 
 def _otlp_exporter() -> SpanExporter | None:
-    """OTLP when OTEL_TRACES_EXPORTER says otlp, or an OTLP endpoint is set (and the
-    exporter is not set to something else); gRPC or HTTP per OTEL_EXPORTER_OTLP_PROTOCOL."""
-    chosen = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
-    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
-        "OTEL_EXPORTER_OTLP_ENDPOINT"
-    )
-    if chosen not in ("otlp", "") or (chosen == "" and not endpoint):
+    """gRPC or HTTP per OTEL_EXPORTER_OTLP_PROTOCOL; None when OTLP is not asked for."""
+    protocol = otlp_protocol("traces")
+    if protocol is None:
         return None
-    if _protocol() == "grpc":
+    if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
         return OTLPSpanExporter()
@@ -193,14 +189,6 @@ def _otlp_exporter() -> SpanExporter | None:
     )
 
     return HttpSpanExporter()
-
-
-def _protocol() -> str:
-    return (
-        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-        or "grpc"
-    )
 
 
 def _attributes(run_id: str, call_id: str, o: Outcome, facts: CallFacts) -> dict[str, Any]:

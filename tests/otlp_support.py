@@ -1,5 +1,5 @@
-"""A real OTLP trace receiver for tests: the collector's gRPC TraceService (from
-opentelemetry-proto) on loopback, keeping every span it is sent."""
+"""A real OTLP receiver for tests: the collector's gRPC TraceService and
+MetricsService (from opentelemetry-proto) on loopback, keeping what they are sent."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as mpb
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as mpb_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tpb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as tpb_grpc
 
@@ -43,13 +45,57 @@ class Receiver(tpb_grpc.TraceServiceServicer):
             return [s for s in self.spans if s.name == name and service in ("", s.service)]
 
 
+@dataclass
+class MetricsReceiver(mpb_grpc.MetricsServiceServicer):
+    # Every data point received: (metric name, attributes, value; a histogram's count).
+    points: list[tuple[str, dict[str, Any], float]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def Export(self, request: mpb.ExportMetricsServiceRequest, context: Any) -> Any:
+        got = [
+            p
+            for rm in request.resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            for p in _points(m)
+        ]
+        with self.lock:
+            self.points.extend(got)
+        return mpb.ExportMetricsServiceResponse()
+
+    def latest(self, name: str) -> list[tuple[dict[str, Any], float]]:
+        """The points of `name` in the last export that had it (metrics are cumulative)."""
+        with self.lock:
+            mine = [(a, v) for n, a, v in self.points if n == name]
+        return mine
+
+
 def start_receiver() -> tuple[grpc.Server, Receiver, int]:
-    receiver = Receiver()
+    server, receiver, _, port = start_receivers()
+    return server, receiver, port
+
+
+def start_receivers() -> tuple[grpc.Server, Receiver, MetricsReceiver, int]:
+    receiver, metrics = Receiver(), MetricsReceiver()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     tpb_grpc.add_TraceServiceServicer_to_server(receiver, server)
+    mpb_grpc.add_MetricsServiceServicer_to_server(metrics, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    return server, receiver, port
+    return server, receiver, metrics, port
+
+
+def _points(metric: Any) -> list[tuple[str, dict[str, Any], float]]:
+    kind = metric.WhichOneof("data")
+    data = getattr(metric, kind)
+    out = []
+    for p in data.data_points:
+        if kind == "histogram":
+            value = float(p.count)
+        else:
+            value = float(p.as_int if p.WhichOneof("value") == "as_int" else p.as_double)
+        out.append((metric.name, _attrs(p.attributes), value))
+    return out
 
 
 def _spans(resource_spans: Any) -> list[ReceivedSpan]:

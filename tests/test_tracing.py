@@ -24,7 +24,7 @@ from execgate.client import Call, Client, Status
 from execgate.executor.cli_demo import POLICY, _identities
 from execgate.executor.identity import new_token
 from tests.daemon import Daemon
-from tests.otlp_support import ReceivedSpan, Receiver, start_receiver
+from tests.otlp_support import ReceivedSpan, Receiver, start_receiver, start_receivers
 from tests.support import wait_until
 
 CLIENT = textwrap.dedent(
@@ -272,3 +272,55 @@ def _journal_marks(daemon: Daemon, run_id: str, call_id: str) -> dict[str, float
     finally:
         conn.close()
     return {phase: at for phase, at, _ in json.loads(outcome_json)["timeline"]}
+
+
+def test_metrics_reach_an_otlp_receiver(tmp_path: Path) -> None:
+    server, _, metrics, port = start_receivers()
+    root = tmp_path / "d"
+    root.mkdir()
+    (root / "policy.yaml").write_text(POLICY)
+    daemon = Daemon(
+        root,
+        "--policy", str(root / "policy.yaml"),
+        "--sandbox", "process",
+        env={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+            "OTEL_EXPORTER_OTLP_INSECURE": "true",
+            "OTEL_METRIC_EXPORT_INTERVAL": "100",
+        },
+    )  # fmt: skip
+    daemon.start()
+    try:
+        (daemon.workspace / "a.txt").write_text("alpha\n")
+        stubborn = ["sh", "-c", "trap '' TERM; sleep 30"]
+        append = ["sh", "-c", "echo x >> n.txt; sleep 0.2"]
+        with Client(daemon.address) as eg:
+            outcomes = eg.execute(
+                [
+                    Call(tool="read_file", arguments={"path": "a.txt"}),
+                    Call(tool="read_file", arguments={"path": "missing.txt"}),
+                    Call(tool="run_command", arguments={"argv": append}),
+                    Call(tool="run_command", arguments={"argv": append}),
+                    Call(tool="run_command", arguments={"argv": stubborn}),
+                ],
+                run_id="metered",
+            )
+        assert outcomes[4].stopped_how.value == "force_terminated"
+
+        def has(name: str, want: float, **attrs: str) -> bool:
+            return any(
+                v >= want and all(a.get(k) == x for k, x in attrs.items())
+                for a, v in metrics.latest(name)
+            )
+
+        wait_until(lambda: has("execgate.forced_terminations", 1), "forced terminations")
+        wait_until(lambda: has("execgate.call.lock_wait", 2, **{"execgate.tool": "run_command"}),
+                   "lock waits")  # fmt: skip
+        assert has("execgate.calls", 1, **{"execgate.outcome.status": "success"})
+        assert has("execgate.calls", 1, **{"error.type": "not_found"})
+        assert has("execgate.call.duration", 1, **{"execgate.tool": "run_command"})
+        assert metrics.latest("execgate.queue.depth")
+        assert metrics.latest("execgate.approvals.pending")
+    finally:
+        daemon.stop()
+        server.stop(0)

@@ -1,0 +1,107 @@
+"""The daemon's metrics through the OpenTelemetry SDK, exported over OTLP when the
+standard `OTEL_*` variables ask for it (OTEL_METRICS_EXPORTER=otlp, or an OTLP
+endpoint), every OTEL_METRIC_EXPORT_INTERVAL ms:
+
+    execgate.calls                  counter: calls finished, by status, tool, error.type
+    execgate.call.lock_wait         histogram (s): queued behind conflicting calls
+    execgate.call.duration          histogram (s): the tool's run, start to stop
+    execgate.forced_terminations    counter: calls whose grace ran out, by tool
+    execgate.approvals.pending      gauge: calls parked for a human now
+    execgate.queue.depth            gauge: calls in the daemon not yet started
+
+Recorded from each finished call's outcome (the same hook that builds its spans).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeterProvider, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+
+from .otelenv import disabled, otlp_protocol
+from .outcomes import Outcome, Phase
+
+Gauge = Callable[[], int]
+
+
+class Metrics:
+    def __init__(self, provider: MeterProvider | None) -> None:
+        self.provider = provider
+        meter: Meter = (provider or NoOpMeterProvider()).get_meter("execgate.executor")
+        self._calls = meter.create_counter("execgate.calls", "{call}", "calls finished")
+        self._lock_wait = meter.create_histogram(
+            "execgate.call.lock_wait", "s", "time queued behind conflicting calls"
+        )
+        self._duration = meter.create_histogram(
+            "execgate.call.duration", "s", "the tool's run, from start to its last process's end"
+        )
+        self._forced = meter.create_counter(
+            "execgate.forced_terminations", "{call}", "calls force-terminated after the grace"
+        )
+        self._meter = meter
+
+    def gauges(self, pending_approvals: Gauge, queue_depth: Gauge) -> None:
+        """Observed at each export: what the dispatcher holds now."""
+        self._meter.create_observable_gauge(
+            "execgate.approvals.pending", [_observe(pending_approvals)], "{call}"
+        )
+        self._meter.create_observable_gauge(
+            "execgate.queue.depth", [_observe(queue_depth)], "{call}"
+        )
+
+    def record(self, tool: str, outcome: Outcome) -> None:
+        attrs = {"execgate.tool": tool, "execgate.outcome.status": outcome.status.value}
+        if outcome.error_class.value != "none":
+            attrs["error.type"] = outcome.error_class.value
+        self._calls.add(1, attrs)
+        marks = {m.phase: m.at for m in outcome.timeline}
+        tool_only = {"execgate.tool": tool}
+        if Phase.WAITING in marks and Phase.LOCK_GRANTED in marks:
+            self._lock_wait.record(marks[Phase.LOCK_GRANTED] - marks[Phase.WAITING], tool_only)
+        if Phase.STARTED in marks:
+            end = marks.get(Phase.STOPPED, marks.get(Phase.FINISHED, marks[Phase.STARTED]))
+            self._duration.record(max(end - marks[Phase.STARTED], 0.0), tool_only)
+        if Phase.FORCE_TERMINATED in marks:
+            self._forced.add(1, tool_only)
+
+    def shutdown(self) -> None:
+        if self.provider is not None:
+            self.provider.shutdown()
+
+
+def setup(instance: str, readers: Iterable[MetricReader] = ()) -> Metrics:
+    """Metrics over OTLP when configured (plus `readers`, for tests); else no-ops."""
+    chosen = list(readers)
+    exporter = _otlp_exporter()
+    if exporter is not None:
+        chosen.append(PeriodicExportingMetricReader(exporter))
+    if not chosen or disabled():
+        return Metrics(None)
+    resource = Resource.create({"service.name": "execgate", "service.instance.id": instance})
+    return Metrics(MeterProvider(resource=resource, metric_readers=chosen))
+
+
+def _otlp_exporter() -> Any:
+    protocol = otlp_protocol("metrics")
+    if protocol is None:
+        return None
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+        return OTLPMetricExporter()
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+        OTLPMetricExporter as HttpMetricExporter,
+    )
+
+    return HttpMetricExporter()
+
+
+def _observe(read: Gauge) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def callback(options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(read())]
+
+    return callback
