@@ -164,9 +164,15 @@ class Dispatcher:
             req = approval.request()
             batch = Batch(req.run_id, req.batch_id, approval.requester, progress=False)
             batch.start_turns(1)
-            self._trace(batch, (), 1)  # no caller: a trace of its own, never ended early
-            self._spawn(self._call(req, batch, parked=approval), req)
+            span = self._trace(batch, (), 1)  # no caller: a trace of its own
+            self._spawn(self._resumed(req, batch, approval, span), req)
         return len(pending)
+
+    async def _resumed(self, req: CallRequest, batch: Batch, parked: Approval, span: Span) -> None:
+        try:
+            await self._call(req, batch, parked=parked)
+        finally:
+            span.end()
 
     async def close(self, reason: str = "daemon shutting down") -> None:
         """Cancel everything in flight (grace, then force) and wait until it is recorded.
@@ -192,14 +198,18 @@ class Dispatcher:
             facts = CallFacts(tool=req.tool, agent=batch.agent)
             if active is not None and active.batch is batch:
                 facts = _facts(facts, active)
-            try:
-                self.tracing.call_spans(span, req.run_id, req.call_id, outcome, facts)
-                self.metrics.record(req.tool, outcome)
-            except Exception:  # telemetry must never cost a call its outcome
-                log.exception("telemetry of call %s failed", req.call_id)
+            # After the FINISHED event is on its way: telemetry never delays an outcome.
+            asyncio.get_running_loop().call_soon(self._telemetry, span, req, outcome, facts)
 
         batch.on_finished = finished
         return span
+
+    def _telemetry(self, span: Span, req: CallRequest, outcome: Outcome, facts: CallFacts) -> None:
+        try:
+            self.tracing.call_spans(span, req.run_id, req.call_id, outcome, facts)
+            self.metrics.record(req.tool, outcome)
+        except Exception:  # telemetry must never cost a call its outcome
+            log.exception("telemetry of call %s failed", req.call_id)
 
     def queue_depth(self) -> int:
         """Calls in the daemon that have not started (queued, parked, waiting for locks)."""

@@ -20,6 +20,7 @@ Exporting never slows or fails a call: both exporters sit behind batch processor
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -93,7 +94,9 @@ class Tracing:
     def call_spans(
         self, parent: Span | None, run_id: str, call_id: str, outcome: Outcome, facts: CallFacts
     ) -> None:
-        """The call's span tree, from its timeline."""
+        """The call's span tree, from its timeline (nothing if its batch is not sampled)."""
+        if parent is not None and not parent.get_span_context().trace_flags.sampled:
+            return
         marks = {m.phase: m for m in outcome.timeline}
         first, last = _bounds(outcome.timeline)
         ctx = trace.set_span_in_context(parent) if parent is not None else Context()
@@ -167,12 +170,24 @@ def setup(journal: Any, instance: str) -> Tracing:
         return Tracing(None)
     resource = Resource.create({"service.name": "execgate", "service.instance.id": instance})
     provider = TracerProvider(resource=resource)
-    provider.add_span_processor(BatchSpanProcessor(JournalSpanExporter(journal)))
+    provider.add_span_processor(_batched(JournalSpanExporter(journal)))
     otlp = _otlp_exporter()
     if otlp is not None:
-        provider.add_span_processor(BatchSpanProcessor(otlp))
+        provider.add_span_processor(_batched(otlp))
         log.info("traces: journal and OTLP (%s)", otlp_protocol("traces"))
     return Tracing(provider)
+
+
+def _batched(exporter: SpanExporter) -> BatchSpanProcessor:
+    """A batch processor sized for a daemon: a call makes 2-5 spans, and a busy daemon
+    a thousand calls a second. OTEL_BSP_* variables, when set, win."""
+    env = os.environ
+    return BatchSpanProcessor(
+        exporter,
+        max_queue_size=None if "OTEL_BSP_MAX_QUEUE_SIZE" in env else 32768,
+        schedule_delay_millis=None if "OTEL_BSP_SCHEDULE_DELAY" in env else 500,
+        max_export_batch_size=None if "OTEL_BSP_MAX_EXPORT_BATCH_SIZE" in env else 2048,
+    )
 
 
 def _otlp_exporter() -> SpanExporter | None:
