@@ -26,15 +26,17 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import json
 import secrets
 import sqlite3
 import time
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
 from typing import Any
 
-from .calls import CallRequest, ValidCall
+from .approval import Approval, ApprovalState, Detached
+from .approvals_store import insert as _insert
+from .approvals_store import left_pending
+from .approvals_store import rows as _rows
+from .calls import ValidCall
 from .cancel import CancelScope
 from .errors import ExecgateError, ToolError
 from .events import Batch, EventKind
@@ -43,62 +45,18 @@ from .journal import Journal, PolicyRecord
 from .outcomes import ErrorClass, Status
 from .policy import Rule
 
+__all__ = [
+    "Approval",
+    "ApprovalError",
+    "ApprovalState",
+    "Approvals",
+    "Detached",
+    "Refused",
+    "left_pending",
+    "may_decide",
+]
+
 DECIDERS = frozenset({Role.APPROVER, Role.ADMIN})
-
-
-class ApprovalState(enum.Enum):
-    PENDING = "pending"
-    APPROVED = "approved"
-    DENIED = "denied"
-    EXPIRED = "expired"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Approval:
-    id: str
-    run_id: str
-    call_id: str
-    batch_id: str
-    tool: str
-    arguments_json: str
-    # The identity that made the call; it may never decide it.
-    requester: str
-    rule_id: str
-    reason: str
-    # Identity names or roles (from the rule) that may decide.
-    approvers: tuple[str, ...]
-    created_at: float
-    expires_at: float
-    state: ApprovalState
-    decided_by: str = ""
-    # The decider's comment, or why it expired.
-    comment: str = ""
-    decided_at: float | None = None
-    # The rest of the request, for the daemon that re-parks it after a restart.
-    idempotency_key: str = ""
-    timeout: float | None = None
-
-    def request(self) -> CallRequest:
-        """The parked call's request, as the client sent it."""
-        return CallRequest(
-            run_id=self.run_id,
-            call_id=self.call_id,
-            batch_id=self.batch_id,
-            index=0,
-            tool=self.tool,
-            arguments_json=self.arguments_json,
-            idempotency_key=self.idempotency_key,
-            timeout=self.timeout,
-        )
-
-
-class Detached(Exception):
-    """The daemon is stopping while the call awaits approval: the approval stays
-    pending and the next daemon resumes the call; this one stops following it."""
-
-    def __init__(self, approval: Approval) -> None:
-        super().__init__(f"call {approval.call_id} awaits approval {approval.id}")
-        self.approval = approval
 
 
 class Refused(enum.Enum):
@@ -341,71 +299,3 @@ def _settled(a: Approval) -> str:
     return f"approval {a.id} is already {a.state.value}{by}" + (
         f": {a.comment}" if a.comment else ""
     )
-
-
-_COLUMNS = (
-    "id, run_id, call_id, batch_id, tool, arguments_json, requester, rule_id, reason, "
-    "approvers_json, created_at, expires_at, state, decided_by, comment, decided_at, "
-    "idempotency_key, timeout"
-)
-
-
-def _insert(conn: sqlite3.Connection, a: Approval, decision: PolicyRecord | None) -> None:
-    conn.execute(
-        f"INSERT INTO approvals ({_COLUMNS}, decision_json) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (
-            a.id,
-            a.run_id,
-            a.call_id,
-            a.batch_id,
-            a.tool,
-            a.arguments_json,
-            a.requester,
-            a.rule_id,
-            a.reason,
-            json.dumps(a.approvers),
-            a.created_at,
-            a.expires_at,
-            a.state.value,
-            a.decided_by,
-            a.comment,
-            a.decided_at,
-            a.idempotency_key,
-            a.timeout,
-            decision.to_json() if decision is not None else None,
-        ),
-    )
-
-
-def _rows(conn: sqlite3.Connection, where: str, params: tuple[object, ...]) -> list[Approval]:
-    rows = conn.execute(f"SELECT {_COLUMNS} FROM approvals {where}", params).fetchall()
-    return [_approval(r) for r in rows]
-
-
-def _approval(r: tuple[Any, ...]) -> Approval:
-    return Approval(
-        id=r[0],
-        run_id=r[1],
-        call_id=r[2],
-        batch_id=r[3],
-        tool=r[4],
-        arguments_json=r[5],
-        requester=r[6],
-        rule_id=r[7],
-        reason=r[8],
-        approvers=tuple(json.loads(r[9])),
-        created_at=r[10],
-        expires_at=r[11],
-        state=ApprovalState(r[12]),
-        decided_by=r[13],
-        comment=r[14],
-        decided_at=r[15],
-        idempotency_key=r[16],
-        timeout=r[17],
-    )
-
-
-def left_pending(journal: Journal) -> list[Approval]:
-    """At startup: the approvals a previous daemon left pending, oldest first."""
-    return journal.write_now(lambda c: _rows(c, "WHERE state = 'pending' ORDER BY created_at", ()))

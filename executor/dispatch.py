@@ -20,10 +20,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import results
+from . import admission, results
 from .approve import Approval, Approvals, Detached
 from .authorize import file_check, policy_input
 from .calls import CallRequest, ValidCall
+from .calltelemetry import CallTelemetry
 from .endings import Endings, record
 from .errors import ToolError
 from .events import Batch, Event, EventKind, PlanRow
@@ -32,16 +33,15 @@ from .inflight import Active, CancelOrder, InFlight
 from .journal import DuplicateCall, Journal, PolicyRecord
 from .locks import Abandoned, LockBackend, WaitInfo
 from .locks import explain as explain_plans
-from .outcomes import ErrorClass, Mark, Outcome, Phase, Status, mark, rejected
+from .outcomes import ErrorClass, Mark, Outcome, Phase, mark, rejected
 from .paths import Workspace
 from .policy import Decision, Policy, PolicyInput
 from .sandbox.registry import Sandboxes
-from .tools import CancelScope, Limits, Tool, ToolContext
+from .tools import CancelScope, Limits, Tool
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
-from .metrics import Metrics
-from .tracing import CallFacts, Tracing
+from .runtool import call_limits, run_tool
 from .validate import Validator
 
 log = logging.getLogger("execgate.dispatch")
@@ -85,9 +85,8 @@ class Dispatcher:
         # An agent's `group:`/`role:` memberships, for policy `agents` entries. Set
         # (and swapped on an identities reload) by the server; none by default.
         self.memberships: Callable[[str], frozenset[str]] = lambda agent: frozenset()
-        # Spans of batches and calls (set by the server; a no-op tracer until then).
-        self.tracing = Tracing(None)
-        self.metrics = Metrics(None)
+        # Spans and metrics of batches and calls (exporters set by the server).
+        self.telemetry = CallTelemetry(self._active)
         self._id_prefix = secrets.token_hex(6) + "_"
         self._ids = itertools.count(1)
 
@@ -111,7 +110,7 @@ class Dispatcher:
         """
         batch = Batch(run_id, batch_id, agent, progress, deadline=deadline)
         batch.start_turns(len(calls))
-        span = self._trace(batch, metadata, len(calls))
+        span = self.telemetry.attach(batch, metadata, len(calls))
         timer = None
         if deadline is not None:
             timer = asyncio.get_running_loop().call_later(
@@ -164,7 +163,7 @@ class Dispatcher:
             req = approval.request()
             batch = Batch(req.run_id, req.batch_id, approval.requester, progress=False)
             batch.start_turns(1)
-            span = self._trace(batch, (), 1)  # no caller: a trace of its own
+            span = self.telemetry.attach(batch, (), 1)  # no caller: a trace of its own
             self._spawn(self._resumed(req, batch, approval, span), req)
         return len(pending)
 
@@ -188,28 +187,6 @@ class Dispatcher:
     def force(self) -> None:
         """End every grace period now: in-flight calls are killed, and still recorded."""
         self._inflight.force_all("daemon shutting down (forced)")
-
-    def _trace(self, batch: Batch, metadata: Sequence[tuple[str, Any]], n: int) -> Span:
-        """The batch's span; each call's spans are built when it finishes (tracing.py)."""
-        span = self.tracing.batch_span(metadata, batch.run_id, batch.batch_id, batch.agent, n)
-
-        def finished(req: CallRequest, outcome: Outcome) -> None:
-            active = self._active.get((req.run_id, req.call_id))
-            facts = CallFacts(tool=req.tool, agent=batch.agent)
-            if active is not None and active.batch is batch:
-                facts = _facts(facts, active)
-            # After the FINISHED event is on its way: telemetry never delays an outcome.
-            asyncio.get_running_loop().call_soon(self._telemetry, span, req, outcome, facts)
-
-        batch.on_finished = finished
-        return span
-
-    def _telemetry(self, span: Span, req: CallRequest, outcome: Outcome, facts: CallFacts) -> None:
-        try:
-            self.tracing.call_spans(span, req.run_id, req.call_id, outcome, facts)
-            self.metrics.record(req.tool, outcome)
-        except Exception:  # telemetry must never cost a call its outcome
-            log.exception("telemetry of call %s failed", req.call_id)
 
     def queue_depth(self) -> int:
         """Calls in the daemon that have not started (queued, parked, waiting for locks)."""
@@ -317,38 +294,16 @@ class Dispatcher:
 
     def _may_start(self, req: CallRequest, batch: Batch) -> None:
         """Raise the REJECTED ToolError of a call that must not start now."""
-        if self._closing:
-            raise ToolError(
-                ErrorClass.CANCELLED, "the daemon is shutting down", status=Status.REJECTED
-            )
-        bar = self._inflight.barred.get(req.run_id)
-        if bar is not None:
-            raise ToolError(
-                ErrorClass.CANCELLED,
-                f"run {req.run_id!r} was cancelled ({bar.reason}); start a new run",
-                field="run_id",
-                status=Status.REJECTED,
-            )
-        owner = self.run_owners.get(req.run_id)
-        if owner is not None and owner != batch.agent:
-            raise ToolError(
-                ErrorClass.PERMISSION_DENIED,
-                f"run {req.run_id!r} was started by {owner}; only its calls join it",
-                field="run_id",
-                status=Status.REJECTED,
-            )
-        ended = self.ended_runs.get(req.run_id)
-        if ended is not None:
-            raise ToolError(
-                ErrorClass.CANCELLED,
-                f"run {req.run_id!r} has ended ({ended}); start a new run",
-                field="run_id",
-                status=Status.REJECTED,
-            )
-        if batch.deadline is not None and time.time() >= batch.deadline:
-            raise ToolError(
-                ErrorClass.TIMEOUT, "the run's deadline has passed", status=Status.REJECTED
-            )
+        refusal = admission.refusal(
+            req.run_id,
+            batch,
+            closing=self._closing,
+            barred=self._inflight.barred,
+            owners=self.run_owners,
+            ended=self.ended_runs,
+        )
+        if refusal is not None:
+            raise refusal
 
     async def _in_flight_duplicate(self, req: CallRequest, batch: Batch, queued: Mark) -> None:
         """A client resending a call that still runs joins it if its idempotency key says so."""
@@ -474,68 +429,19 @@ class Dispatcher:
     ) -> tuple[Outcome, str]:
         decided_on = self._active[(call.request.run_id, call.request.call_id)].policy_input
         assert decided_on is not None  # set by _authorize before anything runs
-        sandbox, confinement = self.sandboxes.for_call(
-            call.request.tool, batch.agent, decided_on.memberships
-        )
-        limits, timeout = self._call_limits(call, decided_on)
-        if batch.deadline is not None:
-            timeout = max(min(timeout, batch.deadline - time.time()), 0.0)
-        ctx = ToolContext(
-            self.workspace,
-            limits,
-            timeout,
-            scope,
-            call.effects.detail,
-            sandbox=sandbox,
-            confinement=confinement,
-            may_write=call.may_write,
-            marker=secrets.token_hex(8),
-            run_id=call.request.run_id,
-            deadline=time.monotonic() + timeout,
-            readable=self._file_check(call, batch.agent),
-        )
-        try:
-            out = await call.tool.run(call.args, ctx)
-        except ToolError as err:
-            return results.from_error(err, marks).with_marks(mark(Phase.FINISHED)), ""
-        except Exception as exc:
-            log.exception("tool %s crashed on call %s", call.request.tool, call.request.call_id)
-            outcome = results.from_crash(exc, may_write=call.may_write, marks=marks)
-            return outcome.with_marks(mark(Phase.FINISHED)), ""
-        outcome = results.from_output(
-            out, may_write=call.may_write, cap=limits.output_cap_bytes, marks=marks
-        )
-        return outcome.with_marks(mark(Phase.FINISHED)), out.raw()
-
-    def _call_limits(self, call: ValidCall, decided_on: PolicyInput) -> tuple[Limits, float]:
-        """The daemon's limits with the policy's `limits:` for this call applied, and
-        the call's timeout (the policy's caps the one the call asked for)."""
         set_by = self.policy.limits_for(decided_on)
-        limits = self.limits
-        if set_by.grace is not None:
-            limits = replace(limits, grace=min(set_by.grace, limits.max_grace))
-        if set_by.output_cap is not None:
-            limits = replace(limits, output_cap_bytes=min(set_by.output_cap, limits.raw_cap_bytes))
-        timeout = call.timeout if set_by.timeout is None else min(call.timeout, set_by.timeout)
-        return limits, timeout
-
-
-def _facts(facts: CallFacts, active: Active) -> CallFacts:
-    facts.resources = active.resources
-    facts.policy_span = active.policy_span
-    if active.decision is not None:
-        facts.policy_effect = active.decision.effect
-        facts.policy_rules = active.decision.rule_ids
-    a = active.approval
-    if a is not None:
-        about = {
-            "execgate.approval.id": a.id,
-            "execgate.approval.rule_id": a.rule_id,
-            "execgate.approval.state": a.state.value,
-            "execgate.approval.decided_by": a.decided_by,
-        }
-        facts.approval = (a.created_at, a.decided_at or a.created_at, about)
-    return facts
+        limits, timeout = call_limits(self.limits, set_by, call, batch.deadline)
+        return await run_tool(
+            call,
+            workspace=self.workspace,
+            sandboxes=self.sandboxes,
+            limits=limits,
+            allowed_s=timeout,
+            scope=scope,
+            decided_on=decided_on,
+            readable=self._file_check(call, batch.agent),
+            marks=marks,
+        )
 
 
 def _owner(req: CallRequest) -> str:

@@ -133,9 +133,10 @@ async def serve(
         interceptor = AuthInterceptor(identities)
         if identities is not None:
             dispatcher.memberships = identities.memberships
-        dispatcher.tracing = tracing.setup(journal, daemon_id(config.state_dir))
-        dispatcher.metrics = metrics.setup(daemon_id(config.state_dir))
-        dispatcher.metrics.gauges(dispatcher.approvals.waiting, dispatcher.queue_depth)
+        telemetry = dispatcher.telemetry
+        telemetry.tracing = tracing.setup(journal, daemon_id(config.state_dir))
+        telemetry.metrics = metrics.setup(daemon_id(config.state_dir))
+        telemetry.metrics.gauges(dispatcher.approvals.waiting, dispatcher.queue_depth)
         runs = RunStore(journal)
         dispatcher.ended_runs = runs.ended
         dispatcher.run_owners = runs.owners
@@ -168,8 +169,7 @@ async def serve(
     await dispatcher.close()
     await stopping
     await dispatcher.sandboxes.close()
-    dispatcher.tracing.shutdown()  # flushes spans into the journal, then over OTLP
-    dispatcher.metrics.shutdown()
+    dispatcher.telemetry.shutdown()
     journal.close()
     os.close(lock_fd)
 

@@ -1,0 +1,73 @@
+"""The dispatcher's side of telemetry: a span per batch, and each call's spans and
+metrics once its outcome is reported (tracing.py and metrics.py build them)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opentelemetry.trace import Span
+
+from .calls import CallRequest
+from .events import Batch
+from .inflight import Active
+from .metrics import Metrics
+from .outcomes import Outcome
+from .tracing import CallFacts, Tracing
+
+log = logging.getLogger("execgate.dispatch")
+
+
+class CallTelemetry:
+    def __init__(self, active: Mapping[tuple[str, str], Active]) -> None:
+        self._active = active
+        # Set by the server; no-ops until then.
+        self.tracing = Tracing(None)
+        self.metrics = Metrics(None)
+
+    def attach(self, batch: Batch, metadata: Sequence[tuple[str, Any]], n: int) -> Span:
+        """The batch's span (a child of the caller's, from `metadata`); its calls'
+        spans follow from `batch.on_finished`. The caller ends the span."""
+        span = self.tracing.batch_span(metadata, batch.run_id, batch.batch_id, batch.agent, n)
+
+        def finished(req: CallRequest, outcome: Outcome) -> None:
+            active = self._active.get((req.run_id, req.call_id))
+            facts = CallFacts(tool=req.tool, agent=batch.agent)
+            if active is not None and active.batch is batch:
+                facts = _facts(facts, active)
+            # After the FINISHED event is on its way: telemetry never delays an outcome.
+            asyncio.get_running_loop().call_soon(self._record, span, req, outcome, facts)
+
+        batch.on_finished = finished
+        return span
+
+    def shutdown(self) -> None:
+        self.tracing.shutdown()  # flushes spans into the journal, then over OTLP
+        self.metrics.shutdown()
+
+    def _record(self, span: Span, req: CallRequest, outcome: Outcome, facts: CallFacts) -> None:
+        try:
+            self.tracing.call_spans(span, req.run_id, req.call_id, outcome, facts)
+            self.metrics.record(req.tool, outcome)
+        except Exception:  # telemetry must never cost a call its outcome
+            log.exception("telemetry of call %s failed", req.call_id)
+
+
+def _facts(facts: CallFacts, active: Active) -> CallFacts:
+    facts.resources = active.resources
+    facts.policy_span = active.policy_span
+    if active.decision is not None:
+        facts.policy_effect = active.decision.effect
+        facts.policy_rules = active.decision.rule_ids
+    a = active.approval
+    if a is not None:
+        about = {
+            "execgate.approval.id": a.id,
+            "execgate.approval.rule_id": a.rule_id,
+            "execgate.approval.state": a.state.value,
+            "execgate.approval.decided_by": a.decided_by,
+        }
+        facts.approval = (a.created_at, a.decided_at or a.created_at, about)
+    return facts
