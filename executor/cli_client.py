@@ -106,10 +106,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = sub.add_parser("health", parents=[common], help="exit 0 if the daemon is serving")
     p.set_defaults(handler=_health)
 
-    from . import cli_approvals, cli_runs  # they import this module's helpers
+    from . import cli_approvals, cli_kills, cli_runs, cli_trace  # they import this module's helpers
 
     cli_approvals.add_commands(sub, common)
     cli_runs.add_commands(sub, common)
+    cli_trace.add_commands(sub, common)
+    cli_kills.add_commands(sub, common)
 
 
 def _client(args: argparse.Namespace, *, run_id: str = "") -> Client:
