@@ -118,7 +118,13 @@ class AsyncClient:
         return wire.record(msg)
 
     async def list_calls(
-        self, *, run_id: str = "", statuses: Iterable[Status] = (), tool: str = "", limit: int = 100
+        self,
+        *,
+        run_id: str = "",
+        statuses: Iterable[Status] = (),
+        tool: str = "",
+        limit: int = 100,
+        since: float | None = None,
     ) -> list[CallRecord]:
         records: list[CallRecord] = []
         token = ""
@@ -129,6 +135,7 @@ class AsyncClient:
                 tool=tool,
                 limit=min(limit - len(records), 1000),
                 page_token=token,
+                since=since,
             )
             try:
                 response = await self._stub.ListCalls(request, metadata=self._metadata)
@@ -171,6 +178,15 @@ class AsyncClient:
             response = await self._approvals.ListPending(
                 pb.ListPendingRequest(), metadata=self._metadata
             )
+        except grpc.RpcError as exc:
+            raise wire.translate(exc, self.address) from exc
+        return [wire.approval(a) for a in response.approvals]
+
+    async def approvals_of_run(self, run_id: str) -> list[Approval]:
+        """Every approval of the run in any state, oldest first: who decided, and when."""
+        request = pb.ListApprovalsRequest(run_id=run_id)
+        try:
+            response = await self._approvals.List(request, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address) from exc
         return [wire.approval(a) for a in response.approvals]

@@ -130,9 +130,16 @@ class Client:
         return wire.record(msg)
 
     def list_calls(
-        self, *, run_id: str = "", statuses: Iterable[Status] = (), tool: str = "", limit: int = 100
+        self,
+        *,
+        run_id: str = "",
+        statuses: Iterable[Status] = (),
+        tool: str = "",
+        limit: int = 100,
+        since: float | None = None,
     ) -> list[CallRecord]:
-        """Newest first, following pages until `limit` records."""
+        """Newest first, following pages until `limit` records; `since`: calls created at
+        or after this time (epoch seconds)."""
         records: list[CallRecord] = []
         token = ""
         while len(records) < limit:
@@ -142,6 +149,7 @@ class Client:
                 tool=tool,
                 limit=min(limit - len(records), 1000),
                 page_token=token,
+                since=since,
             )
             try:
                 response = self._stub.ListCalls(request, metadata=self._metadata)
@@ -182,6 +190,15 @@ class Client:
         """The approvals waiting for a decision, oldest first (approver, operator, admin)."""
         try:
             response = self._approvals.ListPending(pb.ListPendingRequest(), metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise wire.translate(exc, self.address) from exc
+        return [wire.approval(a) for a in response.approvals]
+
+    def approvals_of_run(self, run_id: str) -> list[Approval]:
+        """Every approval of the run in any state, oldest first: who decided, and when."""
+        request = pb.ListApprovalsRequest(run_id=run_id)
+        try:
+            response = self._approvals.List(request, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address) from exc
         return [wire.approval(a) for a in response.approvals]

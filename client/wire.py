@@ -264,9 +264,15 @@ def _policy(msg: pb.PolicyDecision) -> PolicyDecision:
 
 
 def list_request(
-    *, run_id: str, statuses: Iterable[Status], tool: str, limit: int, page_token: str
+    *,
+    run_id: str,
+    statuses: Iterable[Status],
+    tool: str,
+    limit: int,
+    page_token: str,
+    since: float | None = None,
 ) -> pb.ListCallsRequest:
-    return pb.ListCallsRequest(
+    request = pb.ListCallsRequest(
         run_id=run_id,
         tool=tool,
         limit=limit,
@@ -277,6 +283,9 @@ def list_request(
             for s in statuses
         ],
     )
+    if since is not None:
+        request.since.FromNanoseconds(round(since * 1e9))
+    return request
 
 
 _RUN_REFUSALS = (

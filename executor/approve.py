@@ -236,6 +236,9 @@ class Approvals:
     async def pending(self) -> list[Approval]:
         return await self._select("WHERE state = 'pending' ORDER BY created_at", ())
 
+    async def of_run(self, run_id: str) -> list[Approval]:
+        return await self._select("WHERE run_id = ? ORDER BY created_at", (run_id,))
+
     async def watch(self) -> AsyncGenerator[Approval, None]:
         """Every pending approval, then every change, until `close`.
 

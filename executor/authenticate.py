@@ -61,6 +61,8 @@ ACCESS: Mapping[str, frozenset[Role]] = {
     _APPROVALS + "ListPending": _SEES_APPROVALS,
     _APPROVALS + "Watch": _SEES_APPROVALS,
     _APPROVALS + "Decide": _DECIDES,
+    # A run's approvals, decided or not (traces): whoever may read the journal.
+    _APPROVALS + "List": _READS | _SEES_APPROVALS,
     # A run's events are appended by its owner only; cancelling: the owner, or an
     # operator or admin (services_runs.py checks both).
     _RUNS_SERVICE + "StartRun": _RUNS,

@@ -125,6 +125,8 @@ def kill_of(record: CallRecord) -> Kill | None:
 def _kills(args: argparse.Namespace) -> int:
     since = time.time() - args.since if args.since is not None else None
     with _client(args) as client:
+        # Not `since=` on the daemon's side: it filters by creation time, and a call
+        # created before the window may have been killed inside it.
         records = client.list_calls(run_id=args.run, statuses=STOPPED_STATUSES, limit=args.limit)
     found = kills(records, since)
     if args.json:

@@ -19,6 +19,8 @@ from rich.cells import cell_len, set_cell_size
 from rich.console import Console
 from rich.text import Text
 
+from execgate.client import Approval, Client, PermissionDenied
+
 from . import trace_html
 from . import trace_text as words
 from .cli_client import _client, _jsonable, _print_json, _when
@@ -66,10 +68,19 @@ def add_commands(
     p.set_defaults(handler=_trace)
 
 
+def _approvals(client: Client, run_id: str) -> list[Approval]:
+    """The run's approvals; [] for a caller who may not read them (the trace then
+    takes the waits from the run's transitions)."""
+    try:
+        return client.approvals_of_run(run_id)
+    except PermissionDenied:
+        return []
+
+
 def _trace(args: argparse.Namespace) -> int:
     with _client(args) as client:
         detail = client.runs.get(args.run_id)
-    t = trace(detail)
+        t = trace(detail, _approvals(client, args.run_id))
     if args.html is not None:
         try:
             args.html.write_text(trace_html.render(t), encoding="utf-8")

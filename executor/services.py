@@ -234,6 +234,14 @@ class ApprovalsService(pb_grpc.ApprovalsServicer):
         pending = await self.approvals.pending()
         return pb.ListPendingResponse(approvals=[wire.approval(a) for a in pending])
 
+    async def List(
+        self,
+        request: pb.ListApprovalsRequest,
+        context: grpc.aio.ServicerContext[pb.ListApprovalsRequest, pb.ListPendingResponse],
+    ) -> pb.ListPendingResponse:
+        found = await self.approvals.of_run(request.run_id)
+        return pb.ListPendingResponse(approvals=[wire.approval(a) for a in found])
+
     async def Watch(
         self,
         request: pb.WatchApprovalsRequest,

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from execgate.client import RunDetail
+from execgate.client import Approval, RunDetail
 from execgate.client.loop.states import TERMINAL, State, Transition
 
-from .timeline_calls import Row, call_row
+from .timeline_calls import Note, Row, call_row
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,12 +53,13 @@ class Trace:
     cancel: str = ""
 
 
-def trace(detail: RunDetail) -> Trace:
+def trace(detail: RunDetail, records: Iterable[Approval] = ()) -> Trace:
+    """`records`: the run's approvals (Approvals.List), for exact waits and deciders."""
     run = detail.run
     starts = [t for t in (run.created_at, *(e.at for e in detail.events[:1])) if t > 0]
     starts += [c.created_at for c in detail.calls]
     origin = min(starts, default=0.0)
-    notes = approvals(detail.events, origin)
+    notes = approvals(detail.events, origin, records)
     last = max([run.updated_at, *(e.at for e in detail.events)], default=origin) - origin
     rows = tuple(call_row(c, origin, notes, open_end=last) for c in detail.calls)
     end = max([last, *(r.finished or r.queued for r in rows)], default=0.0)
@@ -79,13 +80,22 @@ def trace(detail: RunDetail) -> Trace:
     )
 
 
-def approvals(events: Iterable[Transition], origin: float) -> dict[str, tuple[str, str, float]]:
-    """call id -> (approval id, why, when parked) from the run's awaiting_approval moves."""
-    found: dict[str, tuple[str, str, float]] = {}
+def approvals(
+    events: Iterable[Transition], origin: float, records: Iterable[Approval] = ()
+) -> dict[str, Note]:
+    """call id -> its approval: from the records when given, else from the run's
+    awaiting_approval moves."""
+    found: dict[str, Note] = {}
     for e in events:
         call_id = e.data.get("call_id")
         if e.to_state is State.AWAITING_APPROVAL and isinstance(call_id, str):
-            found[call_id] = (str(e.data.get("approval_id", "")), e.reason, e.at - origin)
+            found[call_id] = Note(str(e.data.get("approval_id", "")), e.reason, e.at - origin)
+    for a in records:
+        decided = a.decided_at - origin if a.decided_at is not None else None
+        why = f"rule {a.rule_id}: {a.reason}"
+        found[a.call_id] = Note(
+            a.approval_id, why, a.created_at - origin, decided, a.decided_by, a.state.value
+        )
     return found
 
 

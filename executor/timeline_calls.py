@@ -7,9 +7,10 @@ A call's life is cut into contiguous segments at its timeline marks:
                                                                        → stopped → finished)
 
 Approvals have no timeline mark of their own: a call an `ask` rule parked is known by its
-policy decision; its wait starts at the run's `awaiting_approval` transition naming it (the
-loop records it when the daemon parks the call; without one, at the call's queued mark) and
-ends when the call reaches the lock queue. `execgate kills` reads the `Ladder`s.
+policy decision; its wait runs from the approval record's creation to its decision (with
+who decided) when the daemon returns the run's approvals, else from the run's
+`awaiting_approval` transition naming it to the call reaching the lock queue.
+`execgate kills` reads the `Ladder`s.
 """
 
 from __future__ import annotations
@@ -22,8 +23,23 @@ from execgate.client import CallRecord, Mark, Outcome
 
 from .outcomes import Phase
 
-# call id -> (approval id, the transition's reason, when it was parked), from run events.
-Notes = Mapping[str, tuple[str, str, float]]
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """What is known of a call's approval: from the approval record (exact) when the
+    daemon returned it (Approvals.List), else from the run's awaiting_approval move."""
+
+    approval_id: str
+    why: str
+    # When the call was parked, and (from the record) decided; relative times.
+    parked: float
+    decided: float | None = None
+    decided_by: str = ""
+    state: str = ""
+
+
+# call id -> its approval note.
+Notes = Mapping[str, Note]
 
 
 class Segment(enum.Enum):
@@ -83,10 +99,13 @@ class Ladder:
 @dataclass(frozen=True, slots=True)
 class ApprovalWait:
     approval_id: str
-    # The run's transition reason: "rule <id>: <the rule's reason>".
+    # The rule and its reason ("rule <id>: <reason>").
     why: str
     start: float
     end: float
+    # From the approval record, when known: approved/denied/expired, and by whom.
+    state: str = ""
+    decided_by: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -203,14 +222,16 @@ def _first_marks(timeline: Iterable[Mark], origin: float) -> dict[Phase, float]:
     return at
 
 
-def _approval(
-    at: Mapping[Phase, float], queued: float, note: tuple[str, str, float] | None
-) -> ApprovalWait:
-    approval_id, why, parked = note if note is not None else ("", "", queued)
-    start = max(parked, queued)
+def _approval(at: Mapping[Phase, float], queued: float, note: Note | None) -> ApprovalWait:
+    note = note or Note("", "", queued)
+    start = max(note.parked, queued)
+    if note.decided is not None:  # the record's own times
+        return ApprovalWait(
+            note.approval_id, note.why, start, max(note.decided, start), note.state, note.decided_by
+        )
     after = (Phase.WAITING, Phase.LOCK_GRANTED, Phase.STARTED, Phase.CANCEL_REQUESTED)
     end = min([at[p] for p in after if p in at] or [at.get(Phase.FINISHED, start)])
-    return ApprovalWait(approval_id, why, min(start, end), end)
+    return ApprovalWait(note.approval_id, note.why, min(start, end), end)
 
 
 def _spans(

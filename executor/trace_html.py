@@ -152,7 +152,9 @@ def _segment(t: Trace, row: Row, span: Span) -> str:
     if span.kind is Segment.LOCK_WAIT and row.waited_behind:
         tip += " behind " + ", ".join(row.waited_behind)
     if span.kind is Segment.APPROVAL_WAIT and row.approval is not None:
-        tip += f" {row.approval.approval_id} {row.approval.why}".rstrip()
+        a = row.approval
+        by = f" {a.state} by {a.decided_by}" if a.decided_by else ""
+        tip += f" {a.approval_id} {a.why}{by}".rstrip()
     return (
         f'<div class="seg seg-{span.kind.value}" style="left:{left:.4f}%;width:{width:.4f}%" '
         f'title="{_e(tip)}"></div>'

@@ -16,7 +16,8 @@ def phases(row: Row, run_id: str) -> str:
     parts = [f"queued +{row.queued:.3f}s"]
     if row.approval is not None:
         a = row.approval
-        what = "; ".join(x for x in (a.approval_id, a.why) if x) or "ask rule"
+        by = f"{a.state} by {a.decided_by}" if a.decided_by else a.state
+        what = "; ".join(x for x in (a.approval_id, a.why, by) if x) or "ask rule"
         parts.append(f"approval wait {dur(a.end - a.start)} ({what})")
     if row.lock_wait is not None:
         behind = ", ".join(b.removeprefix(run_id + "/") for b in row.waited_behind)

@@ -95,6 +95,8 @@ def test_the_parked_call_shows_its_approval_wait(traced: Traced, screen: str) ->
     row, phases = blocks(screen)["s3c1"]
     assert re.search(rf"approval wait {DUR} \(" + traced.approval_id, phases), phases
     assert "rule publish: publishing needs a human" in phases
+    # From the approval record (Approvals.List): the decision and who made it.
+    assert "approved by alice" in phases
     assert "▒" in bar(row)
 
 
@@ -159,6 +161,7 @@ def test_json_approval_wait_is_between_queued_and_started(
 ) -> None:
     a = rows["s3c1"]["approval"]
     assert a["approval_id"] == traced.approval_id
+    assert (a["state"], a["decided_by"]) == ("approved", "alice")
     assert rows["s3c1"]["queued"] <= a["start"] < a["end"] <= rows["s3c1"]["started"]
     assert "approval_wait" in [s["kind"] for s in rows["s3c1"]["spans"]]
 
