@@ -3,16 +3,65 @@ hosts, command argv and arguments."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 from .calls import ValidCall
+from .inflight import Active
+from .journal import PolicyRecord
 from .paths import Workspace
-from .policy import Effect, Policy, PolicyInput
+from .policy import Decision, Effect, Policy, PolicyInput
+
+log = logging.getLogger("execgate.dispatch")
 
 _TABLE_MARK = "\x00"  # locks.keys: the last part of a table key starts with it
 _NET_ROOT = "net"
+
+
+class Authorizer:
+    """The policy in force, and who is in which group: decides each call."""
+
+    def __init__(self, policy: Policy, workspace: Workspace) -> None:
+        self.policy = policy
+        self.workspace = workspace
+        self._root = str(workspace.root)
+        # An agent's `group:`/`role:` memberships, for policy `agents` entries. Set
+        # (and swapped on an identities reload) by the server; none by default.
+        self.memberships: Callable[[str], frozenset[str]] = lambda agent: frozenset()
+
+    def input_for(self, call: ValidCall, agent: str) -> PolicyInput:
+        return policy_input(call, agent, self.memberships(agent), self.workspace)
+
+    def decide(self, call: ValidCall, agent: str, active: Active) -> Decision:
+        """Decide, note on `active` what the journal and the trace keep, and return the
+        decision unless it denies (then raise the REJECTED ToolError)."""
+        began = time.time()
+        active.policy_input = self.input_for(call, agent)
+        decision = self.policy.decide(active.policy_input)
+        active.policy_span = (began, time.time())
+        active.resources = tuple(
+            (c.key.render(self._root), c.mode.value) for c in call.effects.claims
+        )
+        shadow = tuple(f"{rule}:{effect.value}" for rule, effect in decision.shadow)
+        active.decision = PolicyRecord(
+            decision.effect.value, decision.rule_ids, decision.revision, shadow
+        )
+        if shadow:  # rules being rolled out: what they would have done, never enforced
+            log.info(
+                "call %s: shadow rules %s (in force: %s)",
+                call.request.call_id,
+                ", ".join(shadow),
+                decision.effect.value,
+            )
+        return self.policy.enforce(decision)
+
+    def readable(self, call: ValidCall, agent: str, active: Active) -> Callable[[Path], bool]:
+        """Per-file answers for tree tools, on the input the call was decided on."""
+        decided_on = active.policy_input or self.input_for(call, agent)
+        return file_check(self.policy, decided_on, self.workspace)
 
 
 def policy_input(

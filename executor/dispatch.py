@@ -15,14 +15,13 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import admission, results
 from .approve import Approval, Approvals, Detached
-from .authorize import file_check, policy_input
+from .authorize import Authorizer
 from .calls import CallRequest, ValidCall
 from .calltelemetry import CallTelemetry
 from .endings import Endings, record
@@ -30,19 +29,19 @@ from .errors import ToolError
 from .events import Batch, Event, EventKind, PlanRow
 from .idempotency import Idempotency
 from .inflight import Active, CancelOrder, InFlight
-from .journal import DuplicateCall, Journal, PolicyRecord
+from .journal import DuplicateCall, Journal
 from .locks import Abandoned, LockBackend, WaitInfo
-from .locks import explain as explain_plans
 from .outcomes import ErrorClass, Mark, Outcome, Phase, mark, rejected
 from .paths import Workspace
-from .policy import Decision, Policy, PolicyInput
+from .plan import plan
+from .policy import Decision, Policy
+from .runtool import call_limits, run_tool
 from .sandbox.registry import Sandboxes
 from .tools import CancelScope, Limits, Tool
+from .validate import Validator
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
-from .runtool import call_limits, run_tool
-from .validate import Validator
 
 log = logging.getLogger("execgate.dispatch")
 
@@ -61,7 +60,8 @@ class Dispatcher:
     ) -> None:
         self.tools = tools
         self.journal = journal
-        self.policy = policy
+        # Decides each call under the policy in force (reloads swap `policy`).
+        self.authorizer = Authorizer(policy, workspace)
         self.workspace = workspace
         self.limits = limits
         self._validator = Validator(tools, workspace, limits)
@@ -82,9 +82,6 @@ class Dispatcher:
         self.ended_runs: dict[str, str] = {}
         # Runs started through Runs.StartRun, and who owns each: nobody else's calls join.
         self.run_owners: dict[str, str] = {}
-        # An agent's `group:`/`role:` memberships, for policy `agents` entries. Set
-        # (and swapped on an identities reload) by the server; none by default.
-        self.memberships: Callable[[str], frozenset[str]] = lambda agent: frozenset()
         # Spans and metrics of batches and calls (exporters set by the server).
         self.telemetry = CallTelemetry(self._active)
         self._id_prefix = secrets.token_hex(6) + "_"
@@ -134,23 +131,7 @@ class Dispatcher:
 
     async def explain(self, calls: list[CallRequest], agent: str) -> list[PlanRow]:
         """The lock plan of a batch, computed exactly as Execute would, running nothing."""
-        rows: list[PlanRow] = []
-        for req in calls:
-            try:
-                call = await self._validator.validate(req)
-            except ToolError as err:
-                rows.append(PlanRow(req, None, results.from_error(err, ()), ()))
-                continue
-            decision = self.policy.decide(self._policy_input(call, agent))
-            try:
-                self.policy.enforce(decision)
-            except ToolError as err:
-                rows.append(PlanRow(req, None, results.from_error(err, ()), (), decision))
-                continue
-            rows.append(PlanRow(req, call, None, (), decision))
-        planned = [(r.request.call_id, r.call.lock_plan) for r in rows if r.call is not None]
-        waits = dict(explain_plans(planned))
-        return [replace(r, waits_for=waits.get(r.request.call_id, ())) for r in rows]
+        return await plan(calls, agent, self._validator, self.authorizer)
 
     async def cancel(self, order: CancelOrder) -> list[str]:
         """Record the request, then ask the targeted calls to stop; returns the ids reached."""
@@ -239,7 +220,7 @@ class Dispatcher:
         try:
             try:
                 call = await self._validator.validate(req)
-                decision = await self._authorize_parked(call, batch, parked)
+                decision = await self._authorize(call, batch, parked)
                 self._may_start(req, batch)
                 # A call parked before a restart waits for the approval it has.
                 ask = parked or decision.ask
@@ -257,40 +238,24 @@ class Dispatcher:
         finally:
             del self._active[key]
 
-    async def _authorize_parked(
-        self, call: ValidCall, batch: Batch, parked: Approval | None
-    ) -> Decision:
-        """`_authorize`; a call parked before a restart is decided again under the
-        policy now in force, and its approval abandoned if that policy denies it."""
+    @property
+    def policy(self) -> Policy:
+        return self.authorizer.policy
+
+    @policy.setter
+    def policy(self, policy: Policy) -> None:
+        self.authorizer.policy = policy  # one assignment: a call sees the old or the new
+
+    async def _authorize(self, call: ValidCall, batch: Batch, parked: Approval | None) -> Decision:
+        """Decide (the decision kept for the journal), raising if the policy denies; a
+        call parked before a restart is decided again, its approval abandoned on deny."""
         active = self._active[(call.request.run_id, call.request.call_id)]
         try:
-            return self._authorize(call, batch.agent, active)
+            return self.authorizer.decide(call, batch.agent, active)
         except ToolError as err:
             if parked is not None:
                 await self.approvals.abandon(parked, f"the policy now in force denies it: {err}")
             raise
-
-    def _authorize(self, call: ValidCall, agent: str, active: Active) -> Decision:
-        """Decide, keep the decision for the journal, and raise if it denies."""
-        began = time.time()
-        active.policy_input = self._policy_input(call, agent)
-        decision = self.policy.decide(active.policy_input)
-        active.policy_span = (began, time.time())
-        active.resources = tuple(
-            (c.key.render(self._root), c.mode.value) for c in call.effects.claims
-        )
-        shadow = tuple(f"{rule}:{effect.value}" for rule, effect in decision.shadow)
-        active.decision = PolicyRecord(
-            decision.effect.value, decision.rule_ids, decision.revision, shadow
-        )
-        if shadow:  # rules being rolled out: what they would have done, never enforced
-            log.info(
-                "call %s: shadow rules %s (in force: %s)",
-                call.request.call_id,
-                ", ".join(shadow),
-                decision.effect.value,
-            )
-        return self.policy.enforce(decision)
 
     def _may_start(self, req: CallRequest, batch: Batch) -> None:
         """Raise the REJECTED ToolError of a call that must not start now."""
@@ -415,19 +380,10 @@ class Dispatcher:
         batch.emit(EventKind.FINISHED, req, outcome=outcome)
         return outcome
 
-    def _file_check(self, call: ValidCall, agent: str) -> Callable[[Path], bool]:
-        """Per-file policy answers for tree tools, on the input the call was decided on."""
-        active = self._active[(call.request.run_id, call.request.call_id)]
-        decided_on = active.policy_input or self._policy_input(call, agent)
-        return file_check(self.policy, decided_on, self.workspace)
-
-    def _policy_input(self, call: ValidCall, agent: str) -> PolicyInput:
-        return policy_input(call, agent, self.memberships(agent), self.workspace)
-
     async def _run_tool(
         self, call: ValidCall, batch: Batch, scope: CancelScope, marks: tuple[Mark, ...]
     ) -> tuple[Outcome, str]:
-        decided_on = self._active[(call.request.run_id, call.request.call_id)].policy_input
+        decided_on = self._active[_key(call)].policy_input
         assert decided_on is not None  # set by _authorize before anything runs
         set_by = self.policy.limits_for(decided_on)
         limits, timeout = call_limits(self.limits, set_by, call, batch.deadline)
@@ -439,9 +395,13 @@ class Dispatcher:
             allowed_s=timeout,
             scope=scope,
             decided_on=decided_on,
-            readable=self._file_check(call, batch.agent),
+            readable=self.authorizer.readable(call, batch.agent, self._active[_key(call)]),
             marks=marks,
         )
+
+
+def _key(call: ValidCall) -> tuple[str, str]:
+    return (call.request.run_id, call.request.call_id)
 
 
 def _owner(req: CallRequest) -> str:

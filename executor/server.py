@@ -132,7 +132,7 @@ async def serve(
         dispatcher, journal = build(config)
         interceptor = AuthInterceptor(identities)
         if identities is not None:
-            dispatcher.memberships = identities.memberships
+            dispatcher.authorizer.memberships = identities.memberships
         telemetry = dispatcher.telemetry
         telemetry.tracing = tracing.setup(journal, daemon_id(config.state_dir))
         telemetry.metrics = metrics.setup(daemon_id(config.state_dir))
@@ -194,7 +194,7 @@ def _identities_watcher(
 
     def apply(identities: Identities) -> None:
         interceptor.identities = identities
-        dispatcher.memberships = identities.memberships
+        dispatcher.authorizer.memberships = identities.memberships
 
     return FileWatcher(
         path, what="identities", parse=parse_identities, apply=apply, journal=journal
