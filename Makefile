@@ -5,13 +5,21 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PROTOS := $(wildcard proto/execgate/v1/*.proto)
 
-.PHONY: run test install proto lint typecheck bench clean
+.PHONY: run test test-ts install proto lint typecheck bench clean
 
 run: $(STAMP)
 	$(BIN)/execgate serve --policy policies/default.yaml
 
-test: $(STAMP)
+test: $(STAMP) test-ts
 	$(BIN)/python -m pytest
+
+# The TypeScript client (client/typescript): install from its lockfile, generate the
+# protobuf code from proto/ and compile, then its tests (node --test) against real
+# daemons from this venv. pytest then runs tests/test_cross_language.py on the build.
+TS := client/typescript
+
+test-ts: $(STAMP)
+	cd $(TS) && npm ci --no-audit --no-fund --loglevel=error && npm run build && npm test
 
 # Creates the venv and installs execgate (editable) with the test extras. Reinstalls
 # when pyproject.toml, setup.py or a .proto changes, which regenerates execgate.v1.
@@ -52,3 +60,4 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) gen build *.egg-info .pytest_cache
+	rm -rf $(TS)/node_modules $(TS)/dist $(TS)/src/gen

@@ -1,0 +1,151 @@
+/**
+ * The run's state machine: its states, the legal moves between them, and the record
+ * of a move. The same table as the Python loop (client/loop/states.py), which the
+ * daemon checks every appended transition against; a test compares the two.
+ *
+ *     created -> requesting_model -> validating -> running_tools -> requesting_model ...
+ *                                       |  \-> awaiting_approval (a call an `ask` rule parked)
+ *                                       \-> completed (only from validating)
+ *     any non-terminal -> failed | cancelled | budget_exhausted | expired | escalated
+ *     any live state -> waiting -> the state it left
+ */
+
+import { IllegalTransition } from "./errors.js";
+
+export type State =
+  | "created"
+  | "requesting_model"
+  | "validating"
+  | "awaiting_approval"
+  | "running_tools"
+  // Suspended, resumable: waits for an event without calling the model.
+  | "waiting"
+  // Terminal.
+  | "completed"
+  | "failed"
+  | "cancelled"
+  | "budget_exhausted"
+  // A step cap or a deadline.
+  | "expired"
+  // No progress, or it needs a human.
+  | "escalated";
+
+/** The terminals a run is stopped into: everything terminal except success. */
+export type StopState = "failed" | "cancelled" | "budget_exhausted" | "expired" | "escalated";
+
+export const STOPS: ReadonlySet<State> = new Set<StopState>([
+  "failed",
+  "cancelled",
+  "budget_exhausted",
+  "expired",
+  "escalated",
+]);
+export const TERMINAL: ReadonlySet<State> = new Set<State>([...STOPS, "completed"]);
+
+/** Suspended from -> resumed into (`created` has not started, so it resumes by starting). */
+export const RESUME_INTO: ReadonlyMap<State, State> = new Map<State, State>([
+  ["created", "requesting_model"],
+  ["requesting_model", "requesting_model"],
+  ["validating", "validating"],
+  ["awaiting_approval", "awaiting_approval"],
+  ["running_tools", "running_tools"],
+]);
+
+function edges(...to: State[]): ReadonlySet<State> {
+  return new Set<State>([...to, ...STOPS, "waiting"]);
+}
+
+export const TRANSITIONS: ReadonlyMap<State, ReadonlySet<State>> = new Map<
+  State,
+  ReadonlySet<State>
+>([
+  ["created", edges("requesting_model")],
+  ["requesting_model", edges("validating")],
+  ["validating", edges("running_tools", "awaiting_approval", "requesting_model", "completed")],
+  ["awaiting_approval", edges("running_tools", "requesting_model")],
+  ["running_tools", edges("requesting_model", "awaiting_approval")],
+  ["waiting", new Set<State>([...RESUME_INTO.values(), ...STOPS])],
+  ...[...TERMINAL].map((t): [State, ReadonlySet<State>] => [t, new Set<State>()]),
+]);
+
+export const STATES: readonly State[] = [...TRANSITIONS.keys()];
+
+export function isState(value: string): value is State {
+  return (STATES as readonly string[]).includes(value);
+}
+
+/** Throw `IllegalTransition` unless the table has the edge. */
+export function checkTransition(from: State, to: State): void {
+  if (!TRANSITIONS.get(from)?.has(to)) throw new IllegalTransition(from, to);
+}
+
+/**
+ * One move of one run: the event persisted to the daemon. `seq` counts the run's
+ * transitions from 1 without gaps. `data` holds JSON values only, with the keys the
+ * Python loop writes (loop/record.ts), so `execgate runs show` reads either language.
+ */
+export interface Transition {
+  readonly runId: string;
+  readonly seq: number;
+  // Wall-clock epoch seconds.
+  readonly at: number;
+  readonly fromState: State;
+  readonly toState: State;
+  readonly reason: string;
+  readonly data: Readonly<Record<string, unknown>>;
+}
+
+/** One run's current state; the only way to change it is `advance`. */
+export class Machine {
+  private current: State = "created";
+  // Invariant: nextSeq === 1 + the number of transitions made.
+  private next = 1;
+  // Invariant: set exactly while the state is "waiting": the state suspended from.
+  private suspendedFrom: State | undefined;
+
+  constructor(
+    readonly runId: string,
+    private readonly clock: () => number = () => Date.now() / 1000,
+  ) {}
+
+  get state(): State {
+    return this.current;
+  }
+
+  get nextSeq(): number {
+    return this.next;
+  }
+
+  /** Throw `IllegalTransition` if `to` is not a legal move now (table + resume rule). */
+  check(to: State): void {
+    checkTransition(this.current, to);
+    if (this.current === "waiting" && !STOPS.has(to) && this.suspendedFrom !== undefined) {
+      const resume = RESUME_INTO.get(this.suspendedFrom);
+      if (to !== resume) {
+        throw new IllegalTransition(
+          this.current,
+          to,
+          `suspended from ${this.suspendedFrom}, resumes into ${resume}`,
+        );
+      }
+    }
+  }
+
+  /** Move to `to` and return the record to persist; on an illegal move nothing changes. */
+  advance(to: State, reason: string, data: Readonly<Record<string, unknown>> = {}): Transition {
+    this.check(to);
+    const moved: Transition = {
+      runId: this.runId,
+      seq: this.next,
+      at: this.clock(),
+      fromState: this.current,
+      toState: to,
+      reason,
+      data: { ...data },
+    };
+    this.suspendedFrom = to === "waiting" ? this.current : undefined;
+    this.current = to;
+    this.next += 1;
+    return moved;
+  }
+}

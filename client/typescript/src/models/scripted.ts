@@ -1,0 +1,87 @@
+/**
+ * `ScriptedModel`: a model that plays a script, for tests and examples
+ * (client/models/scripted.py).
+ *
+ *     const model = new ScriptedModel([
+ *       ScriptedModel.calls(["read_file", { path: "a.txt" }]),
+ *       (messages) => ScriptedModel.answer("done"),
+ *     ]);
+ *
+ * A step is a `Turn`, or a function of the messages that returns one (to react to the
+ * results the loop sent back). Calls without an id get "call_1", "call_2", ... unique
+ * across the script. Past the last step, `respond` rejects with `ScriptExhausted`.
+ */
+
+import {
+  type Message,
+  type ModelTool,
+  type Model,
+  NO_USAGE,
+  ScriptExhausted,
+  type ToolCall,
+  type Turn,
+  type Usage,
+} from "./base.js";
+
+export type Step = Turn | ((messages: readonly Message[]) => Turn | Promise<Turn>);
+
+/** A proposed call: [tool name, arguments]. */
+export type CallSpec = readonly [string, Readonly<Record<string, unknown>>];
+
+export class ScriptedModel implements Model {
+  // One entry per respond(), in order: the messages and the tools it was given.
+  readonly requests: (readonly Message[])[] = [];
+  readonly toolsOffered: (readonly ModelTool[])[] = [];
+  private readonly script: readonly Step[];
+  private next = 0;
+  private readonly idsUsed = new Set<string>();
+  private idCounter = 0;
+
+  constructor(
+    script: readonly Step[],
+    readonly name = "scripted",
+  ) {
+    this.script = [...script];
+  }
+
+  /** A turn proposing these calls; ids are assigned when played. */
+  static calls(...calls: readonly CallSpec[]): Turn {
+    return {
+      text: "",
+      toolCalls: calls.map(([name, args]) => ({ id: "", name, arguments: { ...args } })),
+      usage: NO_USAGE,
+      stopReason: "tool_calls",
+    };
+  }
+
+  /** A final turn: text and no calls. */
+  static answer(text: string, usage: Usage = NO_USAGE): Turn {
+    return { text, toolCalls: [], usage, stopReason: "stop" };
+  }
+
+  /** Steps not yet played. */
+  get remaining(): number {
+    return this.script.length - this.next;
+  }
+
+  async respond(messages: readonly Message[], tools: readonly ModelTool[]): Promise<Turn> {
+    this.requests.push([...messages]);
+    this.toolsOffered.push([...tools]);
+    const step = this.script[this.next];
+    if (step === undefined) throw new ScriptExhausted(this.name, this.script.length);
+    this.next += 1;
+    const turn = typeof step === "function" ? await step([...messages]) : step;
+    return { ...turn, toolCalls: turn.toolCalls.map((c) => this.withId(c)) };
+  }
+
+  private withId(call: ToolCall): ToolCall {
+    let id = call.id;
+    while (!id) {
+      this.idCounter += 1;
+      const candidate = `call_${this.idCounter}`;
+      if (!this.idsUsed.has(candidate)) id = candidate;
+    }
+    this.idsUsed.add(id);
+    return { ...call, id };
+  }
+}
