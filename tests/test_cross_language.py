@@ -145,6 +145,18 @@ def test_python_and_typescript_agents_share_one_file_through_the_scheduler(
     )
     owners = {r["run_id"]: r["owner"] for r in json.loads(listed.stdout)}
     assert owners == runs
+    # The operators' timeline reads the TypeScript run like a Python one.
+    traced = subprocess.run(
+        [sys.executable, "-m", "execgate.executor.cli", "trace", ts_result["runId"], "--json"],
+        env={**os.environ, "EXECGATE_ADDR": daemon.address, "EXECGATE_TOKEN": TOKENS["olga"]},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    rows = json.loads(traced.stdout)["rows"]
+    assert [r["call_id"] for r in rows] == [f"s{i}c1" for i in range(1, N + 1)]
+    assert {r["status"] for r in rows} == {"success"}
 
 
 def max_at(calls: Sequence[CallRecord]) -> float:
