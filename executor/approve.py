@@ -153,6 +153,11 @@ class Approvals:
         else:
             approval = ask
             self._waiting[approval.id] = asyncio.get_running_loop().create_future()
+            # Decided between the daemon's start and now: nobody resolved the future.
+            now = await self.get(approval.id)
+            waiter = self._waiting[approval.id]
+            if now is not None and now.state is not ApprovalState.PENDING and not waiter.done():
+                waiter.set_result(now)
         batch.emit(EventKind.AWAITING_APPROVAL, req, approval=approval)
         ended = await self.wait(approval, scope)
         if settled is not None:
@@ -200,8 +205,15 @@ class Approvals:
             else:
                 why = "nobody decided before the ttl passed"
             expired = await self._transition(approval.id, ApprovalState.EXPIRED, "", why)
-            # None: a decision won the race; it resolves the future once it is on disk.
-            return expired if expired is not None else await decided
+            if expired is not None:
+                return expired
+            # A decision won the race: it resolves the future once it is on disk -- unless
+            # it was made before this wait began; the row says which.
+            if not decided.done():
+                row = await self.get(approval.id)
+                if row is not None and row.state is not ApprovalState.PENDING:
+                    return row
+            return await decided
         finally:
             stopped.cancel()
             self._waiting.pop(approval.id, None)

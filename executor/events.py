@@ -107,7 +107,7 @@ class Batch:
     ) -> None:
         if kind is EventKind.FINISHED and outcome is not None and self.on_finished is not None:
             self.on_finished(req, outcome)
-        if not self.progress and kind is not EventKind.FINISHED:
+        if not self.progress and kind not in (EventKind.FINISHED, EventKind.DETACHED):
             return
         at = time.time()
         event = Event(

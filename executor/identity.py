@@ -82,6 +82,8 @@ class Identities:
 
     source: str
     entries: tuple[Identity, ...]
+    # sha256 of the file's text (what hot reload compares).
+    revision: str = ""
 
     def by_token(self, token: str) -> Identity | None:
         """The identity whose token this is; compares every entry in constant time."""
@@ -135,7 +137,7 @@ def parse_identities(text: str, source: str) -> Identities:
         raise doc.error(top["identities"], "identities: lists nobody, so nobody could call")
     entries = tuple(_identity(doc, n, f"identities[{i}]") for i, n in enumerate(nodes))
     _check_unique(doc, nodes, entries)
-    return Identities(source, entries)
+    return Identities(source, entries, hashlib.sha256(text.encode()).hexdigest())
 
 
 def _identity(doc: _Doc, node: yaml.Node, where: str) -> Identity:

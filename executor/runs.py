@@ -28,7 +28,9 @@ from execgate.client.loop.errors import BrokenHistory
 from execgate.client.loop.states import TERMINAL, Machine, State, Transition
 
 from .errors import ExecgateError
+from .inflight import SHARED_RUN
 from .journal import Journal
+from .validate import MAX_ID_CHARS
 
 MAX_DATA_BYTES = 1 << 20
 MAX_GOAL_BYTES = 64 * 1024
@@ -55,6 +57,10 @@ class Refusal(enum.StrEnum):
     DUPLICATE = "duplicate"
     DISCONTINUOUS = "discontinuous"
     ILLEGAL = "illegal"
+
+
+class Closing(ExecgateError):
+    """The daemon is stopping: a WatchRun stream ends before its run did."""
 
 
 class RunRefused(ExecgateError):
@@ -122,8 +128,20 @@ class RunStore:
             updated_at=now,
             state=State.CREATED.value,
         )
-        if not await self.journal.write(lambda c: _insert_run(c, run), durable=True):
-            raise RunRefused(Refusal.EXISTS, f"run {run.run_id!r} exists already", "run_id")
+        _check_id(run.run_id)
+
+        def insert(conn: sqlite3.Connection) -> str:
+            # A run id other identities have used is theirs too: starting it would let
+            # one agent claim (and then cancel) another's calls.
+            others = _others_in(conn, run.run_id, run.owner)
+            if others:
+                return f"run {run.run_id!r} already has calls by {', '.join(others)}"
+            return "" if _insert_run(conn, run) else f"run {run.run_id!r} exists already"
+
+        why = await self.journal.write(insert, durable=True)
+        if why:
+            kind = Refusal.EXISTS if why.endswith("exists already") else Refusal.FORBIDDEN
+            raise RunRefused(kind, why, "run_id")
         self.owners[run.run_id] = run.owner
         return run
 
@@ -177,15 +195,19 @@ class RunStore:
         return updated
 
     async def request_cancel(self, run_id: str, ask: CancelAsk) -> Run:
-        """Record who asked the run to stop (the first request stands)."""
-        run = await self.get(run_id)
-        if run.cancel is None and not run.terminal:
-            run = await self.journal.write(lambda c: _set_cancel(c, run_id, ask), durable=True)
-            self._publish(run_id, Update(cancel=ask))
+        """Record who asked the run to stop (the first request stands). Under the run's
+        lock: an append checks for a cancel and writes in one step, so a run cannot
+        complete past a recorded cancel."""
+        async with self._lock(run_id):
+            run = await self.get(run_id)
+            if run.cancel is None and not run.terminal:
+                run = await self.journal.write(lambda c: _set_cancel(c, run_id, ask), durable=True)
+                self._publish(run_id, Update(cancel=ask))
         return run
 
     async def watch(self, run_id: str, after_seq: int) -> AsyncGenerator[Update, None]:
-        """The run's events after `after_seq`, then new ones, until it ends."""
+        """The run's events after `after_seq`, then new ones, until its terminal event
+        has been sent. Raises `Closing` if the daemon stops first."""
         queue: asyncio.Queue[Update | None] = asyncio.Queue()
         self._watchers.setdefault(run_id, set()).add(queue)
         try:
@@ -194,20 +216,27 @@ class RunStore:
             for moved in await self.events(run_id, after_seq):
                 sent = moved.seq
                 yield Update(event=moved)
+                if moved.to_state in TERMINAL:
+                    return
+            if run.terminal:  # its end was at or before after_seq
+                return
             if run.cancel is not None:
                 yield Update(cancel=run.cancel)
-            while not (run_id in self.ended and sent >= run.last_seq):
+            while True:
                 update = await queue.get()
                 if update is None:
-                    return
-                if update.event is not None:
-                    if update.event.seq <= sent:
-                        continue  # read from the table already
-                    sent = update.event.seq
-                    run = replace(run, last_seq=sent)
+                    raise Closing(f"the daemon is stopping; run {run_id!r} is still open")
+                if update.event is not None and update.event.seq <= sent:
+                    continue  # read from the table already
                 yield update
+                if update.event is not None:
+                    sent = update.event.seq
+                    if update.event.to_state in TERMINAL:
+                        return
         finally:
             self._watchers[run_id].discard(queue)
+            if not self._watchers[run_id]:
+                del self._watchers[run_id]
 
     def close(self) -> None:
         for queues in self._watchers.values():
@@ -227,6 +256,24 @@ class RunStore:
     def _publish(self, run_id: str, update: Update) -> None:
         for queue in self._watchers.get(run_id, ()):
             queue.put_nowait(update)
+
+
+def _check_id(run_id: str) -> None:
+    if run_id == SHARED_RUN:
+        why = "the shared implicit run belongs to no agent; start a run with its own id"
+        raise RunRefused(Refusal.FORBIDDEN, why, "run_id")
+    if len(run_id) > MAX_ID_CHARS:
+        raise RunRefused(Refusal.MALFORMED, f"run_id: over {MAX_ID_CHARS} characters", "run_id")
+
+
+def _others_in(conn: sqlite3.Connection, run_id: str, owner: str) -> list[str]:
+    """Identities other than `owner` with calls, approvals or cancels in `run_id`."""
+    rows = conn.execute(
+        "SELECT agent FROM calls WHERE run_id = ?1 "
+        "UNION SELECT requester FROM approvals WHERE run_id = ?1",
+        (run_id,),
+    ).fetchall()
+    return sorted({r[0] for r in rows} - {owner})
 
 
 def _check_text(text: str, cap: int, field_name: str) -> None:

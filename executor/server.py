@@ -197,7 +197,12 @@ def _identities_watcher(
         dispatcher.authorizer.memberships = identities.memberships
 
     return FileWatcher(
-        path, what="identities", parse=parse_identities, apply=apply, journal=journal
+        path,
+        what="identities",
+        parse=parse_identities,
+        apply=apply,
+        journal=journal,
+        loaded=interceptor.identities.revision if interceptor.identities else "",
     )
 
 

@@ -23,9 +23,9 @@ from execgate.v1 import runs_pb2_grpc as rpb_grpc
 from . import wire
 from .authenticate import caller
 from .dispatch import Dispatcher
-from .inflight import CancelOrder
+from .inflight import CancelOrder, NotYours
 from .journal import CallFilter
-from .runs import LIMIT_KEYS, CancelAsk, Refusal, Run, RunRefused, RunStore, Update
+from .runs import LIMIT_KEYS, CancelAsk, Closing, Refusal, Run, RunRefused, RunStore, Update
 from .services import CANCELS_ANY
 
 _CODE = {
@@ -104,9 +104,17 @@ class RunsService(rpb_grpc.RunsServicer):
         except RunRefused as exc:
             await _abort(context, exc)
         order = CancelOrder(
-            run_id=run.run_id, reason=ask.reason, requester=ask.requester, at=ask.at
+            run_id=run.run_id,
+            reason=ask.reason,
+            requester=ask.requester,
+            at=ask.at,
+            # The owner reaches only its own calls (none of anyone else's join its run).
+            only_agent="" if who.holds_any(CANCELS_ANY) else who.name,
         )
-        await self.dispatcher.cancel(order)  # journaled first, then signalled
+        try:
+            await self.dispatcher.cancel(order)  # journaled first, then signalled
+        except NotYours as exc:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         return run_msg(run)
 
     async def WatchRun(
@@ -117,9 +125,12 @@ class RunsService(rpb_grpc.RunsServicer):
         except RunRefused as exc:
             await _abort(context, exc)
         updates = self.store.watch(request.run_id, request.after_seq)
-        async with contextlib.aclosing(updates):
-            async for update in updates:
-                yield update_msg(update)
+        try:
+            async with contextlib.aclosing(updates):
+                async for update in updates:
+                    yield update_msg(update)
+        except Closing as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 
 
 async def _abort(context: Context, exc: RunRefused) -> NoReturn:

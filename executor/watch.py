@@ -31,7 +31,7 @@ T = TypeVar("T")
 class FileWatcher(Generic[T]):
     """`parse(text, source)` builds a new T or raises ExecgateError; `refusal(new)`
     says why an otherwise valid file cannot be taken now ("" to accept it);
-    `apply(new)` puts it in force."""
+    `apply(new)` puts it in force; `loaded`: the revision in force at start."""
 
     def __init__(
         self,
@@ -41,6 +41,7 @@ class FileWatcher(Generic[T]):
         parse: Callable[[str, str], T],
         apply: Callable[[T], None],
         journal: Journal,
+        loaded: str,
         refusal: Callable[[T], str] = lambda new: "",
         interval: float = 1.0,
     ) -> None:
@@ -51,8 +52,11 @@ class FileWatcher(Generic[T]):
         self._refusal = refusal
         self._journal = journal
         self.interval = interval
-        self._seen = _fingerprint(path)
-        self.revision = _revision(_read(path) or "")
+        # Nothing seen yet: the first check compares the file with what is in force
+        # (`loaded`: the sha256 of the text the daemon started with), so an edit made
+        # while the daemon was starting is not missed.
+        self._seen = (0, 0, 0)
+        self.revision = loaded
         self._refused = ""  # revision of the last refused file: journaled once
 
     async def run(self) -> None:

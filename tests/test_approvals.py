@@ -373,6 +373,36 @@ def test_a_graceful_stop_detaches_pending_calls_and_a_denial_after_restart_rejec
         daemon.stop()
 
 
+def test_a_batch_caller_also_learns_its_parked_call_was_detached(tmp_path: Path) -> None:
+    """ExecuteBatch (`Client.execute`) reports outcomes only: the detach still reaches
+    it, naming the approval, and the daemon does not wait out its grace for it."""
+    daemon = start(tmp_path)
+    try:
+        errors: list[BaseException] = []
+
+        def batch() -> None:
+            with as_(daemon, "bot") as bot:
+                try:
+                    bot.execute([touch("batch-1", "later.txt")], run_id="r")
+                except ExecgateClientError as exc:
+                    errors.append(exc)
+
+        worker = threading.Thread(target=batch)
+        worker.start()
+        wait_until(lambda: bool(pending_ids(daemon)), "the batch's call parked")
+        (approval_id,) = pending_ids(daemon)
+        daemon.stop()
+        worker.join(10)
+        assert len(errors) == 1
+        assert isinstance(errors[0], DaemonUnavailable), errors
+        assert "batch-1" in str(errors[0])
+        assert approval_id in str(errors[0])
+        daemon.restart()
+        assert approval_row(daemon, approval_id)["state"] == "pending"
+    finally:
+        daemon.stop()
+
+
 def test_the_ttl_keeps_counting_while_no_daemon_runs(tmp_path: Path) -> None:
     daemon = start(tmp_path)
     try:

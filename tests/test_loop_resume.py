@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from execgate.client import Call, Client, Loop, Status
+from execgate.client import Call, Client, Loop, LoopResult, Status
 from execgate.client.loop.record import turn_json
 from execgate.client.loop.states import Machine, State
 from execgate.client.models.base import Message, ToolCall, Turn, Usage
@@ -30,6 +31,7 @@ from tests.daemon import Daemon
 from tests.loop_support import (
     ASK_POLICY,
     TOKENS,
+    Background,
     as_,
     assert_continuous,
     edges,
@@ -47,6 +49,7 @@ S = ScriptedModel
 
 DRIVER = """\
 import sys
+import threading
 
 from execgate.client import Client, Loop
 from execgate.client.models.scripted import ScriptedModel as S
@@ -64,6 +67,7 @@ print(result.state.value, flush=True)
 
 PARKING_DRIVER = """\
 import sys
+import threading
 
 from execgate.client import Client, Loop
 from execgate.client.models.scripted import ScriptedModel as S
@@ -437,3 +441,51 @@ def test_a_client_killed_while_its_call_awaits_approval(guarded: Daemon, tmp_pat
     [call] = detail.calls
     assert call.outcome is not None
     assert (call.outcome.status, call.outcome.mark("started")) == (Status.REJECTED, None)
+
+
+def test_a_call_parked_across_a_daemon_restart_runs_once_after_resume(tmp_path: Path) -> None:
+    """The daemon stops while the loop's call awaits approval: the loop dies with the
+    stream; the restarted daemon keeps the approval; a resumed loop finds the call
+    there (not in the journal's calls yet) and waits for it instead of re-sending it."""
+    daemon = start_auth_daemon(tmp_path, ASK_POLICY)
+    run_id = "parked-over-restart"
+    tee = ("run_command", {"argv": ["tee", "-a", "approved.txt"], "stdin": "ran\n"})
+    try:
+        errors: list[BaseException] = []
+
+        def first() -> None:
+            with as_(daemon, "bot") as bot:
+                try:
+                    Loop(bot, ScriptedModel([ScriptedModel.calls(tee)])).run("tee", run_id=run_id)
+                except Exception as exc:  # the stream ends with the daemon
+                    errors.append(exc)
+
+        loop = threading.Thread(target=first)
+        loop.start()
+        with as_(daemon, "bot") as bot:
+            wait_until(lambda: state_of(bot, run_id) is State.AWAITING_APPROVAL, "parked")
+        daemon.stop()
+        loop.join(15)
+        assert errors, "the first loop should have lost its daemon"
+        daemon.restart()
+
+        def resume() -> LoopResult:
+            with as_(daemon, "bot") as bot:
+                model = ScriptedModel([ScriptedModel.answer("appended once")])
+                return Loop(bot, model).resume(run_id)
+
+        resumed = Background(resume)  # reconciling: the call is parked, not in `calls`
+        with as_(daemon, "alice") as alice:
+            (pending,) = [a for a in alice.approvals_pending() if a.run_id == run_id]
+            alice.approve(pending.approval_id, "go")
+        result = resumed.result(timeout=30)
+        with as_(daemon, "bot") as bot:
+            detail = bot.runs.get(run_id)
+        assert result.state is State.COMPLETED, result
+        assert lines(daemon.workspace / "approved.txt") == ["ran"]
+        assert [(c.call_id, c.outcome.status if c.outcome else None) for c in detail.calls] == [
+            ("s1c1", Status.SUCCESS)
+        ]
+        assert_continuous(run_id, detail.events)
+    finally:
+        stop(daemon)

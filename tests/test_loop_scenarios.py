@@ -348,6 +348,26 @@ def test_a_cancel_during_the_model_request_wins_over_its_final_answer(eg: Client
     assert result.state is State.CANCELLED
 
 
+def test_a_cancel_while_the_answer_is_verified_still_wins(eg: Client) -> None:
+    """The cancel lands after the loop's last append (it reads no cancel), while the
+    verifier runs: the daemon refuses `completed`, and the loop ends the run cancelled."""
+    run_id = "cancel-during-verify"
+
+    def verifier(so_far: SoFar) -> Verdict:
+        eg.runs.cancel(run_id, reason="changed my mind")
+        return Verdict(True)
+
+    result = Loop(eg, S([S.answer("done")]), verifier=verifier).run("answer", run_id=run_id)
+    assert (result.state, result.rule) == (State.CANCELLED, "cancelled")
+    detail = eg.runs.get(run_id)
+    assert terminal(detail).to_state is State.CANCELLED
+    assert edges(detail.events)[-1] == ("validating", "cancelled")
+    assert_continuous(run_id, detail.events)
+    # Resuming the ended run reads its record; nothing is asked again.
+    again = Loop(eg, S([])).resume(run_id)
+    assert again.state is State.CANCELLED
+
+
 # ---------------------------------------------------------------- the verifier
 
 

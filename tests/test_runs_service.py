@@ -351,6 +351,18 @@ def test_only_the_owner_appends(bot: Client, bob: Client, daemon: Daemon) -> Non
     assert bot.runs.get(run_id).run.last_seq == 1
 
 
+def test_a_run_id_with_another_agents_calls_cannot_be_started(bot: Client, bob: Client) -> None:
+    """Else bob could claim bot's run id, shut bot's calls out and cancel them."""
+    (mine,) = bot.execute([Call(tool="list_dir", arguments={"path": "."})], run_id="bots-job")
+    assert mine.status is Status.SUCCESS
+    with pytest.raises(PermissionDenied) as refused:
+        bob.runs.start("take it", run_id="bots-job")
+    assert "bot" in str(refused.value)
+    with pytest.raises(PermissionDenied):
+        bob.runs.start("the shared one", run_id="default")
+    assert bot.runs.start("mine after all", run_id="bots-job").owner == "bot"
+
+
 def test_only_the_owners_calls_join_a_started_run(bot: Client, bob: Client) -> None:
     run_id, _ = opened(bot)
     call = Call(tool="list_dir", arguments={"path": "."})

@@ -65,9 +65,11 @@ def reconcile(
     received is sent now, once."""
     outcomes: dict[str, Outcome] = {}
     unsent: list[Planned] = []
+    # A call parked for approval has no journal row until decided, yet the daemon has it.
+    parked = {a.call_id for a in client.approvals_of_run(run_id)}
     for p in planned:
         try:
-            found = _settled(client, run_id, p.call_id, wait_s)
+            found = _settled(client, run_id, p.call_id, wait_s, known=p.call_id in parked)
         except CallNotFound:
             unsent.append(p)
             continue
@@ -77,11 +79,18 @@ def reconcile(
     return outcomes
 
 
-def _settled(client: Client, run_id: str, call_id: str, wait_s: float) -> Outcome:
+def _settled(client: Client, run_id: str, call_id: str, wait_s: float, *, known: bool) -> Outcome:
+    """The call's recorded outcome, waiting up to `wait_s` for one still running (or, when
+    `known`, still awaiting its approval); CallNotFound if the daemon never had it."""
     give_up = time.monotonic() + wait_s
     while True:
-        record = client.get_call(call_id, run_id=run_id)
-        if record.outcome is not None:
+        try:
+            record = client.get_call(call_id, run_id=run_id)
+        except CallNotFound:
+            if not known:
+                raise
+            record = None
+        if record is not None and record.outcome is not None:
             return record.outcome
         if time.monotonic() >= give_up:
             return still_running(call_id, wait_s)
@@ -94,8 +103,8 @@ def still_running(call_id: str, waited: float) -> Outcome:
         status=Status.UNKNOWN_OUTCOME,
         error_class="timeout",
         message=(
-            f"still running at the daemon {waited:g}s after the run resumed; its effect is "
-            "unknown until it ends (GetCall shows it then)"
+            f"still running (or awaiting approval) at the daemon {waited:g}s after the run "
+            "resumed; its effect is unknown until it ends (GetCall shows it then)"
         ),
     )
 

@@ -13,12 +13,14 @@ run only if the verifier (if any) accepts it and no call of the run is pending.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from opentelemetry.trace import StatusCode
 
+from ..errors import RunRefused
 from ..models.base import Message, Model, ModelTool, Turn
 from ..models.errors import ModelError
 from ..types import Event, EventKind, Outcome
@@ -49,7 +51,7 @@ from .results import (
     usage_attributes,
 )
 from .states import TERMINAL, Machine, State, Transition
-from .stops import Stop, StopRules
+from .stops import Cancelled, Stop, StopRules
 from .tally import Tally
 
 if TYPE_CHECKING:  # the client package imports the loop: no cycle at run time
@@ -144,6 +146,8 @@ class Loop:
             return result_of(run_id, detail.events)
         outcomes = {c.call_id: c.outcome for c in detail.calls if c.outcome is not None}
         tally = Tally(started_at=monotonic_start(detail.run.created_at))
+        if (ask := detail.run.cancel) is not None:  # asked while no client was running it
+            tally.request_cancel(ask.requester, ask.reason, ask.at)
         rebuilt = rebuild(detail.run.goal, detail.events, outcomes, tally, self.result_cap)
         # The run keeps the bounds it was started with (unless this Loop brings rules).
         limits = self.limits if self._own_stops else detail.run.limits
@@ -180,8 +184,10 @@ class _Step:
         self.info = info
         self.run_id = info.run_id
         self.machine = machine
-        # Transitions made but not yet appended (see `_move`'s `hold`).
+        # Transitions made but not yet appended (see `_move`'s `hold`), and the machine
+        # as the daemon last accepted it.
         self._held: list[Transition] = []
+        self._synced = copy.copy(machine)
         self.conv = conv
         self.stops = stops
         # Calls of the batch parked for approval, until they start or end.
@@ -282,7 +288,7 @@ class _Step:
     def _answer(self, answer: str) -> LoopResult | None:
         verdict = self._verify(answer)
         if verdict.accepted:
-            pending = [c.call_id for c in self.client.runs.get(self.run_id).calls if c.running]
+            pending = self._pending_calls()
             if not pending:
                 data = {"answer": answer, "figures": self._figures(), "actions": actions(self.conv)}
                 return self._terminal(State.COMPLETED, "final answer accepted", data, answer=answer)
@@ -292,6 +298,16 @@ class _Step:
         self._move(State.REQUESTING_MODEL, "answer not accepted", {"finding": verdict.finding})
         self.conv.add_finding(verdict.finding)
         return None
+
+    def _pending_calls(self) -> list[str]:
+        """The run's calls still running, or parked for an approval, at the daemon."""
+        running = [c.call_id for c in self.client.runs.get(self.run_id).calls if c.running]
+        parked = [
+            a.call_id
+            for a in self.client.approvals_of_run(self.run_id)
+            if a.state.value == "pending"
+        ]
+        return running + parked
 
     def _verify(self, answer: str) -> Verdict:
         if self.loop.verifier is None:
@@ -337,7 +353,12 @@ class _Step:
         if hold:
             return
         moved, self._held = self._held, []
-        self.info = self.client.runs.append(self.run_id, moved)
+        try:
+            self.info = self.client.runs.append(self.run_id, moved)
+        except RunRefused:
+            self.machine = copy.copy(self._synced)  # back to what the daemon has
+            raise
+        self._synced = copy.copy(self.machine)
         for each in moved:
             if self.loop.on_transition is not None:
                 self.loop.on_transition(each)
@@ -370,10 +391,24 @@ class _Step:
     def _terminal(
         self, state: State, reason: str, data: dict[str, Any], *, rule: str = "", answer: str = ""
     ) -> LoopResult:
-        self._move(state, reason, data)
+        try:
+            self._move(state, reason, data)
+        except RunRefused as exc:
+            # Someone asked the run to stop after our last append: that wins.
+            if exc.kind != "cancel_requested" or state is State.CANCELLED:
+                raise
+            return self._cancelled_meanwhile()
         evidence = data.get("evidence", {})
         figures = data.get("figures", self._figures())
         return LoopResult(self.run_id, state, reason, rule, answer, figures, evidence)
+
+    def _cancelled_meanwhile(self) -> LoopResult:
+        ask = self.client.runs.get(self.run_id).run.cancel
+        assert ask is not None  # the daemon refused `completed` because of it
+        self.conv.tally.request_cancel(ask.requester, ask.reason, ask.at)
+        stop = Cancelled().check(self.conv.tally, time.monotonic())
+        assert stop is not None
+        return self._end(stop)
 
     def _figures(self) -> dict[str, Any]:
         return self.conv.tally.figures(time.monotonic())

@@ -34,6 +34,7 @@ def policy_watcher(
         parse=parse_policy,
         apply=apply,
         journal=journal,
+        loaded=current.revision,
         refusal=refusal,
         interval=interval,
     )
