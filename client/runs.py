@@ -18,17 +18,9 @@ from execgate.v1 import runs_pb2 as rpb
 from execgate.v1 import runs_pb2_grpc as rpb_grpc
 
 from . import wire
+from .loop.results import LIMIT_KEYS
 from .loop.states import State, Transition
 from .types import CallRecord
-
-LIMIT_KEYS = (
-    "max_steps",
-    "max_tokens",
-    "max_cost",
-    "deadline_seconds",
-    "max_consecutive_errors",
-    "max_repeats",
-)
 
 
 @dataclass(frozen=True, slots=True)

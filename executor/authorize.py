@@ -27,7 +27,6 @@ class Authorizer:
     def __init__(self, policy: Policy, workspace: Workspace) -> None:
         self.policy = policy
         self.workspace = workspace
-        self._root = str(workspace.root)
         # An agent's `group:`/`role:` memberships, for policy `agents` entries. Set
         # (and swapped on an identities reload) by the server; none by default.
         self.memberships: Callable[[str], frozenset[str]] = lambda agent: frozenset()
@@ -42,9 +41,7 @@ class Authorizer:
         active.policy_input = self.input_for(call, agent)
         decision = self.policy.decide(active.policy_input)
         active.policy_span = (began, time.time())
-        active.resources = tuple(
-            (c.key.render(self._root), c.mode.value) for c in call.effects.claims
-        )
+        active.effects = call.effects
         shadow = tuple(f"{rule}:{effect.value}" for rule, effect in decision.shadow)
         active.decision = PolicyRecord(
             decision.effect.value, decision.rule_ids, decision.revision, shadow

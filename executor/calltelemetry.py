@@ -21,8 +21,9 @@ log = logging.getLogger("execgate.dispatch")
 
 
 class CallTelemetry:
-    def __init__(self, active: Mapping[tuple[str, str], Active]) -> None:
+    def __init__(self, active: Mapping[tuple[str, str], Active], root: str) -> None:
         self._active = active
+        self._root = root  # the workspace: resource keys are rendered against it
         # Set by the server; no-ops until then.
         self.tracing = Tracing(None)
         self.metrics = Metrics(None)
@@ -33,12 +34,13 @@ class CallTelemetry:
         span = self.tracing.batch_span(metadata, batch.run_id, batch.batch_id, batch.agent, n)
 
         def finished(req: CallRequest, outcome: Outcome) -> None:
+            # The call's record leaves the dispatcher when it ends: keep a reference.
             active = self._active.get((req.run_id, req.call_id))
-            facts = CallFacts(tool=req.tool, agent=batch.agent)
-            if active is not None and active.batch is batch:
-                facts = _facts(facts, active)
+            mine = active if active is not None and active.batch is batch else None
             # After the FINISHED event is on its way: telemetry never delays an outcome.
-            asyncio.get_running_loop().call_soon(self._record, span, req, outcome, facts)
+            asyncio.get_running_loop().call_soon(
+                self._record, span, req, outcome, batch.agent, mine
+            )
 
         batch.on_finished = finished
         return span
@@ -47,16 +49,22 @@ class CallTelemetry:
         self.tracing.shutdown()  # flushes spans into the journal, then over OTLP
         self.metrics.shutdown()
 
-    def _record(self, span: Span, req: CallRequest, outcome: Outcome, facts: CallFacts) -> None:
+    def _record(
+        self, span: Span, req: CallRequest, outcome: Outcome, agent: str, active: Active | None
+    ) -> None:
         try:
+            facts = CallFacts(tool=req.tool, agent=agent)
+            if active is not None:
+                facts = _facts(facts, active, self._root)
             self.tracing.call_spans(span, req.run_id, req.call_id, outcome, facts)
             self.metrics.record(req.tool, outcome)
         except Exception:  # telemetry must never cost a call its outcome
             log.exception("telemetry of call %s failed", req.call_id)
 
 
-def _facts(facts: CallFacts, active: Active) -> CallFacts:
-    facts.resources = active.resources
+def _facts(facts: CallFacts, active: Active, root: str) -> CallFacts:
+    if active.effects is not None:
+        facts.resources = tuple((c.key.render(root), c.mode.value) for c in active.effects.claims)
     facts.policy_span = active.policy_span
     if active.decision is not None:
         facts.policy_effect = active.decision.effect

@@ -83,7 +83,7 @@ class Dispatcher:
         # Runs started through Runs.StartRun, and who owns each: nobody else's calls join.
         self.run_owners: dict[str, str] = {}
         # Spans and metrics of batches and calls (exporters set by the server).
-        self.telemetry = CallTelemetry(self._active)
+        self.telemetry = CallTelemetry(self._active, self._root)
         self._id_prefix = secrets.token_hex(6) + "_"
         self._ids = itertools.count(1)
 

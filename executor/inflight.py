@@ -21,6 +21,7 @@ from .policy import PolicyInput
 
 if TYPE_CHECKING:  # approve imports the dispatcher's modules
     from .approve import Approval
+    from .resources import CallEffects
 
 
 @dataclass(slots=True)
@@ -35,10 +36,10 @@ class Active:
     # on (tree tools ask the policy again about each file, with the same input).
     decision: PolicyRecord | None = None
     policy_input: PolicyInput | None = None
-    # For the call's trace: when the policy decided (epoch seconds), what it touches
-    # (key, mode), and its approval once settled.
+    # For the call's trace: when the policy decided (epoch seconds), what it touches,
+    # and its approval once settled.
     policy_span: tuple[float, float] | None = None
-    resources: tuple[tuple[str, str], ...] = ()
+    effects: CallEffects | None = None
     approval: Approval | None = None
 
 
@@ -160,12 +161,21 @@ def _not_owner(conn: sqlite3.Connection, run_id: str, agent: str) -> str:
         return "" if owner[0] == agent else f"it was started by {owner[0]}"
     if run_id == SHARED_RUN:
         return "it is the shared implicit run (an operator or admin may cancel it)"
-    rows = conn.execute("SELECT DISTINCT agent FROM calls WHERE run_id = ?", (run_id,))
-    agents = sorted(r[0] for r in rows)
+    agents = agents_in(conn, run_id)
     if not agents:
         return "nothing is recorded in it (start runs with Runs.StartRun to own them)"
-    others = [a for a in agents if a != agent]
+    others = sorted(agents - {agent})
     return f"it has calls by {', '.join(others)}" if others else ""
+
+
+def agents_in(conn: sqlite3.Connection, run_id: str) -> set[str]:
+    """The identities with calls, or calls parked for approval, recorded in `run_id`."""
+    rows = conn.execute(
+        "SELECT agent FROM calls WHERE run_id = ?1 "
+        "UNION SELECT requester FROM approvals WHERE run_id = ?1",
+        (run_id,),
+    )
+    return {r[0] for r in rows}
 
 
 def _insert_cancel(conn: sqlite3.Connection, order: CancelOrder) -> None:

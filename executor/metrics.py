@@ -15,14 +15,13 @@ Recorded from each finished call's outcome (the same hook that builds its spans)
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeterProvider, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
-from .otelenv import disabled, otlp_protocol
+from .otelenv import disabled, otlp_exporter
 from .outcomes import Outcome, Phase
 
 Gauge = Callable[[], int]
@@ -76,28 +75,13 @@ class Metrics:
 def setup(instance: str, readers: Iterable[MetricReader] = ()) -> Metrics:
     """Metrics over OTLP when configured (plus `readers`, for tests); else no-ops."""
     chosen = list(readers)
-    exporter = _otlp_exporter()
+    exporter = otlp_exporter("metrics")
     if exporter is not None:
         chosen.append(PeriodicExportingMetricReader(exporter))
     if not chosen or disabled():
         return Metrics(None)
     resource = Resource.create({"service.name": "execgate", "service.instance.id": instance})
     return Metrics(MeterProvider(resource=resource, metric_readers=chosen))
-
-
-def _otlp_exporter() -> Any:
-    protocol = otlp_protocol("metrics")
-    if protocol is None:
-        return None
-    if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-
-        return OTLPMetricExporter()
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
-        OTLPMetricExporter as HttpMetricExporter,
-    )
-
-    return HttpMetricExporter()
 
 
 def _observe(read: Gauge) -> Callable[[CallbackOptions], Iterable[Observation]]:

@@ -28,20 +28,12 @@ from execgate.client.loop.errors import BrokenHistory
 from execgate.client.loop.states import TERMINAL, Machine, State, Transition
 
 from .errors import ExecgateError
-from .inflight import SHARED_RUN
+from .inflight import SHARED_RUN, agents_in
 from .journal import Journal
 from .validate import MAX_ID_CHARS
 
 MAX_DATA_BYTES = 1 << 20
 MAX_GOAL_BYTES = 64 * 1024
-LIMIT_KEYS = (
-    "max_steps",
-    "max_tokens",
-    "max_cost",
-    "deadline_seconds",
-    "max_consecutive_errors",
-    "max_repeats",
-)
 
 
 class Refusal(enum.StrEnum):
@@ -133,7 +125,7 @@ class RunStore:
         def insert(conn: sqlite3.Connection) -> str:
             # A run id other identities have used is theirs too: starting it would let
             # one agent claim (and then cancel) another's calls.
-            others = _others_in(conn, run.run_id, run.owner)
+            others = sorted(agents_in(conn, run.run_id) - {run.owner})
             if others:
                 return f"run {run.run_id!r} already has calls by {', '.join(others)}"
             return "" if _insert_run(conn, run) else f"run {run.run_id!r} exists already"
@@ -264,16 +256,6 @@ def _check_id(run_id: str) -> None:
         raise RunRefused(Refusal.FORBIDDEN, why, "run_id")
     if len(run_id) > MAX_ID_CHARS:
         raise RunRefused(Refusal.MALFORMED, f"run_id: over {MAX_ID_CHARS} characters", "run_id")
-
-
-def _others_in(conn: sqlite3.Connection, run_id: str, owner: str) -> list[str]:
-    """Identities other than `owner` with calls, approvals or cancels in `run_id`."""
-    rows = conn.execute(
-        "SELECT agent FROM calls WHERE run_id = ?1 "
-        "UNION SELECT requester FROM approvals WHERE run_id = ?1",
-        (run_id,),
-    ).fetchall()
-    return sorted({r[0] for r in rows} - {owner})
 
 
 def _check_text(text: str, cap: int, field_name: str) -> None:

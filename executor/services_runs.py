@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 import grpc
 
+from execgate.client.loop.results import LIMIT_KEYS
 from execgate.client.loop.states import State, Transition
 from execgate.v1 import runs_pb2 as rpb
 from execgate.v1 import runs_pb2_grpc as rpb_grpc
@@ -25,7 +26,7 @@ from .authenticate import caller
 from .dispatch import Dispatcher
 from .inflight import CancelOrder, NotYours
 from .journal import CallFilter
-from .runs import LIMIT_KEYS, CancelAsk, Closing, Refusal, Run, RunRefused, RunStore, Update
+from .runs import CancelAsk, Closing, Refusal, Run, RunRefused, RunStore, Update
 from .services import CANCELS_ANY
 
 _CODE = {

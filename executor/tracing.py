@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from .otelenv import disabled, otlp_protocol
+from .otelenv import disabled, otlp_exporter, otlp_protocol
 from .outcomes import Mark, Outcome, Phase
 from .outcomes import Status as OutcomeStatus
 from .trace_journal import JournalSpanExporter
@@ -171,7 +171,7 @@ def setup(journal: Any, instance: str) -> Tracing:
     resource = Resource.create({"service.name": "execgate", "service.instance.id": instance})
     provider = TracerProvider(resource=resource)
     provider.add_span_processor(_batched(JournalSpanExporter(journal)))
-    otlp = _otlp_exporter()
+    otlp = otlp_exporter("traces")
     if otlp is not None:
         provider.add_span_processor(_batched(otlp))
         log.info("traces: journal and OTLP (%s)", otlp_protocol("traces"))
@@ -188,22 +188,6 @@ def _batched(exporter: SpanExporter) -> BatchSpanProcessor:
         schedule_delay_millis=None if "OTEL_BSP_SCHEDULE_DELAY" in env else 500,
         max_export_batch_size=None if "OTEL_BSP_MAX_EXPORT_BATCH_SIZE" in env else 2048,
     )
-
-
-def _otlp_exporter() -> SpanExporter | None:
-    """gRPC or HTTP per OTEL_EXPORTER_OTLP_PROTOCOL; None when OTLP is not asked for."""
-    protocol = otlp_protocol("traces")
-    if protocol is None:
-        return None
-    if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        return OTLPSpanExporter()
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-        OTLPSpanExporter as HttpSpanExporter,
-    )
-
-    return HttpSpanExporter()
 
 
 def _attributes(run_id: str, call_id: str, o: Outcome, facts: CallFacts) -> dict[str, Any]:

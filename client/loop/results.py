@@ -87,16 +87,20 @@ def monotonic_start(created_at: float) -> float:
     return time.monotonic() - max(time.time() - created_at, 0.0)
 
 
+# The run limits (runs.proto RunLimits) and the StopRules.default keyword each sets.
+STOP_KWARGS = {
+    "max_steps": "max_steps",
+    "max_tokens": "max_tokens",
+    "max_cost": "max_cost",
+    "deadline_seconds": "deadline_s",
+    "max_consecutive_errors": "max_consecutive_errors",
+    "max_repeats": "max_repeats",
+}
+LIMIT_KEYS = tuple(STOP_KWARGS)
+
+
 def stop_kwargs(limits: Mapping[str, Any]) -> dict[str, Any]:
-    names = {
-        "max_steps": "max_steps",
-        "max_tokens": "max_tokens",
-        "max_cost": "max_cost",
-        "deadline_seconds": "deadline_s",
-        "max_consecutive_errors": "max_consecutive_errors",
-        "max_repeats": "max_repeats",
-    }
-    return {names[k]: v for k, v in limits.items() if k in names}
+    return {STOP_KWARGS[k]: v for k, v in limits.items() if k in STOP_KWARGS}
 
 
 def result_of(run_id: str, events: Sequence[Transition]) -> LoopResult:
