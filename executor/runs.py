@@ -21,15 +21,16 @@ import secrets
 import sqlite3
 import time
 from collections.abc import AsyncGenerator, Iterable
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 from execgate.client.loop.errors import BrokenHistory
 from execgate.client.loop.states import TERMINAL, Machine, State, Transition
 
+from . import runs_store as store
 from .errors import ExecgateError
 from .inflight import SHARED_RUN, agents_in
 from .journal import Journal
+from .run_record import CancelAsk, Run
 from .validate import MAX_ID_CHARS
 
 MAX_DATA_BYTES = 1 << 20
@@ -64,34 +65,6 @@ class RunRefused(ExecgateError):
 
 
 @dataclass(frozen=True, slots=True)
-class CancelAsk:
-    requester: str
-    reason: str
-    at: float
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Run:
-    run_id: str
-    goal: str
-    owner: str
-    limits: dict[str, Any] = field(default_factory=dict)
-    model: str = ""
-    config_version: str = ""
-    labels: dict[str, str] = field(default_factory=dict)
-    state: str = State.CREATED.value
-    reason: str = ""
-    last_seq: int = 0
-    created_at: float = 0.0
-    updated_at: float = 0.0
-    cancel: CancelAsk | None = None
-
-    @property
-    def terminal(self) -> bool:
-        return State(self.state) in TERMINAL
-
-
-@dataclass(frozen=True, slots=True)
 class Update:
     """What a WatchRun stream carries: a new event, or a cancel request."""
 
@@ -103,9 +76,9 @@ class RunStore:
     def __init__(self, journal: Journal) -> None:
         self.journal = journal
         # run id -> terminal state, for the dispatcher (no tool call of an ended run).
-        self.ended: dict[str, str] = journal.query_now(_ended_runs)
+        self.ended: dict[str, str] = journal.query_now(store.ended_runs)
         # run id -> owner, for the dispatcher: only the owner's calls join a started run.
-        self.owners: dict[str, str] = journal.query_now(_owners)
+        self.owners: dict[str, str] = journal.query_now(store.owners)
         self._machines: dict[str, Machine] = {}
         self._watchers: dict[str, set[asyncio.Queue[Update | None]]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -128,7 +101,7 @@ class RunStore:
             others = sorted(agents_in(conn, run.run_id) - {run.owner})
             if others:
                 return f"run {run.run_id!r} already has calls by {', '.join(others)}"
-            return "" if _insert_run(conn, run) else f"run {run.run_id!r} exists already"
+            return "" if store.insert_run(conn, run) else f"run {run.run_id!r} exists already"
 
         why = await self.journal.write(insert, durable=True)
         if why:
@@ -138,19 +111,19 @@ class RunStore:
         return run
 
     async def get(self, run_id: str) -> Run:
-        found = await self.journal.read(lambda c: _run_rows(c, "WHERE run_id = ?", (run_id,)))
+        found = await self.journal.read(lambda c: store.run_rows(c, "WHERE run_id = ?", (run_id,)))
         if not found:
             raise RunRefused(Refusal.NOT_FOUND, f"no run {run_id!r}", "run_id")
         return found[0]
 
     async def events(self, run_id: str, after_seq: int = 0) -> list[Transition]:
-        return await self.journal.read(lambda c: _event_rows(c, run_id, after_seq))
+        return await self.journal.read(lambda c: store.event_rows(c, run_id, after_seq))
 
     async def find(self, states: Iterable[str], owner: str, limit: int) -> list[Run]:
-        where, params = _list_filter(list(states), owner)
+        where, params = store.list_filter(list(states), owner)
         params.append(max(1, min(limit or 100, 1000)))
         return await self.journal.read(
-            lambda c: _run_rows(c, f"{where} ORDER BY created_at DESC LIMIT ?", tuple(params))
+            lambda c: store.run_rows(c, f"{where} ORDER BY created_at DESC LIMIT ?", tuple(params))
         )
 
     async def append(self, run_id: str, events: list[Transition], who: str) -> Run:
@@ -177,7 +150,7 @@ class RunStore:
                     raise RunRefused(Refusal(exc.kind.value), str(exc), "events") from None
             last = events[-1] if events else None
             updated = await self.journal.write(
-                lambda c: _insert_events(c, run_id, events), durable=True
+                lambda c: store.insert_events(c, run_id, events), durable=True
             )
             self._machines[run_id] = machine
         if last is not None and last.to_state in TERMINAL:
@@ -193,7 +166,9 @@ class RunStore:
         async with self._lock(run_id):
             run = await self.get(run_id)
             if run.cancel is None and not run.terminal:
-                run = await self.journal.write(lambda c: _set_cancel(c, run_id, ask), durable=True)
+                run = await self.journal.write(
+                    lambda c: store.set_cancel(c, run_id, ask), durable=True
+                )
                 self._publish(run_id, Update(cancel=ask))
         return run
 
@@ -264,121 +239,3 @@ def _check_text(text: str, cap: int, field_name: str) -> None:
 
 
 # -- SQL ------------------------------------------------------------------------------
-
-_RUN_COLUMNS = (
-    "run_id, goal, owner, limits_json, model, config_version, labels_json, state, reason, "
-    "last_seq, created_at, updated_at, cancel_requester, cancel_reason, cancel_at"
-)
-
-
-def _insert_run(conn: sqlite3.Connection, r: Run) -> bool:
-    cur = conn.execute(
-        f"INSERT OR IGNORE INTO runs ({_RUN_COLUMNS}) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, NULL)",
-        (
-            r.run_id,
-            r.goal,
-            r.owner,
-            json.dumps(r.limits),
-            r.model,
-            r.config_version,
-            json.dumps(r.labels),
-            r.state,
-            r.reason,
-            r.last_seq,
-            r.created_at,
-            r.updated_at,
-        ),
-    )
-    return cur.rowcount == 1
-
-
-def _insert_events(conn: sqlite3.Connection, run_id: str, events: list[Transition]) -> Run:
-    conn.executemany(
-        "INSERT INTO run_events (run_id, seq, at, from_state, to_state, reason, data_json) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?)",
-        [(run_id, e.seq, e.at, e.from_state, e.to_state, e.reason, _json(e)) for e in events],
-    )
-    if events:
-        last = events[-1]
-        conn.execute(
-            "UPDATE runs SET state=?, reason=?, last_seq=?, updated_at=? WHERE run_id=?",
-            (last.to_state.value, last.reason, last.seq, time.time(), run_id),
-        )
-    return _run_rows(conn, "WHERE run_id = ?", (run_id,))[0]
-
-
-def _json(e: Transition) -> str:
-    return json.dumps(e.data)
-
-
-def _set_cancel(conn: sqlite3.Connection, run_id: str, ask: CancelAsk) -> Run:
-    conn.execute(
-        "UPDATE runs SET cancel_requester=?, cancel_reason=?, cancel_at=? "
-        "WHERE run_id=? AND cancel_at IS NULL",
-        (ask.requester, ask.reason, ask.at, run_id),
-    )
-    return _run_rows(conn, "WHERE run_id = ?", (run_id,))[0]
-
-
-def _run_rows(conn: sqlite3.Connection, where: str, params: tuple[Any, ...]) -> list[Run]:
-    rows = conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs {where}", params).fetchall()
-    return [_run(r) for r in rows]
-
-
-def _run(r: tuple[Any, ...]) -> Run:
-    return Run(
-        run_id=r[0],
-        goal=r[1],
-        owner=r[2],
-        limits=json.loads(r[3]),
-        model=r[4],
-        config_version=r[5],
-        labels=json.loads(r[6]),
-        state=r[7],
-        reason=r[8],
-        last_seq=r[9],
-        created_at=r[10],
-        updated_at=r[11],
-        cancel=CancelAsk(r[12], r[13], r[14]) if r[14] is not None else None,
-    )
-
-
-def _event_rows(conn: sqlite3.Connection, run_id: str, after_seq: int) -> list[Transition]:
-    rows = conn.execute(
-        "SELECT seq, at, from_state, to_state, reason, data_json FROM run_events "
-        "WHERE run_id = ? AND seq > ? ORDER BY seq",
-        (run_id, after_seq),
-    ).fetchall()
-    return [
-        Transition(run_id, seq, at, State(f), State(t), reason, json.loads(data))
-        for seq, at, f, t, reason, data in rows
-    ]
-
-
-def _list_filter(states: list[str], owner: str) -> tuple[str, list[Any]]:
-    clauses, params = [], []
-    if "active" in states:
-        states = [s for s in states if s != "active"] + [
-            s.value for s in State if s not in TERMINAL
-        ]
-    if states:
-        clauses.append(f"state IN ({', '.join('?' * len(states))})")
-        params.extend(states)
-    if owner:
-        clauses.append("owner = ?")
-        params.append(owner)
-    return ("WHERE " + " AND ".join(clauses) if clauses else ""), params
-
-
-def _owners(conn: sqlite3.Connection) -> dict[str, str]:
-    return dict(conn.execute("SELECT run_id, owner FROM runs").fetchall())
-
-
-def _ended_runs(conn: sqlite3.Connection) -> dict[str, str]:
-    terminal = [s.value for s in TERMINAL]
-    rows = conn.execute(
-        f"SELECT run_id, state FROM runs WHERE state IN ({', '.join('?' * len(terminal))})",
-        terminal,
-    )
-    return dict(rows.fetchall())

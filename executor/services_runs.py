@@ -26,7 +26,8 @@ from .authenticate import caller
 from .dispatch import Dispatcher
 from .inflight import CancelOrder, NotYours
 from .journal import CallFilter
-from .runs import CancelAsk, Closing, Refusal, Run, RunRefused, RunStore, Update
+from .run_record import CancelAsk, Run
+from .runs import Closing, Refusal, RunRefused, RunStore, Update
 from .services import CANCELS_ANY
 
 _CODE = {

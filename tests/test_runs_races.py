@@ -16,7 +16,8 @@ from execgate.executor.approve import Approval, Approvals, ApprovalState
 from execgate.executor.cancel import CancelScope
 from execgate.executor.identity import Identity, Role
 from execgate.executor.journal import Journal
-from execgate.executor.runs import CancelAsk, Refusal, Run, RunRefused, RunStore
+from execgate.executor.run_record import CancelAsk, Run
+from execgate.executor.runs import Refusal, RunRefused, RunStore
 
 
 def test_a_cancel_racing_the_final_append_never_leaves_a_completed_run_with_a_cancel(

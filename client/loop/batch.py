@@ -79,6 +79,13 @@ def reconcile(
     return outcomes
 
 
+def pending_calls(client: Client, run_id: str) -> list[str]:
+    """The run's calls still running, or parked for an approval, at the daemon."""
+    running = [c.call_id for c in client.runs.get(run_id).calls if c.running]
+    parked = [a.call_id for a in client.approvals_of_run(run_id) if a.state.value == "pending"]
+    return running + parked
+
+
 def _settled(client: Client, run_id: str, call_id: str, wait_s: float, *, known: bool) -> Outcome:
     """The call's recorded outcome, waiting up to `wait_s` for one still running (or, when
     `known`, still awaiting its approval); CallNotFound if the daemon never had it."""

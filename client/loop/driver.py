@@ -24,7 +24,7 @@ from ..errors import RunRefused
 from ..models.base import Message, Model, ModelTool, Turn
 from ..models.errors import ModelError
 from ..types import Event, EventKind, Outcome
-from .batch import reconcile, run_batch
+from .batch import pending_calls, reconcile, run_batch
 from .gate import check_calls
 from .record import (
     Conversation,
@@ -288,7 +288,7 @@ class _Step:
     def _answer(self, answer: str) -> LoopResult | None:
         verdict = self._verify(answer)
         if verdict.accepted:
-            pending = self._pending_calls()
+            pending = pending_calls(self.client, self.run_id)
             if not pending:
                 data = {"answer": answer, "figures": self._figures(), "actions": actions(self.conv)}
                 return self._terminal(State.COMPLETED, "final answer accepted", data, answer=answer)
@@ -298,16 +298,6 @@ class _Step:
         self._move(State.REQUESTING_MODEL, "answer not accepted", {"finding": verdict.finding})
         self.conv.add_finding(verdict.finding)
         return None
-
-    def _pending_calls(self) -> list[str]:
-        """The run's calls still running, or parked for an approval, at the daemon."""
-        running = [c.call_id for c in self.client.runs.get(self.run_id).calls if c.running]
-        parked = [
-            a.call_id
-            for a in self.client.approvals_of_run(self.run_id)
-            if a.state.value == "pending"
-        ]
-        return running + parked
 
     def _verify(self, answer: str) -> Verdict:
         if self.loop.verifier is None:
