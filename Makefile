@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PROTOS := $(wildcard proto/execgate/v1/*.proto)
 
-.PHONY: run test test-ts install proto lint typecheck bench clean
+.PHONY: run test test-ts install proto lint typecheck bench fuzz clean
 
 run: $(STAMP)
 	$(BIN)/execgate serve --policy policies/default.yaml
@@ -51,6 +51,11 @@ typecheck: $(STAMP)
 	ln -s ../../../policies $(MYPY_TREE)/policies
 	ln -s ../../../gen/execgate/v1 $(MYPY_TREE)/v1
 	cd build/mypy && ../../$(BIN)/mypy --strict -p execgate.executor -p execgate.client
+
+# The security corpus with long fuzzing budgets and more rounds of the path races
+# (tests/security/conftest.py); `make test` runs the same tests with bounded budgets.
+fuzz: $(STAMP)
+	EXECGATE_FUZZ=1 $(BIN)/python -m pytest tests/security -p no:cacheprovider --timeout 3600
 
 bench: $(STAMP)
 	$(BIN)/python bench/dispatch.py
