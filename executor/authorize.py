@@ -60,6 +60,21 @@ class Authorizer:
         decided_on = active.policy_input or self.input_for(call, agent)
         return file_check(self.policy, decided_on, self.workspace)
 
+    def hard_links(self) -> Callable[[Path], bool]:
+        """Where the policy in force lets a tool use a file with several hard links."""
+        return hard_links_check(self.policy, self.workspace)
+
+
+def hard_links_check(policy: Policy, workspace: Workspace) -> Callable[[Path], bool]:
+    if not policy.hard_links:
+        return lambda _path: False
+
+    def allowed(path: Path) -> bool:
+        inside = workspace.contains(str(path))
+        return inside and policy.hard_links_allowed(workspace.relative(path))
+
+    return allowed
+
 
 def policy_input(
     call: ValidCall, agent: str, memberships: frozenset[str], workspace: Workspace

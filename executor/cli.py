@@ -96,6 +96,13 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="bytes of result text returned to the model",
     )
     p.add_argument(
+        "--file-cap",
+        type=int,
+        default=Limits().file_cap_bytes,
+        help="bytes: the largest file the file tools read whole or produce (edit_file); "
+        f"default {Limits().file_cap_bytes}",
+    )
+    p.add_argument(
         "--locks",
         default="inprocess",
         choices=["inprocess", "filelock", "none"],
@@ -130,6 +137,7 @@ def _serve(args: argparse.Namespace) -> int:
         grace=args.grace,
         default_timeout=args.default_timeout,
         output_cap_bytes=args.output_cap,
+        file_cap_bytes=args.file_cap,
     )
     config = ServeConfig(
         state_dir=args.state_dir,

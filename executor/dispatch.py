@@ -396,6 +396,7 @@ class Dispatcher:
             scope=scope,
             decided_on=decided_on,
             readable=self.authorizer.readable(call, batch.agent, self._active[_key(call)]),
+            hard_links=self.authorizer.hard_links(),
             marks=marks,
         )
 

@@ -32,6 +32,7 @@ async def run_tool(
     scope: CancelScope,
     decided_on: PolicyInput,
     readable: Callable[[Path], bool],
+    hard_links: Callable[[Path], bool],
     marks: tuple[Mark, ...],
 ) -> tuple[Outcome, str]:
     """The tool's outcome (FINISHED marked) and its raw result for the journal.
@@ -51,6 +52,7 @@ async def run_tool(
         run_id=req.run_id,
         deadline=time.monotonic() + allowed_s,
         readable=readable,
+        hard_links=hard_links,
     )
     try:
         out = await call.tool.run(call.args, ctx)
@@ -58,7 +60,7 @@ async def run_tool(
         return results.from_error(err, marks).with_marks(mark(Phase.FINISHED)), ""
     except Exception as exc:
         log.exception("tool %s crashed on call %s", req.tool, req.call_id)
-        outcome = results.from_crash(exc, may_write=call.may_write, marks=marks)
+        outcome = results.from_crash(exc, started=True, may_write=call.may_write, marks=marks)
         return outcome.with_marks(mark(Phase.FINISHED)), ""
     outcome = results.from_output(
         out, may_write=call.may_write, cap=limits.output_cap_bytes, marks=marks
@@ -77,6 +79,8 @@ def call_limits(
         limits = replace(limits, grace=min(set_by.grace, limits.max_grace))
     if set_by.output_cap is not None:
         limits = replace(limits, output_cap_bytes=min(set_by.output_cap, limits.raw_cap_bytes))
+    if set_by.file_cap is not None:  # the policy tightens the daemon's cap, never raises it
+        limits = replace(limits, file_cap_bytes=min(set_by.file_cap, limits.file_cap_bytes))
     timeout = call.timeout if set_by.timeout is None else min(call.timeout, set_by.timeout)
     if deadline is not None:
         timeout = max(min(timeout, deadline - time.time()), 0.0)

@@ -41,6 +41,8 @@ class Policy:
     source: str
     sandbox: tuple[SandboxRule, ...] = ()
     limits: tuple[LimitRule, ...] = ()
+    # `hard_links:` path globs where a file with several hard links is not refused.
+    hard_links: tuple[str, ...] = ()
 
     def decide(self, call: PolicyInput) -> Decision:
         return decide(self.rules, self.default, self.revision, call)
@@ -68,10 +70,15 @@ class Policy:
         """The timeout, grace and output cap the `limits:` section sets for `call`."""
         return limits_for(self.limits, call.tool, call.agent, call.memberships)
 
+    def hard_links_allowed(self, rel: str) -> bool:
+        """May a regular file with more than one hard link at `rel` (canonical,
+        workspace-relative) be read or replaced? Only where `hard_links:` says so."""
+        return any(path_glob(rel, pattern) for pattern in self.hard_links)
+
 
 def parse_policy(text: str, source: str) -> Policy:
     p = load_text(text, source)
-    return Policy(p.default, p.rules, p.revision, source, p.sandbox, p.limits)
+    return Policy(p.default, p.rules, p.revision, source, p.sandbox, p.limits, p.hard_links)
 
 
 def load_policy(path: str | Path) -> Policy:

@@ -22,7 +22,7 @@ from ..yamldoc import YamlDoc as _Doc
 from .model import Condition, Effect, PolicyInput, Rule, memberships
 from .runrules import LimitRule, SandboxRule, limit_rule, sandbox_rule
 
-FILE_KEYS = {"version", "default", "mode", "rules", "sandbox", "limits"}
+FILE_KEYS = {"version", "default", "mode", "rules", "sandbox", "limits", "hard_links"}
 RULE_KEYS = {
     "id",
     "effect",
@@ -52,6 +52,8 @@ class Parsed:
     sandbox: tuple[SandboxRule, ...]
     limits: tuple[LimitRule, ...]
     revision: str
+    # Path globs under which hard-linked regular files are used like any other.
+    hard_links: tuple[str, ...] = ()
 
 
 def load_text(text: str, source: str) -> Parsed:
@@ -77,8 +79,9 @@ def load_text(text: str, source: str) -> Parsed:
     sandbox = tuple(sandbox_rule(doc, n, f"sandbox[{i}]") for i, n in enumerate(nodes))
     nodes = doc.sequence(top["limits"], "limits") if "limits" in top else []
     limits = tuple(limit_rule(doc, n, f"limits[{i}]") for i, n in enumerate(nodes))
+    hard_links = doc.strings(top["hard_links"], "hard_links") if "hard_links" in top else ()
     revision = hashlib.sha256(text.encode()).hexdigest()
-    return Parsed(default, rules, sandbox, limits, revision)
+    return Parsed(default, rules, sandbox, limits, revision, hard_links)
 
 
 def read_file(path: str | Path) -> tuple[str, str]:

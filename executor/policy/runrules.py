@@ -32,7 +32,7 @@ CONFINEMENT_KEYS = {
     "open_files": ("open_files", 1),
     "processes": ("processes", 1),
 }
-LIMIT_VALUES = ("timeout_s", "grace_s", "output_cap_kb")
+LIMIT_VALUES = ("timeout_s", "grace_s", "output_cap_kb", "file_cap_kb")
 LIMIT_KEYS = {"tools", "agents", *LIMIT_VALUES}
 N = TypeVar("N", int, float)
 
@@ -72,12 +72,15 @@ class CallLimits:
     grace: float | None = None
     # Bytes of result text that go back to the model.
     output_cap: int | None = None
+    # Largest file the file tools read whole or produce (edit_file), in bytes.
+    file_cap: int | None = None
 
     def tighten(self, other: CallLimits) -> CallLimits:
         return CallLimits(
             _least(self.timeout, other.timeout),
             _least(self.grace, other.grace),
             _least(self.output_cap, other.output_cap),
+            _least(self.file_cap, other.file_cap),
         )
 
 
@@ -125,12 +128,13 @@ def limit_rule(doc: YamlDoc, node: yaml.Node, where: str) -> LimitRule:
     keys = doc.mapping(node, where, LIMIT_KEYS)
     values = {k: _positive(doc, keys[k], f"{where}.{k}") for k in LIMIT_VALUES if k in keys}
     if not values:
-        raise doc.error(node, f"{where}: sets no limit (timeout_s, grace_s, output_cap_kb)")
-    cap = values.get("output_cap_kb")
+        raise doc.error(node, f"{where}: sets no limit ({', '.join(LIMIT_VALUES)})")
+    cap, file_cap = values.get("output_cap_kb"), values.get("file_cap_kb")
     limits = CallLimits(
         timeout=values.get("timeout_s"),
         grace=values.get("grace_s"),
         output_cap=int(cap * 1024) if cap is not None else None,
+        file_cap=int(file_cap * 1024) if file_cap is not None else None,
     )
     return LimitRule(_scope(doc, node, keys, where), limits)
 

@@ -49,14 +49,17 @@ def find_program(name: str, launch: Launch, visible: tuple[str, ...] = ("/",)) -
             raise ProgramNotFound(f"program not found: {name}")
         return
     path = launch.cwd / name
-    if not _under(os.path.realpath(path), visible) or not path.exists():
+    if not _under(str(path), visible) or not path.exists():
         raise ProgramNotFound(f"program not found: {name}")
     if not path.is_file() or not os.access(path, os.X_OK):
         raise ProgramNotExecutable(f"cannot execute {name}")
 
 
 def _under(path: str, roots: tuple[str, ...]) -> bool:
-    real = os.path.realpath(path)
+    try:
+        real = os.path.realpath(path)
+    except OSError:  # a component changed while it was resolved: not found
+        return False
     return any(real == r or real.startswith(r.rstrip("/") + "/") for r in roots)
 
 

@@ -71,6 +71,9 @@ class Limits:
     max_grace: float = 60.0
     # Largest arguments_json accepted, in bytes.
     max_arguments_bytes: int = 4 * 1024 * 1024
+    # Largest file the file tools read whole or produce (edit_file's input and result):
+    # a small `replace_all` request must not build a multi-GiB file in memory.
+    file_cap_bytes: int = 16 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -96,6 +99,9 @@ class ToolContext:
     # one file, for tools that walk a tree (search, list_dir): a tree allowed as a
     # whole may still hold files a rule denies (`.env`), which they skip.
     readable: Callable[[Path], bool] = field(default=lambda _path: True)
+    # May this call use a regular file with more than one hard link at this
+    # (canonical) path? The policy's `hard_links:`; refused everywhere by default.
+    hard_links: Callable[[Path], bool] = field(default=lambda _path: False)
     # time.monotonic() by which the call must end (its timeout, cut to the run's
     # deadline), counted from before the sandbox starts; 0: `timeout` from now.
     deadline: float = 0.0

@@ -42,7 +42,7 @@ class ReadFile:
         return await asyncio.to_thread(self._read, path, args, ctx)
 
     def _read(self, path: Path, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
-        fd = ctx.workspace.open_file(path, "arguments.path")
+        fd = ctx.workspace.open_file(path, "arguments.path", hard_links_ok=ctx.hard_links(path))
         with os.fdopen(fd, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
             first = args.get("offset", 1)
@@ -52,7 +52,7 @@ class ReadFile:
             used = 0
             line_no = 0
             next_offset = None
-            for line_no, line in enumerate(fh, start=1):
+            for line_no, line in enumerate(_lines(fh, cap + 1), start=1):
                 if line_no < first:
                     continue
                 if limit is not None and line_no >= first + limit:
@@ -84,6 +84,13 @@ class ReadFile:
         )
 
 
+def _lines(fh: Any, longest: int) -> Any:
+    """The file's lines, each cut into pieces of at most `longest` bytes: a file with
+    no newline must not be read into memory whole to find its first line."""
+    while line := fh.readline(longest):
+        yield line
+
+
 class WriteFile:
     spec = ToolSpec(
         name="write_file",
@@ -110,14 +117,14 @@ class WriteFile:
 
 
 def _replace(ctx: ToolContext, path: Path, data: bytes, make_dirs: bool) -> ToolOutput:
-    before = fileio.existing_hash(ctx.workspace, path, "arguments.path")
     try:
-        fileio.atomic_write(
+        replaced = fileio.atomic_write(
             ctx.workspace,
             path,
             data,
             "arguments.path",
             make_dirs=make_dirs,
+            hard_links_ok=ctx.hard_links(path),
             stop=ctx.cancel.requested.is_set,
         )
     except fileio.WriteAbandoned:
@@ -126,9 +133,12 @@ def _replace(ctx: ToolContext, path: Path, data: bytes, make_dirs: bool) -> Tool
     rel = ctx.workspace.relative(path)
     return ToolOutput(
         text=f"wrote {len(data)} bytes to {rel}",
-        structured={"path": rel, "bytes_written": len(data), "created": before == ""},
+        structured={"path": rel, "bytes_written": len(data), "created": replaced.created},
         evidence=Evidence(
-            bytes_written=len(data), sha256_before=before, sha256_after=after, path=str(path)
+            bytes_written=len(data),
+            sha256_before=replaced.sha256_before,
+            sha256_after=after,
+            path=str(path),
         ),
     )
 
@@ -171,7 +181,10 @@ class EditFile:
         return await asyncio.to_thread(self._edit, path, args, ctx)
 
     def _edit(self, path: Path, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
-        old = fileio.read_all(ctx.workspace, path, "arguments.path")
+        cap = ctx.limits.file_cap_bytes
+        old = fileio.read_all(
+            ctx.workspace, path, "arguments.path", cap=cap, hard_links_ok=ctx.hard_links(path)
+        )
         text = old.decode("utf-8", errors="surrogateescape")
         count = text.count(args["old_string"])
         if count == 0:
@@ -187,8 +200,14 @@ class EditFile:
                 "or set replace_all",
                 field="arguments.old_string",
             )
+        # Known before anything is built: refuse a result over the cap up front.
+        grows = len(_utf8(args["new_string"])) - len(_utf8(args["old_string"]))
+        size = len(old) + count * grows
+        if size > cap:
+            rel = ctx.workspace.relative(path)
+            raise fileio.too_large(rel, size, cap, "arguments.new_string")
         new_text = text.replace(args["old_string"], args["new_string"])
-        out = _replace(ctx, path, new_text.encode("utf-8", errors="surrogateescape"), False)
+        out = _replace(ctx, path, _utf8(new_text), False)
         if out.stopped_how is not StopMode.COMPLETED:
             return out
         structured = {**out.structured, "replacements": count}
@@ -197,6 +216,10 @@ class EditFile:
             structured=structured,
             evidence=out.evidence,
         )
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", errors="surrogateescape")
 
 
 class ListDir:
@@ -244,8 +267,10 @@ class ListDir:
 
 
 def _shown(entry: Path, ctx: ToolContext) -> bool:
-    real = os.path.realpath(entry)
-    return not ctx.workspace.contains(real) or ctx.readable(Path(real))
+    real = ctx.workspace.canonical(entry)
+    if real is None:  # changed while it was listed: shown as a name, never followed
+        return True
+    return not ctx.workspace.contains(str(real)) or ctx.readable(real)
 
 
 def _entry(dir_fd: int, name: str) -> dict[str, Any]:

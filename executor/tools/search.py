@@ -11,8 +11,9 @@ import fnmatch
 import os
 import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import regex
 
@@ -62,8 +63,6 @@ class Search:
                 field="arguments.pattern",
             ) from exc
         root = ctx.workspace.resolve(args.get("path", "."), "arguments.path")
-        if not root.exists():
-            raise ToolError(ErrorClass.NOT_FOUND, f"{root} does not exist", field="arguments.path")
         deadline = time.monotonic() + ctx.timeout
         try:
             return await asyncio.to_thread(self._search, compiled, root, args, ctx, deadline)
@@ -87,41 +86,116 @@ class Search:
         glob = args.get("glob")
         rows: list[str] = []
         scanned = 0
-        for path in _files(root, ctx):
-            rel = ctx.workspace.relative(path)
-            if glob and not (fnmatch.fnmatch(rel, glob) or fnmatch.fnmatch(path.name, glob)):
-                continue
-            if time.monotonic() > deadline:
-                raise ToolError(ErrorClass.TIMEOUT, f"search stopped after {scanned} files")
-            scanned += 1
-            rows.extend(_matches(pattern, path, rel, deadline, ctx))
+        walk = _Walk(ctx)
+        for path, fd in walk.files(root):
+            with os.fdopen(fd, "rb") as fh:
+                rel = ctx.workspace.relative(path)
+                if glob and not (fnmatch.fnmatch(rel, glob) or fnmatch.fnmatch(path.name, glob)):
+                    continue
+                if time.monotonic() > deadline:
+                    raise ToolError(ErrorClass.TIMEOUT, f"search stopped after {scanned} files")
+                scanned += 1
+                rows.extend(_matches(pattern, fh, rel, deadline, ctx))
             if len(rows) > limit:
                 break
         # Only a match beyond the limit proves that something was left out.
         hit_limit = len(rows) > limit
         rows = rows[:limit]
+        structured: dict[str, Any] = {
+            "matches": len(rows),
+            "files_scanned": scanned,
+            "limited": hit_limit,
+        }
+        if walk.hard_linked:
+            structured["skipped_hard_links"] = walk.hard_linked
         return ToolOutput(
             text="\n".join(rows),
-            structured={"matches": len(rows), "files_scanned": scanned, "limited": hit_limit},
+            structured=structured,
             evidence=Evidence(path=str(root)),
             truncated=hit_limit,
         )
 
 
-def _files(root: Path, ctx: ToolContext) -> Any:
-    if root.is_file():
-        yield root
-        return
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames[:] = sorted(
-            d for d in dirnames if d not in SKIP_DIRS and ctx.readable(Path(dirpath, d))
-        )
-        for name in sorted(filenames):
-            path = Path(dirpath, name)
-            real = os.path.realpath(path)  # a symlink is judged by what it points to
-            if not ctx.workspace.contains(real) or not ctx.readable(Path(real)):
-                continue
-            yield path
+class _Walk:
+    """The files under a root, each opened through the workspace's no-follow walk.
+
+    A directory is listed from its own descriptor and its entries are opened
+    relative to it (O_NOFOLLOW), so a component swapped for a symlink while the
+    search runs is skipped, never followed. A symlink found in the tree is judged by
+    its canonical target: inside the workspace and readable by the policy, that
+    target is opened by its canonical path (no symlink allowed on the way);
+    directories behind symlinks are not descended (as `os.walk` does not).
+    Yields (canonical path, open descriptor of a regular file); the caller closes it.
+    """
+
+    def __init__(self, ctx: ToolContext) -> None:
+        self.ctx = ctx
+        self.ws = ctx.workspace
+        # Regular files left out because they have more than one hard link.
+        self.hard_linked = 0
+
+    def files(self, root: Path) -> Iterator[tuple[Path, int]]:
+        fd = self.ws.open(root, os.O_RDONLY | os.O_NONBLOCK, "arguments.path")
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            yield from self._tree(root, fd)
+        else:
+            yield from self._regular(root, fd)
+
+    def _tree(self, top: Path, dir_fd: int) -> Iterator[tuple[Path, int]]:
+        try:
+            try:
+                with os.scandir(dir_fd) as listing:
+                    entries = sorted(listing, key=lambda e: e.name)
+            except OSError:
+                return
+            for entry in entries:
+                yield from self._entry(top, dir_fd, entry)
+        finally:
+            os.close(dir_fd)
+
+    def _entry(self, top: Path, dir_fd: int, entry: os.DirEntry[str]) -> Iterator[tuple[Path, int]]:
+        path = top / entry.name
+        if entry.is_symlink():
+            yield from self._linked(path)
+            return
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(entry.name, flags, dir_fd=dir_fd)
+        except OSError:
+            return  # gone, or swapped for a symlink since it was listed: not followed
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            if entry.name in SKIP_DIRS or not self.ctx.readable(path):
+                os.close(fd)
+                return
+            yield from self._tree(path, fd)
+        else:
+            yield from self._regular(path, fd)
+
+    def _linked(self, link: Path) -> Iterator[tuple[Path, int]]:
+        real = self.ws.canonical(link)
+        if real is None or not self.ws.contains(str(real)):
+            return
+        try:
+            fd = self.ws.open(real, os.O_RDONLY | os.O_NONBLOCK, "arguments.path")
+        except ToolError:
+            return
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            os.close(fd)
+            return
+        yield from self._regular(real, fd)
+
+    def _regular(self, path: Path, fd: int) -> Iterator[tuple[Path, int]]:
+        """`fd` if it is a regular file the search may read; closed otherwise."""
+        st = os.fstat(fd)
+        # Not a FIFO or device: reading one could block the worker thread forever.
+        wanted = stat.S_ISREG(st.st_mode) and st.st_size <= MAX_FILE_BYTES
+        if wanted and st.st_nlink > 1 and not self.ctx.hard_links(path):
+            self.hard_linked += 1
+            wanted = False
+        if not wanted or not self.ctx.readable(path):
+            os.close(fd)
+            return
+        yield path, fd
 
 
 class _Cancelled(Exception):
@@ -129,14 +203,10 @@ class _Cancelled(Exception):
 
 
 def _matches(
-    pattern: regex.Pattern[str], path: Path, rel: str, deadline: float, ctx: ToolContext
+    pattern: regex.Pattern[str], fh: BinaryIO, rel: str, deadline: float, ctx: ToolContext
 ) -> list[str]:
     try:
-        st = path.stat()
-        # Not a FIFO or device: reading one could block the worker thread forever.
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_FILE_BYTES:
-            return []
-        data = path.read_bytes()
+        data = fh.read(MAX_FILE_BYTES + 1)
     except OSError:
         return []
     if b"\x00" in data[:8192]:

@@ -38,7 +38,7 @@ from .. import sqlanalysis
 from ..errors import invalid
 from ..outcomes import ErrorClass, Evidence, Mark, Phase, StopMode, mark
 from ..paths import Workspace
-from . import sqlexec
+from . import sqlconfine, sqlexec
 
 if TYPE_CHECKING:
     from ..resources import CallEffects
@@ -128,7 +128,9 @@ class Sql:
         if "\x00" in query:
             raise invalid("query contains a NUL character", "arguments.query")
         try:
-            db_schema: sqlanalysis.SchemaInfo | None = sqlanalysis.schema_of(path)
+            # Before the policy is asked: a hard-linked database is not even read here.
+            with sqlconfine.confined(workspace.root, workspace.fd, lambda _rel: False):
+                db_schema: sqlanalysis.SchemaInfo | None = sqlanalysis.schema_of(path)
         except (OSError, sqlite3.Error):
             db_schema = None  # the run will say what is wrong; until then assume the worst
         try:
@@ -192,6 +194,7 @@ class Sql:
             max_rows=args.get("max_rows", 1000),
             byte_cap=ctx.limits.output_cap_bytes,
             effects=effects.sql,
+            hard_links_ok=ctx.hard_links,
         )
         stop = sqlexec.Stop(ctx.cancel, time.monotonic() + ctx.timeout)
         try:

@@ -29,11 +29,11 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import sqlite3
 import stat
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,8 @@ from .. import sqlanalysis  # a module import: see tools/sql.py
 from ..cancel import CancelScope
 from ..errors import ToolError
 from ..outcomes import ErrorClass
-from ..paths import Workspace
+from ..paths import Workspace, hard_link_refused
+from . import sqlconfine
 from .sqlguard import Guard
 
 # VM steps between two polls of the cancel scope and the deadline (~0.1 ms each).
@@ -88,6 +89,9 @@ class Plan:
     max_rows: int
     byte_cap: int  # stop fetching once the rows take about this many JSON bytes
     effects: sqlanalysis.SqlEffects
+    # May a database (or journal) file with several hard links at this canonical path
+    # be used? The policy's `hard_links:`.
+    hard_links_ok: Callable[[Path], bool] = lambda _path: False
 
 
 @dataclass(slots=True)
@@ -133,7 +137,25 @@ class Stop:
 
 
 def execute(plan: Plan, ws: Workspace, stop: Stop) -> Ran:
-    """Run the plan's statements in one transaction; see the module docstring."""
+    """Run the plan's statements in one transaction; see the module docstring.
+
+    Every file SQLite touches meanwhile is opened beneath the workspace root, no
+    symlink followed (`sqlconfine`)."""
+    links_ok = plan.hard_links_ok
+    with sqlconfine.confined(ws.root, ws.fd, lambda rel: links_ok(ws.root / rel)) as scope:
+        try:
+            return _execute(plan, ws, stop)
+        except ToolError as err:
+            if scope.refused and err.error_class is ErrorClass.IO_ERROR:
+                raise ToolError(
+                    ErrorClass.PERMISSION_DENIED,
+                    f"{err.message} (refused: {scope.refused[-1]})",
+                    field=_DB,
+                ) from err
+            raise
+
+
+def _execute(plan: Plan, ws: Workspace, stop: Stop) -> Ran:
     conn = _open(plan, ws)
     try:
         guard = Guard(plan.effects)
@@ -159,21 +181,21 @@ def execute(plan: Plan, ws: Workspace, stop: Stop) -> Ran:
 
 
 def _open(plan: Plan, ws: Workspace) -> sqlite3.Connection:
-    try:
-        st = os.lstat(plan.path)
-    except FileNotFoundError:
-        rel = ws.relative(plan.path)
+    st = ws.lstat(plan.path, _DB)
+    rel = ws.relative(plan.path)
+    if st is None:
         if not plan.create:
             msg = f"{rel} does not exist (set create to make a new database)"
-            raise ToolError(ErrorClass.NOT_FOUND, msg, field=_DB) from None
-        if not plan.path.parent.is_dir():
+            raise ToolError(ErrorClass.NOT_FOUND, msg, field=_DB)
+        if ws.lstat(plan.path.parent, _DB) is None:
             msg = f"the directory of {rel} does not exist"
-            raise ToolError(ErrorClass.NOT_FOUND, msg, field=_DB) from None
-    else:
-        if not stat.S_ISREG(st.st_mode):
-            msg = f"{ws.relative(plan.path)} is not a regular file"
-            raise ToolError(ErrorClass.INVALID_ARGUMENT, msg, field=_DB)
-    created = not plan.path.exists()
+            raise ToolError(ErrorClass.NOT_FOUND, msg, field=_DB)
+    elif not stat.S_ISREG(st.st_mode):
+        msg = f"{rel} is not a regular file"
+        raise ToolError(ErrorClass.INVALID_ARGUMENT, msg, field=_DB)
+    elif st.st_nlink > 1 and not plan.hard_links_ok(plan.path):
+        raise hard_link_refused(rel, st.st_nlink, _DB)
+    created = st is None
     mode = "rwc" if plan.create else "rw"
     uri = f"file:{quote(str(plan.path), safe='/')}?mode={mode}"
     try:
@@ -192,6 +214,9 @@ def _open(plan: Plan, ws: Workspace) -> sqlite3.Connection:
         conn.close()
         msg = "the database path changed to point elsewhere while it was opened"
         raise ToolError(ErrorClass.PERMISSION_DENIED, msg, field=_DB)
+    with contextlib.suppress(sqlite3.Error):
+        # Temporary files would be made outside the workspace (sqlconfine refuses them).
+        conn.execute("PRAGMA temp_store = MEMORY")
     if created:
         # New databases are made in WAL mode, where readers never block a writer's
         # COMMIT: the scheduler can then let readers and writers of different
