@@ -26,7 +26,7 @@ from .calls import CallRequest, ValidCall
 from .calltelemetry import CallTelemetry
 from .endings import Endings, record
 from .errors import ToolError
-from .events import Batch, Event, EventKind, PlanRow
+from .events import ENDS, Batch, Event, EventKind, PlanRow
 from .idempotency import Idempotency
 from .inflight import Active, CancelOrder, InFlight
 from .journal import DuplicateCall, Journal
@@ -120,7 +120,7 @@ class Dispatcher:
         try:
             while remaining:
                 event = await batch.events.get()
-                remaining -= event.kind in (EventKind.FINISHED, EventKind.DETACHED)
+                remaining -= event.kind in ENDS
                 yield event
         finally:
             if timer is not None:
@@ -193,16 +193,9 @@ class Dispatcher:
             log.info("call %s stays parked: %s", req.call_id, detached)
             batch.emit(EventKind.DETACHED, req, approval=detached.approval)
         except Exception as exc:
-            # A bug or a journal failure: the stream must still end with an outcome
-            # for this call, and the daemon must keep serving.
-            log.exception("call %s failed inside the daemon", req.call_id)
-            batch.emit(
-                EventKind.FINISHED,
-                req,
-                outcome=results.from_crash(
-                    exc, may_write=True, marks=(queued, mark(Phase.FINISHED))
-                ),
-            )
+            # A bug before the call was registered (it never started): still an
+            # outcome, journaled first, and the daemon keeps serving.
+            await self._endings.crashed(req, batch, queued, exc, None)
         finally:
             batch.pass_turn(req.index)  # however it ended, the next call may go
 
@@ -235,6 +228,12 @@ class Dispatcher:
                 await self._endings.reject(req, batch, outcome, self._active[key].decision)
                 return
             await self._admitted(call, batch, scope, queued)
+        except (Detached, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            # A bug or a journal failure: the call still ends with the outcome that
+            # can be vouched for (REJECTED if it never started), journaled first.
+            await self._endings.crashed(req, batch, queued, exc, self._active[key])
         finally:
             del self._active[key]
 

@@ -7,14 +7,22 @@ so the original row is never overwritten).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
+from . import results
 from .calls import CallRequest, ValidCall
 from .events import Batch, EventKind
 from .idempotency import Replay
 from .journal import CallRecord, DuplicateCall, Journal, PolicyRecord
 from .outcomes import ErrorClass, Mark, Outcome, Phase, mark, rejected
+
+if TYPE_CHECKING:
+    from .inflight import Active
+
+log = logging.getLogger("execgate.dispatch")
 
 
 class Endings:
@@ -39,6 +47,44 @@ class Endings:
             await self.journal.record_finished(rec, outcome)
         except DuplicateCall:
             await self.journal.record_refusal(rec, outcome)
+        batch.emit(EventKind.FINISHED, req, outcome=outcome)
+
+    async def crashed(
+        self,
+        req: CallRequest,
+        batch: Batch,
+        queued: Mark,
+        exc: Exception,
+        active: Active | None,
+    ) -> None:
+        """A bug inside the daemon ended the call. It is recorded as what can be vouched
+        for (results.from_crash) and journaled before it is reported; if even the journal
+        fails, nothing is reported as an outcome and the RPC ends INTERNAL instead."""
+        log.exception("call %s failed inside the daemon", req.call_id)
+        started = active is not None and active.started
+        effects = active.effects if active is not None else None
+        may_write = started and (effects is None or effects.may_write)
+        outcome = results.from_crash(
+            exc, started=started, may_write=may_write, marks=(queued, mark(Phase.FINISHED))
+        )
+        try:
+            if not started:
+                decision = active.decision if active is not None else None
+                await self.reject(req, batch, outcome, decision)
+                return
+            try:
+                await self.journal.record_outcome(
+                    req.run_id, req.call_id, outcome, "", durable=may_write
+                )
+            except DuplicateCall:  # its real outcome was journaled before the bug hit
+                found = await self.journal.get(req.run_id, req.call_id)
+                if found is None or found.outcome is None:
+                    raise
+                outcome = found.outcome
+        except Exception:
+            log.exception("call %s: its outcome could not be journaled", req.call_id)
+            batch.emit(EventKind.UNRECORDED, req)
+            return
         batch.emit(EventKind.FINISHED, req, outcome=outcome)
 
     async def refuse_duplicate(self, req: CallRequest, batch: Batch, queued: Mark) -> Outcome:

@@ -27,6 +27,13 @@ class EventKind(enum.Enum):
     # Never sent: the daemon is stopping while the call awaits approval, which stays
     # pending for the next daemon (see approve.py). Ends the call's part of the stream.
     DETACHED = "detached"
+    # Never sent: the call's outcome could not be journaled (the journal failed), so
+    # it is not reported either; the RPC ends with INTERNAL naming the call.
+    UNRECORDED = "unrecorded"
+
+
+# The events that end a call's part of a stream.
+ENDS = frozenset({EventKind.FINISHED, EventKind.DETACHED, EventKind.UNRECORDED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +114,7 @@ class Batch:
     ) -> None:
         if kind is EventKind.FINISHED and outcome is not None and self.on_finished is not None:
             self.on_finished(req, outcome)
-        if not self.progress and kind not in (EventKind.FINISHED, EventKind.DETACHED):
+        if not self.progress and kind not in ENDS:
             return
         at = time.time()
         event = Event(

@@ -78,12 +78,23 @@ def from_error(err: ToolError, marks: tuple[Mark, ...]) -> Outcome:
     )
 
 
-def from_crash(exc: BaseException, *, may_write: bool, marks: tuple[Mark, ...]) -> Outcome:
-    """A tool raised something unexpected: we cannot vouch for what it did."""
+def from_crash(
+    exc: BaseException, *, started: bool, may_write: bool, marks: tuple[Mark, ...]
+) -> Outcome:
+    """Something unexpected was raised (a bug): the outcome is what can be vouched for.
+
+    Never started: REJECTED (nothing ran). Started and read-only: FAILURE (nothing
+    can have changed). Started and may write: UNKNOWN_OUTCOME (reconcile).
+    """
+    where = "tool" if started else "daemon, before the call started,"
+    message = f"the {where} failed unexpectedly: {type(exc).__name__}: {exc}"[:500]
+    if not started:
+        return Outcome(
+            status=Status.REJECTED,
+            error_class=ErrorClass.INTERNAL,
+            message=message,
+            timeline=marks,
+            stopped_how=StopMode.NOT_STARTED,
+        )
     status = Status.UNKNOWN_OUTCOME if may_write else Status.FAILURE
-    return Outcome(
-        status=status,
-        error_class=ErrorClass.INTERNAL,
-        message=f"tool failed unexpectedly: {type(exc).__name__}: {exc}"[:500],
-        timeline=marks,
-    )
+    return Outcome(status=status, error_class=ErrorClass.INTERNAL, message=message, timeline=marks)

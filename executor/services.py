@@ -53,6 +53,22 @@ def _detached_message(detached: list[Event]) -> str:
     )
 
 
+# Calls whose part of the stream ends without an outcome event: the RPC ends with an
+# error naming them instead.
+_UNSENT = frozenset({EventKind.DETACHED, EventKind.UNRECORDED})
+
+
+async def _abort_unsent(context: grpc.aio.ServicerContext[Any, Any], unsent: list[Event]) -> None:
+    lost = [e.call_id for e in unsent if e.kind is EventKind.UNRECORDED]
+    if lost:
+        await context.abort(
+            grpc.StatusCode.INTERNAL,
+            f"the journal failed to record the outcome of call(s) {', '.join(lost)}: their "
+            "effects are unknown until the journal recovers; reconcile with GetCall",
+        )
+    await context.abort(grpc.StatusCode.UNAVAILABLE, _detached_message(unsent))
+
+
 class ExecutorService(pb_grpc.ExecutorServicer):
     def __init__(self, dispatcher: Dispatcher) -> None:
         self.dispatcher = dispatcher
@@ -81,15 +97,15 @@ class ExecutorService(pb_grpc.ExecutorServicer):
             deadline=_deadline(request),
             metadata=tuple(context.invocation_metadata() or ()),
         )
-        detached: list[Event] = []
+        unsent: list[Event] = []
         async with contextlib.aclosing(events):
             async for event in events:
-                if event.kind is EventKind.DETACHED:
-                    detached.append(event)
+                if event.kind in _UNSENT:
+                    unsent.append(event)
                 else:
                     yield wire.event(event)
-        if detached:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, _detached_message(detached))
+        if unsent:
+            await _abort_unsent(context, unsent)
 
     async def ExecuteBatch(
         self,
@@ -107,15 +123,15 @@ class ExecutorService(pb_grpc.ExecutorServicer):
             deadline=_deadline(request),
             metadata=tuple(context.invocation_metadata() or ()),
         )
-        detached: list[Event] = []
+        unsent: list[Event] = []
         async with contextlib.aclosing(events):
             async for event in events:
-                if event.kind is EventKind.DETACHED:
-                    detached.append(event)
+                if event.kind in _UNSENT:
+                    unsent.append(event)
                 else:
                     finished[event.index] = wire.event(event)
-        if detached:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, _detached_message(detached))
+        if unsent:
+            await _abort_unsent(context, unsent)
         return pb.ExecuteResponse(batch_id=batch_id, outcomes=finished)
 
     async def Explain(

@@ -43,7 +43,7 @@ def builtin_tools(*, test_tools: bool = False) -> dict[str, Tool]:
         Sql(),
     ]
     if test_tools:
-        from .probes import Noop, Work  # test-only; imported late (probes need resources)
+        from .probes import Fault, Noop, Work  # test-only; late (probes need resources)
 
-        tools += [Noop(), Work()]
+        tools += [Noop(), Work(), Fault()]
     return {tool.spec.name: tool for tool in tools}

@@ -71,3 +71,35 @@ class Work:
         flag = "1" if args.get("write", False) else "0"
         argv = ["sh", "-c", _SCRIPT, "sh", str(path), str(args.get("seconds", 0)), flag]
         return await RunCommand().run({"argv": argv}, ctx)
+
+
+class Fault:
+    """Raises an unexpected exception where `stage` says: a stand-in for a daemon bug.
+
+    The tests check what such a bug turns into: an outcome that can be vouched for
+    (REJECTED before the start, FAILURE for a reader, UNKNOWN_OUTCOME for a writer),
+    journaled before it is reported.
+    """
+
+    spec = ToolSpec(
+        name="fault",
+        description="Raise RuntimeError during analysis or during the run (test only).",
+        input_schema=schema(
+            {
+                "stage": {"enum": ["analysis", "run"]},
+                "write": {"type": "boolean", "default": False},
+            },
+            ["stage"],
+        ),
+        read_only=False,
+    )
+
+    def call_effects(
+        self, args: dict[str, Any], paths: Mapping[str, Path], workspace: Workspace
+    ) -> CallEffects:
+        if args["stage"] == "analysis":
+            raise RuntimeError("fault injected during analysis")
+        return CallEffects((), bool(args.get("write", False)))
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        raise RuntimeError("fault injected during the run")
