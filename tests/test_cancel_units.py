@@ -234,7 +234,15 @@ def test_write_stopped_before_the_rename_leaves_the_file_untouched(tmp_path: Pat
     target = tmp_path / "f.txt"
     target.write_text("old")
     with pytest.raises(WriteAbandoned):
-        atomic_write(ws, target, b"new", "arguments.path", make_dirs=False, stop=lambda: True)
+        atomic_write(
+            ws,
+            target,
+            b"new",
+            "arguments.path",
+            make_dirs=False,
+            hard_links_ok=False,
+            stop=lambda: True,
+        )
     assert target.read_text() == "old"
     assert os.listdir(tmp_path) == ["f.txt"]  # no temp file left
 

@@ -190,9 +190,13 @@ def test_search_under_a_swap(eg: Client, daemon: Daemon, where: str) -> None:
             calls = [Call(tool="search", arguments={"pattern": pattern, "path": path})] * BATCH
             for out in eg.execute(calls):
                 tally.escapes += SECRET in out.text
-                # A search of the parent succeeds either way; it is served when it
-                # found the inside text, "refused" when the swapped name was skipped.
-                if out.status is Status.SUCCESS and INSIDE in out.text:
+                if where == "parent":
+                    # Both names are always there; which one is the real directory
+                    # (searched) and which the symlink (skipped) tells the two states.
+                    assert out.status is Status.SUCCESS, out
+                    tally.served += f"{st.rel}/d/f.txt:" in out.text
+                    tally.refused += f"{st.rel}/d.swap/f.txt:" in out.text
+                elif out.status is Status.SUCCESS and INSIDE in out.text:
                     tally.served += 1
                 else:
                     tally.refused += 1
