@@ -4,11 +4,11 @@ hosts, command argv and arguments."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from . import clock
 from .calls import ValidCall
 from .inflight import Active
 from .journal import PolicyRecord
@@ -37,10 +37,10 @@ class Authorizer:
     def decide(self, call: ValidCall, agent: str, active: Active) -> Decision:
         """Decide, note on `active` what the journal and the trace keep, and return the
         decision unless it denies (then raise the REJECTED ToolError)."""
-        began = time.time()
+        began = clock.now()
         active.policy_input = self.input_for(call, agent)
         decision = self.policy.decide(active.policy_input)
-        active.policy_span = (began, time.time())
+        active.policy_span = (began, clock.now())
         active.effects = call.effects
         shadow = tuple(f"{rule}:{effect.value}" for rule, effect in decision.shadow)
         active.decision = PolicyRecord(

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from . import clock
 from .outcomes import ErrorClass, Mark, Phase, StopMode, mark
 from .sandbox import Exit, Running
 
@@ -57,7 +58,7 @@ class CancelScope:
             self.reason = reason or "cancelled"
             self.requester = requester
             self.timed_out = timed_out
-            self.requested_at = time.time() if at is None else at
+            self.requested_at = clock.now() if at is None else at
             self.grace = grace
             self.requested.set()
 
@@ -98,7 +99,7 @@ async def supervise(
     (for the timeline). `grace` is the default grace period; a canceller may ask
     for another, up to `max_grace`.
     """
-    started = time.time()
+    started = clock.now()
     waiter = asyncio.ensure_future(running.wait())
     asked = asyncio.ensure_future(scope.requested.wait())
     try:
@@ -164,17 +165,30 @@ async def _all_gone(
         if not waiter.done() or scope.forced.is_set():
             return None
         # The backend may know when the main process ended better than "now".
-        first = waiter.result().at or time.time()
+        first = waiter.result().at or clock.now()
         while not scope.forced.is_set():
-            if not await running.survivors():
+            left = await _survivors_by(running, expires)
+            if left == []:
                 return first
-            if time.monotonic() >= expires:
+            if left is None or time.monotonic() >= expires:
                 return None
             await asyncio.sleep(min(POLL_SECONDS * 5, max(expires - time.monotonic(), 0)))
-            first = time.time()  # stragglers: gone only when seen gone
+            first = clock.now()  # stragglers: gone only when seen gone
         return None
     finally:
         forced.cancel()
+
+
+async def _survivors_by(running: Running, expires: float) -> list[int] | None:
+    """What is left of the call, or None if the scan did not answer before `expires`.
+
+    A slow /proc scan (a machine under load) must not stretch the grace period.
+    """
+    remaining = max(expires - time.monotonic(), POLL_SECONDS)
+    try:
+        return await asyncio.wait_for(running.survivors(), timeout=remaining)
+    except TimeoutError:
+        return None
 
 
 async def _reaped(running: Running, waiter: asyncio.Future[Exit]) -> list[int]:

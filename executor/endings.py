@@ -8,11 +8,10 @@ so the original row is never overwritten).
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from . import results
+from . import clock, results
 from .calls import CallRequest, ValidCall
 from .events import Batch, EventKind
 from .idempotency import Replay
@@ -106,7 +105,7 @@ class Endings:
             # The very same call resent (a client retrying its batch): report, add nothing.
             batch.emit(EventKind.FINISHED, req, outcome=outcome, replay_of=original)
             return
-        rec = record(req, batch.agent, call.request_hash, call.may_write, time.time())
+        rec = record(req, batch.agent, call.request_hash, call.may_write, clock.now())
         rec = replace(rec, idempotency_key="", replay_of=original)
         try:
             await self.journal.record_finished(rec, outcome)

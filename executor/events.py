@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from . import clock
 from .calls import CallRequest, ValidCall
 from .outcomes import Outcome
 
@@ -116,7 +116,7 @@ class Batch:
             self.on_finished(req, outcome)
         if not self.progress and kind not in ENDS:
             return
-        at = time.time()
+        at = clock.now()
         event = Event(
             kind, req.call_id, self.batch_id, at, req.index, outcome, replay_of, waiting, approval
         )

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import time
 from dataclasses import dataclass, replace
+
+from . import clock
 
 
 class Status(enum.Enum):
@@ -76,7 +77,7 @@ class Mark:
 
 
 def mark(phase: Phase, detail: str = "") -> Mark:
-    return Mark(phase, time.time(), detail)
+    return Mark(phase, clock.now(), detail)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,7 +16,7 @@ import grpc
 from execgate.v1 import executor_pb2 as pb
 from execgate.v1 import executor_pb2_grpc as pb_grpc
 
-from . import wire
+from . import clock, wire
 from .approve import ApprovalError, Approvals, Refused
 from .authenticate import caller
 from .calls import CallRequest
@@ -178,7 +177,7 @@ class ExecutorService(pb_grpc.ExecutorServicer):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "name a run_id, a call_id or a batch_id to cancel"
             )
-        at = time.time()  # the moment of the request, before anything else happens
+        at = clock.now()  # the moment of the request, before anything else happens
         grace = request.grace.ToNanoseconds() / 1e9 if request.HasField("grace") else None
         if grace is not None and grace < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "grace: must not be negative")

@@ -135,6 +135,36 @@ def test_stragglers_make_a_cooperative_exit_a_forced_one() -> None:
     assert stopped.survivors == 0
 
 
+def test_a_slow_survivor_scan_does_not_stretch_the_grace() -> None:
+    # The main process exits at once but the scan for what it left hangs (a /proc read
+    # stuck on a loaded machine): the grace still ends on time and the kill follows.
+    class SlowScan(FakeRunning):
+        async def survivors(self) -> list[int]:
+            if "kill" not in self.log:
+                await asyncio.sleep(5)
+            return []
+
+    stopped = ladder(SlowScan(exit_after=0.01), CancelScope(), grace=0.2)
+    by_phase = {m.phase: m for m in stopped.marks}
+    assert stopped.how is StopMode.FORCE_TERMINATED
+    waited = by_phase[Phase.GRACE_EXPIRED].at - by_phase[Phase.SIGNAL_SENT].at
+    assert 0.18 <= waited < 0.5, waited
+
+
+def test_marks_keep_their_intervals_when_the_wall_clock_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A time sync stepping the wall clock mid-call must not bend a grace period.
+    from execgate.executor import clock
+
+    before = clock.now()
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 10.0)
+    after = clock.now()
+    assert 0 <= after - before < 1.0
+    assert abs(clock.now() - real()) < 1.0
+
+
 def test_reported_survivors_when_nothing_kills_them() -> None:
     class Immortal(FakeRunning):
         async def kill(self) -> str:

@@ -28,6 +28,7 @@ from .base import MARKER_ENV, Exit, Launch, Probe
 from .cgroup import CgroupRoot
 from .process import HostRunning, ProcessSandbox
 from .spawn import Pipes, launcher, spawn
+from .stopping import off_loop
 
 BWRAP = shutil.which("bwrap") or "/usr/bin/bwrap"
 # How often a SIGTERM that arrived before the command existed looks for it.
@@ -142,10 +143,10 @@ class BwrapRunning(HostRunning):
         # bwrap exits after the namespace's init, and the kernel empties a namespace
         # before its init is gone: only the cgroup (if any) can still hold something.
         if self.group is not None and self.group.procs():
-            await asyncio.to_thread(self.group.kill)
+            await off_loop(self.group.kill)
 
     async def terminate(self) -> str:
-        sent = await asyncio.to_thread(self._signal_members, signal.SIGTERM)
+        sent = await off_loop(self._signal_members, signal.SIGTERM)
         if sent:
             return f"SIGTERM to {sent} process(es) in {self._ns}"
         # bwrap is still building the sandbox: the command does not exist yet. The
@@ -169,7 +170,7 @@ class BwrapRunning(HostRunning):
     async def _deliver_owed(self) -> None:
         # Nothing announces a process entering the namespace: /proc is polled.
         while self.watch.alive():
-            if await asyncio.to_thread(self._signal_members, signal.SIGTERM):
+            if await off_loop(self._signal_members, signal.SIGTERM):
                 return
             await asyncio.sleep(OWED_POLL_SECONDS)
 
@@ -197,7 +198,7 @@ class BwrapRunning(HostRunning):
                 signal.pidfd_send_signal(self._init_fd, signal.SIGKILL)
         how = f"SIGKILL to the init of {ns} (the kernel kills the whole namespace)"
         if self.group is not None:
-            how += "; " + await asyncio.to_thread(self.group.kill)
+            how += "; " + await off_loop(self.group.kill)
         return how
 
     async def release(self) -> None:
@@ -210,7 +211,7 @@ class BwrapRunning(HostRunning):
     async def survivors(self) -> list[int]:
         found = set(await super().survivors())
         if self._ns is not None:
-            found |= set(await asyncio.to_thread(procscan.in_namespace, self._ns))
+            found |= set(await off_loop(procscan.in_namespace, self._ns))
         return sorted(found)
 
 

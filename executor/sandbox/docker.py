@@ -34,6 +34,7 @@ from .base import Captured, Exit, Launch, Probe, SandboxError
 from .docker_warm import ExecRunning, WarmPool
 from .dockerd import Dockerd, Stdio, exit_of, in_thread
 from .pidwatch import PidWatch
+from .stopping import off_loop
 
 log = logging.getLogger("execgate.sandbox")
 
@@ -136,13 +137,13 @@ class ContainerRunning:
 
     async def kill(self) -> str:
         self._signalled = True
-        await asyncio.to_thread(self.dockerd.signal, self.cid, "SIGKILL")
+        await off_loop(self.dockerd.signal, self.cid, "SIGKILL")
         return f"SIGKILL to container {self.cid[:12]} (its whole PID namespace dies with it)"
 
     async def survivors(self) -> list[int]:
         if self._exited.done() and self._exited.exception() is None:
             return []  # its init is gone, and so is everything else in it
-        return await asyncio.to_thread(self.dockerd.top, self.cid)
+        return await off_loop(self.dockerd.top, self.cid)
 
     async def output(self) -> tuple[Captured, Captured]:
         return await self.stdio.result()

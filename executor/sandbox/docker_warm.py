@@ -25,6 +25,7 @@ from pathlib import Path
 from . import procscan
 from .base import MARKER_ENV, Captured, Exit, Launch
 from .dockerd import ContainerGone, Dockerd, Stdio, container_user, exit_of
+from .stopping import off_loop
 
 # The warm container's command: wait, and exit at once on SIGTERM. Needs sh in the image.
 WAITER = ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"]
@@ -165,21 +166,21 @@ class ExecRunning:
 
     async def finish(self) -> None:
         """The command exited, but the container lives on: end what it left running."""
-        await asyncio.to_thread(signal_marked, self.marker, signal.SIGKILL)
+        await off_loop(signal_marked, self.marker, signal.SIGKILL)
 
     async def terminate(self) -> str:
         # A /proc scan (about 1 ms per 100 processes): in a thread, as bwrap's.
         self._signalled = True
-        count = await asyncio.to_thread(signal_marked, self.marker, signal.SIGTERM)
+        count = await off_loop(signal_marked, self.marker, signal.SIGTERM)
         return f"SIGTERM to the {count} process(es) of exec {self.exec_id[:12]}"
 
     async def kill(self) -> str:
         self._signalled = True
-        count = await asyncio.to_thread(signal_marked, self.marker, signal.SIGKILL)
+        count = await off_loop(signal_marked, self.marker, signal.SIGKILL)
         return f"SIGKILL to {count} marked process(es); " + await self.pool.discard(self.warm)
 
     async def survivors(self) -> list[int]:
-        return await asyncio.to_thread(procscan.with_marker, MARKER_ENV, self.marker)
+        return await off_loop(procscan.with_marker, MARKER_ENV, self.marker)
 
     async def output(self) -> tuple[Captured, Captured]:
         return await self.stdio.result()

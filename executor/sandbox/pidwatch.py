@@ -11,7 +11,8 @@ import contextlib
 import os
 import select
 import signal
-import time
+
+from .. import clock
 
 
 class PidWatch:
@@ -23,7 +24,7 @@ class PidWatch:
         try:
             self._fd = os.pidfd_open(pid)
         except ProcessLookupError:
-            self.gone_at = time.time()
+            self.gone_at = clock.now()
             self.ended.set()
             return
         except OSError:  # no pidfds here (old kernel, seccomp): nothing is watched
@@ -42,7 +43,7 @@ class PidWatch:
         return not readable
 
     def _ended(self) -> None:
-        self.gone_at = time.time()
+        self.gone_at = clock.now()
         self.ended.set()
         self.close()
 

@@ -21,6 +21,7 @@ from .base import MARKER_ENV, Captured, Exit, Launch, Probe, SandboxError
 from .cgroup import CallCgroup, CgroupRoot
 from .pidwatch import PidWatch
 from .spawn import DASH, PRLIMIT, Pipes, launcher, spawn
+from .stopping import off_loop
 
 # After the call stops, a process that escaped every sweep may still hold the output
 # pipes open: read what is there, then stop waiting.
@@ -108,14 +109,14 @@ class HostRunning:
     async def finish(self) -> None:
         if self.group is not None:
             if self.group.procs():
-                await asyncio.to_thread(self.group.kill)
+                await off_loop(self.group.kill)
         else:
-            await asyncio.to_thread(self._sweep, signal.SIGKILL)
+            await off_loop(self._sweep, signal.SIGKILL)
 
     async def terminate(self) -> str:
         if self._signal_group(signal.SIGTERM):
             return f"SIGTERM to process group {self.proc.pid}"
-        count = await asyncio.to_thread(self._sweep, signal.SIGTERM)
+        count = await off_loop(self._sweep, signal.SIGTERM)
         return f"SIGTERM to {count} process(es) the call left (its main process had exited)"
 
     async def kill(self) -> str:
@@ -123,8 +124,8 @@ class HostRunning:
         if self._signal_group(signal.SIGKILL):
             how.append(f"SIGKILL to process group {self.proc.pid}")
         if self.group is not None:
-            how.append(await asyncio.to_thread(self.group.kill))
-        swept = await asyncio.to_thread(self._sweep, signal.SIGKILL)
+            how.append(await off_loop(self.group.kill))
+        swept = await off_loop(self._sweep, signal.SIGKILL)
         if swept:
             how.append(f"SIGKILL to {swept} marked process(es)")
         return "; ".join(how) or "nothing left to kill"
@@ -151,7 +152,7 @@ class HostRunning:
                 found |= {p for p in self.group.procs() if procscan.alive(p)}
             return sorted(found)
 
-        return await asyncio.to_thread(scan)
+        return await off_loop(scan)
 
     async def output(self) -> tuple[Captured, Captured]:
         return await self.pipes.result(OUTPUT_SETTLE_SECONDS)

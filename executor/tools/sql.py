@@ -42,6 +42,7 @@ from . import sqlconfine, sqlexec
 
 if TYPE_CHECKING:
     from ..resources import CallEffects
+from .. import clock
 from .base import Mode, ResourceKind, ResourceTemplate, ToolContext, ToolOutput, ToolSpec, schema
 
 MAX_QUERY_CHARS = 1024 * 1024
@@ -255,7 +256,7 @@ def _interrupted(stop: sqlexec.Stop, ctx: ToolContext, effects: SqlCallEffects) 
     else:
         why, detail = ErrorClass.CANCELLED, ctx.cancel.reason or "cancelled"
         message = f"cancelled: {detail}; rolled back, nothing was committed"
-    marks = (Mark(Phase.CANCEL_REQUESTED, stop.at or time.time(), detail), mark(Phase.STOPPED))
+    marks = (Mark(Phase.CANCEL_REQUESTED, stop.at or clock.now(), detail), mark(Phase.STOPPED))
     return ToolOutput(
         structured={"committed": False, **_summary(effects)},
         evidence=Evidence(path=str(effects.database)),

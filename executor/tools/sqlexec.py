@@ -39,7 +39,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from .. import sqlanalysis  # a module import: see tools/sql.py
+from .. import (
+    clock,
+    sqlanalysis,  # a module import: see tools/sql.py
+)
 from ..cancel import CancelScope
 from ..errors import ToolError
 from ..outcomes import ErrorClass
@@ -129,7 +132,7 @@ class Stop:
             self.why = ErrorClass.TIMEOUT
         else:
             return False
-        self.at = time.time()
+        self.at = clock.now()
         return True
 
     def handler(self) -> int:
