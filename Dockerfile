@@ -10,7 +10,7 @@ COPY proto ./proto
 COPY executor ./executor
 COPY client ./client
 COPY policies ./policies
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[daemon]"
 
 FROM python:3.11-slim
 RUN useradd --system --uid 10001 --create-home --home-dir /home/execgate execgate \
@@ -18,7 +18,7 @@ RUN useradd --system --uid 10001 --create-home --home-dir /home/execgate execgat
     && chown execgate:execgate /var/lib/execgate /workspace \
     && chmod 0700 /var/lib/execgate
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
+RUN pip install --no-cache-dir --no-index --find-links /wheels "execgate[daemon]" && rm -rf /wheels
 USER execgate
 WORKDIR /home/execgate
 VOLUME ["/var/lib/execgate", "/workspace"]

@@ -26,7 +26,7 @@ test-ts: $(STAMP)
 $(STAMP): pyproject.toml setup.py $(PROTOS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --progress-bar on -e '.[daemon,test]'
 	touch $(STAMP)
 
 install: $(STAMP)
