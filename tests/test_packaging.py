@@ -24,14 +24,14 @@ from tests.daemon import Daemon
 ROOT = Path(__file__).resolve().parents[1]
 # What an agent gets: the wire (grpcio, protobuf) and the tracing API, nothing else.
 THIN = {"grpcio", "protobuf", "opentelemetry-api"}
+PIP_WHEEL = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
-        + ["--wheel-dir", str(out), str(ROOT)],
+        [*PIP_WHEEL, "--wheel-dir", str(out), str(ROOT)],
         capture_output=True,
         text=True,
         timeout=300,
