@@ -117,7 +117,9 @@ class Journal:
         If the insert fails (its call id is taken), `record_outcome` finds no running
         row of its own and raises DuplicateCall.
         """
-        self._writer.submit_nowait(lambda c: _insert(c, rec, None, ""), durable=False)
+        self._writer.submit_nowait(
+            lambda c: _insert(c, rec, None, ""), durable=False, expected=(DuplicateCall,)
+        )
 
     async def record_outcome(
         self, run_id: str, call_id: str, outcome: Outcome, raw: str, *, durable: bool
