@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -24,9 +25,11 @@ from typing import Any, TypeVar
 
 from .codec import outcome_from_json, outcome_to_json
 from .errors import ExecgateError
-from .journal_schema import RECORD_COLUMNS, SCHEMA, migrate
+from .journal_schema import RECORD_COLUMNS, migrate
 from .outcomes import ErrorClass, Mark, Outcome, Phase, Status, StopMode
 from .sqlite_writer import SqliteWriter
+
+log = logging.getLogger("execgate.journal")
 
 T = TypeVar("T")
 
@@ -96,9 +99,16 @@ class CallFilter:
 class Journal:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        existed = self.path.exists()
         conn = _connect(self.path)
-        conn.executescript(SCHEMA)
-        migrate(conn)
+        try:
+            applied = migrate(conn)
+        except BaseException:
+            conn.close()
+            raise
+        for step in applied:
+            if existed:
+                log.info("journal %s: migrated to schema %d: %s", self.path, step.version, step.what)
         self._writer = SqliteWriter(conn)
         self._local = threading.local()
 
