@@ -106,9 +106,8 @@ class Journal:
         except BaseException:
             conn.close()
             raise
-        for step in applied:
-            if existed:
-                log.info("journal %s: migrated to schema %d: %s", self.path, step.version, step.what)
+        for step in applied if existed else ():
+            log.info("journal %s: migrated to schema %d: %s", self.path, step.version, step.what)
         self._writer = SqliteWriter(conn)
         self._local = threading.local()
 

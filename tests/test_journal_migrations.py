@@ -52,7 +52,8 @@ def test_a_daemon_opens_a_journal_the_previous_schema_wrote(tmp_path: Path) -> N
     try:
         with Client(d.address) as c:
             old = c.get_call("old-write", run_id="old-run")
-            assert old.outcome is not None and old.outcome.status is Status.SUCCESS
+            assert old.outcome is not None
+            assert old.outcome.status is Status.SUCCESS
             refused = c.get_call("old-escape", run_id="old-run")
             assert refused.outcome is not None
             assert refused.outcome.field == "arguments.path"
