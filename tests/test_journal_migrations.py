@@ -21,6 +21,7 @@ from execgate.executor.config import JOURNAL_NAME
 from execgate.executor.journal_schema import LATEST, Migration, migrate
 from tests.daemon import Daemon
 
+SERVE = [sys.executable, "-m", "execgate.executor.cli", "serve"]
 OLD = Path(__file__).parent / "fixtures" / "journal_unversioned.sql"
 
 
@@ -87,8 +88,7 @@ def test_a_journal_from_a_newer_daemon_is_refused_untouched(tmp_path: Path) -> N
         conn.execute(f"PRAGMA user_version = {LATEST + 1}")
     before = _dump(path)
     ran = subprocess.run(
-        [sys.executable, "-m", "execgate.executor.cli", "serve"]
-        + ["--state-dir", str(tmp_path / "state"), "--workspace", str(tmp_path)],
+        [*SERVE, "--state-dir", str(tmp_path / "state"), "--workspace", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=60,
