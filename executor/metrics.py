@@ -14,15 +14,18 @@ Recorded from each finished call's outcome (the same hook that builds its spans)
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 
 from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeterProvider, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
-from opentelemetry.sdk.resources import Resource
 
-from .otelenv import disabled, otlp_exporter
+from . import otelenv
+from .otelenv import disabled
 from .outcomes import Outcome, Phase
+
+log = logging.getLogger("execgate.metrics")
 
 Gauge = Callable[[], int]
 
@@ -74,14 +77,15 @@ class Metrics:
 
 def setup(instance: str, readers: Iterable[MetricReader] = ()) -> Metrics:
     """Metrics over OTLP when configured (plus `readers`, for tests); else no-ops."""
-    chosen = list(readers)
-    exporter = otlp_exporter("metrics")
-    if exporter is not None:
-        chosen.append(PeriodicExportingMetricReader(exporter))
-    if not chosen or disabled():
+    if disabled():
         return Metrics(None)
-    resource = Resource.create({"service.name": "execgate", "service.instance.id": instance})
-    return Metrics(MeterProvider(resource=resource, metric_readers=chosen))
+    chosen = list(readers)
+    for name, exporter in otelenv.exporters("metrics"):
+        chosen.append(PeriodicExportingMetricReader(exporter))
+        log.info("metrics: exported to %s", name)
+    if not chosen:
+        return Metrics(None)
+    return Metrics(MeterProvider(resource=otelenv.resource(instance), metric_readers=chosen))
 
 
 def _observe(read: Gauge) -> Callable[[CallbackOptions], Iterable[Observation]]:

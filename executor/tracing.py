@@ -28,12 +28,12 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.propagate import extract
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from .otelenv import disabled, otlp_exporter, otlp_protocol
+from . import otelenv
+from .otelenv import disabled
 from .outcomes import Mark, Outcome, Phase
 from .outcomes import Status as OutcomeStatus
 from .trace_journal import JournalSpanExporter
@@ -168,13 +168,12 @@ def setup(journal: Any, instance: str) -> Tracing:
     OTEL_SDK_DISABLED=true turns both off."""
     if disabled():
         return Tracing(None)
-    resource = Resource.create({"service.name": "execgate", "service.instance.id": instance})
-    provider = TracerProvider(resource=resource)
+    provider = TracerProvider(resource=otelenv.resource(instance))
     provider.add_span_processor(_batched(JournalSpanExporter(journal)))
-    otlp = otlp_exporter("traces")
-    if otlp is not None:
-        provider.add_span_processor(_batched(otlp))
-        log.info("traces: journal and OTLP (%s)", otlp_protocol("traces"))
+    for name, exporter in otelenv.exporters("traces"):
+        provider.add_span_processor(_batched(exporter))
+        how = f"otlp, {otelenv.otlp_protocol('traces')}" if name == "otlp" else name
+        log.info("traces: journal and %s", how)
     return Tracing(provider)
 
 
