@@ -5,13 +5,18 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PROTOS := $(wildcard proto/execgate/v1/*.proto)
 
-.PHONY: run test test-ts install proto lint typecheck bench fuzz clean
+.PHONY: run test test-ts test-image install proto lint typecheck bench fuzz clean
 
 run: $(STAMP)
 	$(BIN)/execgate serve --policy policies/default.yaml
 
 test: $(STAMP) test-ts
 	$(BIN)/python -m pytest
+
+# The daemon's Docker image, built offline (a debootstrap base, wheels from the host)
+# and run: a call through its socket in its bwrap sandbox. Minutes; .ci/run runs it.
+test-image: $(STAMP)
+	$(BIN)/python -m pytest -m image
 
 # The TypeScript client (client/typescript): install from its lockfile, generate the
 # protobuf code from proto/ and compile, then its tests (node --test) against real

@@ -50,6 +50,12 @@ def config_from(args: argparse.Namespace) -> SandboxConfig:
     )
 
 
+OFFLINE_IMAGE = """\
+docker images need no registry; make one offline, then --docker-image NAME:
+  tar -C ROOTFS -c . | docker import - NAME  (ROOTFS: your tools' commands)
+  docker/make-base-image.sh NAME             (a minimal Debian, debootstrap)"""
+
+
 def add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("doctor", help="which sandbox backends work on this machine")
     add_serve_args(p)
@@ -64,6 +70,9 @@ def _doctor(args: argparse.Namespace) -> int:
     for probe in probes:
         state = "works " if probe.ok else "absent"
         print(f"{probe.name:<{width}}  {state}  {probe.detail}")
+    docker = next((p for p in probes if p.name == "docker"), None)
+    if docker is not None and not docker.ok and "image" in docker.detail:
+        print(OFFLINE_IMAGE)
     chosen = next(p for p in probes if p.name == default)
     print(f"default: {default}" + ("" if chosen.ok else " (does NOT work here)"))
     if not chosen.ok:

@@ -33,6 +33,7 @@ from .paths import Workspace
 from .policy import Policy, default_policy_path, load_policy
 from .policy.reload import policy_watcher
 from .runs import RunStore
+from .sandbox import dockerd
 from .sandbox import registry as sandbox_registry
 from .sandbox.registry import daemon_id
 from .services import ApprovalsService, ExecutorService
@@ -98,6 +99,10 @@ def build(config: ServeConfig) -> tuple[Dispatcher, Journal]:
     sandboxes = sandbox_registry.build(
         config.sandbox, daemon_id(config.state_dir), wanted, policy.sandbox_for
     )
+    if "docker" in sandboxes.backends:
+        note = dockerd.workspace_note(config.workspace)
+        if note is not None:
+            log.warning("sandbox docker: %s", note)
     dispatcher = Dispatcher(
         tools=builtin_tools(test_tools=config.test_tools),
         journal=journal,
