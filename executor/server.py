@@ -136,7 +136,7 @@ async def serve(
             dispatcher.authorizer.memberships = identities.memberships
         telemetry = dispatcher.telemetry
         telemetry.tracing = tracing.setup(journal, daemon_id(config.state_dir))
-        telemetry.metrics = metrics.setup(daemon_id(config.state_dir))
+        telemetry.metrics = metrics.setup(daemon_id(config.state_dir), tools=dispatcher.tools)
         telemetry.metrics.gauges(dispatcher.approvals.waiting, dispatcher.queue_depth)
         runs = RunStore(journal)
         dispatcher.ended_runs = runs.ended

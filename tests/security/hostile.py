@@ -250,12 +250,10 @@ class Hostile:
                 rpb.AppendEventsRequest(run_id=run_id, events=[bad]),
                 "runs",
             )
-            if i % 2:
-                self._rpc(
-                    self._runs.CancelRun,
-                    rpb.CancelRunRequest(run_id=run_id, reason="x" * 8192),
-                    "runs",
-                )
+            if i % 2:  # a reason past the daemon's cap (refused), then one under it
+                for reason in ("x" * 8192, "x" * 1000):
+                    cancel = rpb.CancelRunRequest(run_id=run_id, reason=reason)
+                    self._rpc(self._runs.CancelRun, cancel, "runs")
             self._rpc(self._runs.GetRun, rpb.GetRunRequest(run_id=run_id), "runs")
         self._rpc(self._runs.ListRuns, rpb.ListRunsRequest(limit=50), "runs")
 
@@ -324,15 +322,17 @@ class Hostile:
             stream.cancel()
 
     def _cancel_when_running(self, run_id: str, call_id: str, reason: str) -> None:
-        """Cancel `call_id` once the daemon says it started (GetCall finds its intent)."""
+        """Cancel `call_id` once the daemon says it started (GetCall finds its intent):
+        first with a reason past the daemon's cap (refused), then with one under it."""
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             probe = pb.GetCallRequest(run_id=run_id, call_id=call_id)
             if self._rpc(self._ex.GetCall, probe, "cancel_probe") is not None:
                 break
             time.sleep(0.005)  # a poll interval: the deadline above bounds the wait
-        order = pb.CancelRequest(run_id=run_id, reason=reason, requester=self._uid())
-        self._rpc(self._ex.Cancel, order, "cancelled")
+        for why in (reason, reason[:1000]):
+            order = pb.CancelRequest(run_id=run_id, reason=why, requester=self._uid())
+            self._rpc(self._ex.Cancel, order, "cancelled")
 
     def _pool_less(self, work: Callable[[], None]) -> threading.Thread:
         thread = threading.Thread(target=work, daemon=True)
