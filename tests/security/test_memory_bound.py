@@ -19,8 +19,14 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
+from execgate.executor.services import MAX_REASON_CHARS
+from execgate.v1 import executor_pb2 as pb
+from execgate.v1 import executor_pb2_grpc as pb_grpc
+from execgate.v1 import runs_pb2 as rpb
+from execgate.v1 import runs_pb2_grpc as rpb_grpc
 from tests.daemon import Daemon
 from tests.security.budget import race_rounds
 from tests.security.hostile import MIB, POLICY, Hostile, rss
@@ -74,3 +80,58 @@ def test_rss_reaches_a_steady_state_under_the_hostile_corpus(
     assert daemon.proc.poll() is None, daemon.log()[-3000:]
     assert figures["2N"] - figures["N"] <= STEADY_MARGIN, shown
     assert figures["2N"] - figures["initial"] <= TOTAL_ALLOWANCE, shown
+
+
+@pytest.mark.parametrize("field", ["reason", "requester"])
+def test_a_cancel_with_an_over_long_text_is_refused_naming_the_field(
+    daemon: Daemon, field: str
+) -> None:
+    with grpc.insecure_channel(daemon.address) as channel:
+        stub = pb_grpc.ExecutorStub(channel)
+        fits = pb.CancelRequest(run_id="r-cap", **{field: "x" * MAX_REASON_CHARS})
+        assert stub.Cancel(fits, timeout=10).call_ids == []
+        long = pb.CancelRequest(run_id="r-cap", **{field: "x" * (MAX_REASON_CHARS + 1)})
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Cancel(long, timeout=10)
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details().startswith(f"{field}: longer than {MAX_REASON_CHARS}")
+
+
+def test_a_cancel_run_with_an_over_long_reason_is_refused(daemon: Daemon) -> None:
+    with grpc.insecure_channel(daemon.address) as channel:
+        runs = rpb_grpc.RunsStub(channel)
+        runs.StartRun(rpb.StartRunRequest(run_id="run-cap"), timeout=10)
+        long = rpb.CancelRunRequest(run_id="run-cap", reason="x" * (MAX_REASON_CHARS + 1))
+        with pytest.raises(grpc.RpcError) as refused:
+            runs.CancelRun(long, timeout=10)
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "reason" in refused.value.details()
+        run = runs.CancelRun(rpb.CancelRunRequest(run_id="run-cap", reason="ok"), timeout=10)
+    assert run.cancel.reason == "ok"
+
+
+def test_a_run_watcher_far_behind_is_told_where_to_resume(daemon: Daemon) -> None:
+    """More events at once than a watcher's backlog holds: the stream ends with
+    RESOURCE_EXHAUSTED naming the seq to resume after, instead of queueing them all."""
+    from execgate.executor.fanout import MAX_BACKLOG
+
+    states = ["created"] + ["requesting_model", "validating"] * MAX_BACKLOG
+    events = [
+        rpb.RunEvent(seq=i, from_state=states[i - 1], to_state=states[i])
+        for i in range(1, MAX_BACKLOG + 3)
+    ]
+    with grpc.insecure_channel(daemon.address) as channel:
+        runs = rpb_grpc.RunsStub(channel)
+        runs.StartRun(rpb.StartRunRequest(run_id="run-lag"), timeout=10)
+        watch = runs.WatchRun(rpb.WatchRunRequest(run_id="run-lag"), timeout=30)
+        first = runs.AppendEvents(
+            rpb.AppendEventsRequest(run_id="run-lag", events=events[:1]), timeout=10
+        )
+        assert next(watch).event.seq == 1  # subscribed and reading
+        runs.AppendEvents(rpb.AppendEventsRequest(run_id="run-lag", events=events[1:]), timeout=10)
+        with pytest.raises(grpc.RpcError) as ended:
+            for _ in watch:
+                pass
+    assert first.last_seq == 1
+    assert ended.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "resume with after_seq=1" in ended.value.details()
