@@ -17,6 +17,11 @@ as growth:
                     dropped mid-call
     runs            runs started, moved, cancelled, read
     watches         WatchRun and Approvals.Watch streams opened and dropped
+    bogus_tokens    RPCs with distinct made-up bearer tokens (refused where the daemon
+                    has an identities file)
+
+With several `agents` (each the metadata of one identity's token), round i speaks as
+agent i mod n: the daemon sees many agent ids, each with its runs and calls.
 
 Every RPC's failure is expected and counted (`tally`); the driver fails only if the
 daemon stops answering. It talks raw gRPC (the generated stubs), so it can send what
@@ -31,7 +36,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -87,13 +92,15 @@ class Hostile:
         address: str,
         *,
         shape: Shape | None = None,
-        metadata: tuple[tuple[str, str], ...] = (),
+        agents: Sequence[tuple[tuple[str, str], ...]] = ((),),
         workers: int = 4,
     ) -> None:
         self.shape = shape or Shape()
         self.tally: Counter[str] = Counter()
         self._lock = threading.Lock()
-        self._md = metadata
+        self._agents = list(agents)
+        self._rounds = 0
+        self._md = self._agents[0]
         self._channel = grpc.insecure_channel(
             address,
             options=[
@@ -121,6 +128,8 @@ class Hostile:
 
     def round(self) -> None:
         """Every class once, concurrently; returns when all their RPCs have ended."""
+        self._md = self._agents[self._rounds % len(self._agents)]
+        self._rounds += 1
         classes: list[Callable[[], None]] = [
             self.bogus_tools,
             self.distinct_ids,
@@ -131,6 +140,7 @@ class Hostile:
             self.cancelled,
             self.runs,
             self.watches,
+            self.bogus_tokens,
         ]
         for done in [self._pool.submit(c) for c in classes]:
             done.result()
@@ -274,6 +284,17 @@ class Hostile:
                 rpb.WatchRunRequest(run_id=self._uid()), metadata=self._md, timeout=30
             )
             self._drop(missing, after=1, what="watches")
+
+    def bogus_tokens(self) -> None:
+        for _ in range(self.shape.bogus_tools // 2):
+            md = (("authorization", f"Bearer {self._uid()}{'t' * 64}"),)
+            try:
+                self._ex.ListTools(pb.ListToolsRequest(), metadata=md, timeout=30)
+            except grpc.RpcError as exc:
+                self._count("bogus_tokens", exc.code().name)
+                _alive(exc)
+            else:
+                self._count("bogus_tokens", "ok")
 
     # -- plumbing --------------------------------------------------------------------
 

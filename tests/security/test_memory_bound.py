@@ -27,11 +27,15 @@ from execgate.v1 import executor_pb2 as pb
 from execgate.v1 import executor_pb2_grpc as pb_grpc
 from execgate.v1 import runs_pb2 as rpb
 from execgate.v1 import runs_pb2_grpc as rpb_grpc
+from tests.auth_support import Who, write_identities
 from tests.daemon import Daemon
 from tests.security.budget import race_rounds
 from tests.security.hostile import MIB, POLICY, Hostile, rss
 from tests.security.sink import OtlpSink
 
+# Agents the corpus speaks as, one per round (agent ids are the identities'
+# names: a client cannot make up more, only present bogus tokens, which it also does).
+AGENTS = [Who(f"agent{i}", ("agent", "operator"), token=f"tok-{i}-" + "a" * 40) for i in range(3)]
 WARMUP = 2
 N = race_rounds(4)
 # RSS growth allowed from N to 2N rounds (steady state: noise, not a holder).
@@ -50,7 +54,9 @@ def sink() -> Iterator[OtlpSink]:
 def daemon(tmp_path_factory: pytest.TempPathFactory, sink: OtlpSink) -> Iterator[Daemon]:
     root: Path = tmp_path_factory.mktemp("memory")
     (root / "policy.yaml").write_text(POLICY)
-    d = Daemon(root, "--policy", str(root / "policy.yaml"), env=sink.env(interval_ms=500))
+    people = write_identities(root / "identities.yaml", AGENTS)
+    args = ("--policy", str(root / "policy.yaml"), "--identities", str(people))
+    d = Daemon(root, *args, env=sink.env(interval_ms=500))
     d.start()
     yield d
     d.stop()
@@ -62,7 +68,7 @@ def test_rss_reaches_a_steady_state_under_the_hostile_corpus(
     assert daemon.proc is not None
     pid = daemon.proc.pid
     figures = {"initial": rss(pid)}
-    with Hostile(daemon.address) as hostile:
+    with Hostile(daemon.address, agents=[_md(a) for a in AGENTS]) as hostile:
         hostile.rounds(WARMUP)
         figures["warm-up"] = rss(pid)
         hostile.rounds(N)
@@ -75,11 +81,16 @@ def test_rss_reaches_a_steady_state_under_the_hostile_corpus(
     # The corpus did reach the daemon: every class was answered.
     for what in ("bogus_tools:REJECTED", "distinct_ids:SUCCESS", "big_outputs:PARTIAL",
                  "huge_arguments:PARTIAL", "cancelled:UNKNOWN_OUTCOME", "watches:dropped",
-                 "denied:REJECTED", "runs:ok", "malformed:REJECTED"):  # fmt: skip
+                 "denied:REJECTED", "runs:ok", "malformed:REJECTED",
+                 "bogus_tokens:UNAUTHENTICATED"):  # fmt: skip
         assert tally[what] > 0, (what, dict(tally))
     assert daemon.proc.poll() is None, daemon.log()[-3000:]
     assert figures["2N"] - figures["N"] <= STEADY_MARGIN, shown
     assert figures["2N"] - figures["initial"] <= TOTAL_ALLOWANCE, shown
+
+
+def _md(who: Who) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {who.token}"),)
 
 
 @pytest.mark.parametrize("field", ["reason", "requester"])
@@ -89,24 +100,27 @@ def test_a_cancel_with_an_over_long_text_is_refused_naming_the_field(
     with grpc.insecure_channel(daemon.address) as channel:
         stub = pb_grpc.ExecutorStub(channel)
         fits = pb.CancelRequest(run_id="r-cap", **{field: "x" * MAX_REASON_CHARS})
-        assert stub.Cancel(fits, timeout=10).call_ids == []
+        assert stub.Cancel(fits, timeout=10, metadata=_md(AGENTS[0])).call_ids == []
         long = pb.CancelRequest(run_id="r-cap", **{field: "x" * (MAX_REASON_CHARS + 1)})
         with pytest.raises(grpc.RpcError) as refused:
-            stub.Cancel(long, timeout=10)
+            stub.Cancel(long, timeout=10, metadata=_md(AGENTS[0]))
     assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert refused.value.details().startswith(f"{field}: longer than {MAX_REASON_CHARS}")
 
 
 def test_a_cancel_run_with_an_over_long_reason_is_refused(daemon: Daemon) -> None:
+    md = _md(AGENTS[0])
     with grpc.insecure_channel(daemon.address) as channel:
         runs = rpb_grpc.RunsStub(channel)
-        runs.StartRun(rpb.StartRunRequest(run_id="run-cap"), timeout=10)
+        runs.StartRun(rpb.StartRunRequest(run_id="run-cap"), timeout=10, metadata=md)
         long = rpb.CancelRunRequest(run_id="run-cap", reason="x" * (MAX_REASON_CHARS + 1))
         with pytest.raises(grpc.RpcError) as refused:
-            runs.CancelRun(long, timeout=10)
+            runs.CancelRun(long, timeout=10, metadata=md)
         assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
         assert "reason" in refused.value.details()
-        run = runs.CancelRun(rpb.CancelRunRequest(run_id="run-cap", reason="ok"), timeout=10)
+        run = runs.CancelRun(
+            rpb.CancelRunRequest(run_id="run-cap", reason="ok"), timeout=10, metadata=md
+        )
     assert run.cancel.reason == "ok"
 
 
@@ -120,15 +134,17 @@ def test_a_run_watcher_far_behind_is_told_where_to_resume(daemon: Daemon) -> Non
         rpb.RunEvent(seq=i, from_state=states[i - 1], to_state=states[i])
         for i in range(1, MAX_BACKLOG + 3)
     ]
+    md = _md(AGENTS[0])
     with grpc.insecure_channel(daemon.address) as channel:
         runs = rpb_grpc.RunsStub(channel)
-        runs.StartRun(rpb.StartRunRequest(run_id="run-lag"), timeout=10)
-        watch = runs.WatchRun(rpb.WatchRunRequest(run_id="run-lag"), timeout=30)
+        runs.StartRun(rpb.StartRunRequest(run_id="run-lag"), timeout=10, metadata=md)
+        watch = runs.WatchRun(rpb.WatchRunRequest(run_id="run-lag"), timeout=30, metadata=md)
         first = runs.AppendEvents(
-            rpb.AppendEventsRequest(run_id="run-lag", events=events[:1]), timeout=10
+            rpb.AppendEventsRequest(run_id="run-lag", events=events[:1]), timeout=10, metadata=md
         )
         assert next(watch).event.seq == 1  # subscribed and reading
-        runs.AppendEvents(rpb.AppendEventsRequest(run_id="run-lag", events=events[1:]), timeout=10)
+        more = rpb.AppendEventsRequest(run_id="run-lag", events=events[1:])
+        runs.AppendEvents(more, timeout=10, metadata=md)
         with pytest.raises(grpc.RpcError) as ended:
             for _ in watch:
                 pass
