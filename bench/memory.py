@@ -12,8 +12,8 @@ grows with the number of distinct names keeps raising it.
     .venv/bin/python bench/memory.py --rounds 30  # N = 30
     .venv/bin/python bench/memory.py --quick      # warm-up 1, N = 2
 
-Prints the figures and the growth from N to 2N as a ratio of the growth from start
-to N; results go to bench/results/memory.json (git-ignored). The exit status is
+Prints the figures and the growth from N to 2N beside (and as a ratio of) the growth
+from the warm-up to N; results go to bench/results/memory.json (git-ignored). The exit status is
 non-zero only if the daemon broke (stopped answering), never for a figure.
 """
 

@@ -36,7 +36,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -223,7 +223,7 @@ class Hostile:
             run_id, target = self._uid(), f"c_{self._uid()}.txt"
             running = _call("work", {"path": target, "write": True, "seconds": 30})
             queued = _call("work", {"path": target, "write": True}, call_id=self._uid())
-            batch = self._pool_less(
+            batch = self._in_thread(
                 lambda r=run_id, c=[running, queued]: self._batch(c, "cancelled", run_id=r)
             )
             reason = "stop " + self._uid() + " " + "r" * 32 * 1024
@@ -355,7 +355,7 @@ class Hostile:
             order = pb.CancelRequest(run_id=run_id, reason=why, requester=self._uid())
             self._rpc(self._ex.Cancel, order, "cancelled")
 
-    def _pool_less(self, work: Callable[[], None]) -> threading.Thread:
+    def _in_thread(self, work: Callable[[], None]) -> threading.Thread:
         thread = threading.Thread(target=work, daemon=True)
         thread.start()
         return thread
@@ -382,8 +382,3 @@ def _alive(exc: grpc.RpcError) -> None:
     code = exc.code()  # type: ignore[attr-defined]
     if code in _DEAD and "Socket closed" in str(exc.details()):  # type: ignore[attr-defined]
         raise AssertionError(f"the daemon stopped answering: {exc}") from exc
-
-
-def figures(samples: Iterator[tuple[str, int]]) -> str:
-    """`label=NN.N MiB` pairs, for reports."""
-    return ", ".join(f"{label}={size / MIB:.1f} MiB" for label, size in samples)
