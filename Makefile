@@ -67,6 +67,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/schedule.py
 	$(BIN)/python bench/cancel.py
 	$(BIN)/python bench/loop.py
+	$(BIN)/python bench/memory.py
 
 clean:
 	rm -rf $(VENV) gen build *.egg-info .pytest_cache

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from execgate.client import DaemonUnavailable, ExecgateClientError
 
-from . import cli_client, cli_demo, cli_identity, cli_policy, cli_sandbox
+from . import cli_client, cli_demo, cli_identity, cli_policy, cli_sandbox, malloc
 from .config import ServeConfig, parse_listener
 from .errors import ConfigError, PolicyError
 from .tools import Limits
@@ -132,6 +132,7 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    malloc.pin_mmap_threshold()  # big transient buffers go back to the OS (malloc.py)
     limits = replace(
         Limits(),
         grace=args.grace,

@@ -21,7 +21,7 @@ from execgate.v1 import executor_pb2_grpc as pb_grpc
 from execgate.v1 import runs_pb2
 from execgate.v1 import runs_pb2_grpc as rpb_grpc
 
-from . import approve, metrics, tracing
+from . import approve, memdebug, metrics, tracing
 from .authenticate import AuthInterceptor, server_credentials
 from .config import JOURNAL_NAME, Listener, ServeConfig
 from .dispatch import Dispatcher
@@ -130,6 +130,7 @@ async def serve(
     config: ServeConfig, *, on_ready: Callable[[list[str]], None] | None = None
 ) -> None:
     config.check()
+    memdebug.install(asyncio.get_running_loop())
     identities = None if config.identities is None else load_identities(config.identities)
     old_umask = os.umask(0o077)  # state dir, journal and sockets: owner only, from birth
     try:
@@ -140,7 +141,7 @@ async def serve(
             dispatcher.authorizer.memberships = identities.memberships
         telemetry = dispatcher.telemetry
         telemetry.tracing = tracing.setup(journal, daemon_id(config.state_dir))
-        telemetry.metrics = metrics.setup(daemon_id(config.state_dir))
+        telemetry.metrics = metrics.setup(daemon_id(config.state_dir), tools=dispatcher.tools)
         telemetry.metrics.gauges(dispatcher.approvals.waiting, dispatcher.queue_depth)
         runs = RunStore(journal)
         dispatcher.ended_runs = runs.ended

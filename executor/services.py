@@ -22,6 +22,7 @@ from .authenticate import caller
 from .calls import CallRequest
 from .dispatch import Dispatcher
 from .events import Event, EventKind
+from .fanout import Lagging
 from .identity import Role
 from .inflight import SHARED_RUN, CancelOrder, NotYours
 from .validate import MAX_ID_CHARS
@@ -29,6 +30,10 @@ from .validate import MAX_ID_CHARS
 log = logging.getLogger("execgate.server")
 
 MAX_BATCH = 1000
+# Longest cancel `reason` and `requester` taken (characters). They are kept in memory
+# while the run is barred (inflight.RunBar), in every stopped call's timeline and in
+# the journal, so a Cancel carrying megabytes of them is refused, naming the field.
+MAX_REASON_CHARS = 1024
 # Who may cancel anyone's calls; an agent cancels only its own.
 CANCELS_ANY = frozenset({Role.OPERATOR, Role.ADMIN})
 DEFAULT_RUN = SHARED_RUN
@@ -178,6 +183,12 @@ class ExecutorService(pb_grpc.ExecutorServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, "name a run_id, a call_id or a batch_id to cancel"
             )
         at = clock.now()  # the moment of the request, before anything else happens
+        for name in ("reason", "requester"):
+            if len(getattr(request, name)) > MAX_REASON_CHARS:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{name}: longer than {MAX_REASON_CHARS} characters",
+                )
         grace = request.grace.ToNanoseconds() / 1e9 if request.HasField("grace") else None
         if grace is not None and grace < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "grace: must not be negative")
@@ -262,9 +273,12 @@ class ApprovalsService(pb_grpc.ApprovalsServicer):
         request: pb.WatchApprovalsRequest,
         context: grpc.aio.ServicerContext[pb.WatchApprovalsRequest, pb.Approval],
     ) -> AsyncIterator[pb.Approval]:
-        async with contextlib.aclosing(self.approvals.watch()) as changes:
-            async for approval in changes:
-                yield wire.approval(approval)
+        try:
+            async with contextlib.aclosing(self.approvals.watch()) as changes:
+                async for approval in changes:
+                    yield wire.approval(approval)
+        except Lagging as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{exc}; watch again")
 
     async def Decide(
         self,

@@ -24,11 +24,12 @@ from execgate.v1 import runs_pb2_grpc as rpb_grpc
 from . import wire
 from .authenticate import caller
 from .dispatch import Dispatcher
+from .fanout import Lagging
 from .inflight import CancelOrder, NotYours
 from .journal import CallFilter
 from .run_record import CancelAsk, Run
 from .runs import Closing, Refusal, RunRefused, RunStore, Update
-from .services import CANCELS_ANY
+from .services import CANCELS_ANY, MAX_REASON_CHARS
 
 _CODE = {
     Refusal.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
@@ -91,6 +92,11 @@ class RunsService(rpb_grpc.RunsServicer):
         return rpb.ListRunsResponse(runs=[run_msg(r) for r in runs])
 
     async def CancelRun(self, request: rpb.CancelRunRequest, context: Context) -> rpb.Run:
+        if len(request.reason) > MAX_REASON_CHARS:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"reason: longer than {MAX_REASON_CHARS} characters",
+            )
         who = caller()
         ask = CancelAsk(who.name, request.reason or "cancelled", time.time())
         try:
@@ -133,6 +139,8 @@ class RunsService(rpb_grpc.RunsServicer):
                     yield update_msg(update)
         except Closing as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except Lagging as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
 
 
 async def _abort(context: Context, exc: RunRefused) -> NoReturn:
