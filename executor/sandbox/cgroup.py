@@ -148,7 +148,7 @@ class CgroupRoot:
     def cleanup_stale(self) -> int:
         """Kill and remove leaves left by an earlier daemon with the same id."""
         removed = 0
-        leaves = {p.name for h in self.hierarchies for p in h.base.iterdir() if p.is_dir()}
+        leaves = {p.name for h in self.hierarchies for p in _subdirs(h.base)}
         for token in leaves:
             dirs = tuple(h.base / token for h in self.hierarchies if (h.base / token).is_dir())
             group = CallCgroup(dirs)
@@ -248,6 +248,14 @@ class CallCgroup:
             else:
                 log.warning("cgroup %s still has members; left in place", d)
         return removed
+
+
+def _subdirs(base: Path) -> list[Path]:
+    """The leaves under `base`; none if it is gone (an earlier daemon removed it just now)."""
+    try:
+        return [p for p in base.iterdir() if p.is_dir()]
+    except FileNotFoundError:
+        return []
 
 
 def _write(path: Path, text: str) -> bool:
