@@ -56,12 +56,14 @@ class ConfigError(ExecgateError):
 class MalformedRequest(ExecgateError):
     """A request envelope the daemon cannot use: undecodable bytes, invalid UTF-8, a time
     out of range, a page token it did not issue, an unknown enum value, JSON nested too
-    deeply. `kind` is the class (`undecodable`, `invalid_utf8`, `out_of_range`,
-    `bad_page_token`, `unknown_enum`, `too_deep`), `field` the offending field's path
-    (`calls[0].timeout`; "" for the message as a whole)."""
+    deeply, a field missing or too large. `kind` is the class (`undecodable`,
+    `invalid_utf8`, `out_of_range`, `bad_page_token`, `unknown_enum`, `too_deep`,
+    `too_large`, `missing`), `field` the offending field's path (`calls[0].timeout`;
+    "" for the message as a whole)."""
 
     def __init__(self, kind: str, field: str, message: str) -> None:
-        super().__init__(f"{kind}: {field}: {message}" if field else f"{kind}: {message}")
+        named = not field or message.startswith(f"{field}:")
+        super().__init__(f"{kind}: {message}" if named else f"{kind}: {field}: {message}")
         self.kind = kind
         self.field = field
         self.message = message

@@ -22,6 +22,7 @@ from .approve import ApprovalError, Approvals, Refused
 from .authenticate import caller
 from .calls import CallRequest
 from .dispatch import Dispatcher
+from .errors import MalformedRequest
 from .events import Event, EventKind
 from .identity import Role
 from .inflight import SHARED_RUN, CancelOrder, NotYours
@@ -153,12 +154,15 @@ class ExecutorService(pb_grpc.ExecutorServicer):
     ) -> tuple[str, str, list[CallRequest]]:
         """The request's calls as the dispatcher takes them; aborts a malformed envelope."""
         if len(request.calls) > MAX_BATCH:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
+            raise MalformedRequest(
+                "too_large",
+                "calls",
                 f"calls: {len(request.calls)} calls; a batch holds at most {MAX_BATCH}",
             )
         if len(request.batch_id) > MAX_ID_CHARS:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "batch_id: too long")
+            raise MalformedRequest(
+                "too_large", "batch_id", f"batch_id: longer than {MAX_ID_CHARS} characters"
+            )
         run_id = request.run_id or DEFAULT_RUN
         batch_id = request.batch_id or self.dispatcher.new_id("batch")
         calls = [
@@ -179,8 +183,8 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         context: grpc.aio.ServicerContext[pb.CancelRequest, pb.CancelResponse],
     ) -> pb.CancelResponse:
         if not (request.run_id or request.call_id or request.batch_id):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "name a run_id, a call_id or a batch_id to cancel"
+            raise MalformedRequest(
+                "missing", "call_id", "name a run_id, a call_id or a batch_id to cancel"
             )
         at = time.time()  # the moment of the request, before anything else happens
         grace = wirecheck.duration(request.grace, "grace") if request.HasField("grace") else None
@@ -234,7 +238,7 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         query = _query(request, caller().name)
         before = self.pages.open(request.page_token, query) if request.page_token else 0
         if request.limit < 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "limit: must not be negative")
+            raise MalformedRequest("out_of_range", "limit", "limit: must not be negative")
         limit = min(request.limit or 100, 1000)
         scope = scope_of(caller(), self.dispatcher.policy)
         flt = wire.call_filter(

@@ -27,6 +27,7 @@ from .dispatch import Dispatcher
 from .errors import MalformedRequest
 from .inflight import CancelOrder, NotYours
 from .journal import CallFilter
+from .requests import CLASS_KEY, FIELD_KEY
 from .run_record import CancelAsk, Run
 from .runs import Closing, Refusal, RunRefused, RunStore, Update
 from .scope import scope_of
@@ -159,7 +160,8 @@ class RunsService(rpb_grpc.RunsServicer):
 async def _abort(context: Context, exc: RunRefused) -> NoReturn:
     code = _CODE.get(exc.kind, grpc.StatusCode.FAILED_PRECONDITION)
     where = f"{exc.field}: " if exc.field and not exc.message.startswith(exc.field) else ""
-    await context.abort(code, f"{exc.kind.value}: {where}{exc.message}")
+    trailers = ((CLASS_KEY, exc.kind.value), (FIELD_KEY, exc.field))
+    await context.abort(code, f"{exc.kind.value}: {where}{exc.message}", trailing_metadata=trailers)
     raise AssertionError("context.abort returned")
 
 

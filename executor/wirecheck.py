@@ -51,11 +51,8 @@ def timestamp(ts: Timestamp, field: str) -> float:
 
 def duration(d: Duration, field: str) -> float:
     """Seconds of a non-negative Duration within protobuf's range."""
-    valid = (
-        0 <= d.seconds <= MAX_DURATION_SECONDS and 0 <= d.nanos < NANOS
-        # A negative duration has both parts <= 0; a positive one both >= 0.
-    )
-    if not valid:
+    # Negative durations (both parts <= 0 in protobuf) mean nothing for a timeout or grace.
+    if not (0 <= d.seconds <= MAX_DURATION_SECONDS and 0 <= d.nanos < NANOS):
         raise MalformedRequest(
             "out_of_range",
             field,

@@ -3,10 +3,10 @@ its class and field.
 
 An envelope the daemon cannot use is answered INVALID_ARGUMENT, with the class
 (`undecodable`, `invalid_utf8`, `out_of_range`, `bad_page_token`, `unknown_enum`,
-`too_deep`) and the offending field in the trailing metadata (`execgate-error-class`,
-`execgate-field`) and the field in the details. A bad call *inside* a batch stays an
-Outcome (REJECTED naming the field), as every bad call does. The daemon logs one line
-per refusal, never a traceback.
+`too_deep`, `too_large`, `missing`) and the offending field in the trailing metadata
+(`execgate-error-class`, `execgate-field`) and the field in the details. A bad call
+*inside* a batch stays an Outcome (REJECTED naming the field), as every bad call does.
+The daemon logs one line per refusal, never a traceback.
 """
 
 from __future__ import annotations
@@ -192,7 +192,23 @@ def _json() -> list[Case]:
     ]  # fmt: skip
 
 
-CASES = _undecodable() + _utf8() + _times() + _tokens() + _enums() + _json()
+def _envelope() -> list[Case]:
+    x = EXECUTOR
+    many = pb.ExecuteRequest(calls=[pb.ToolCall(tool="noop")] * 1001)
+    return [
+        Case("batch-1001-calls", x + "ExecuteBatch", many, "calls", "too_large"),
+        Case("batch-id-257", x + "Execute",
+             pb.ExecuteRequest(batch_id="b" * 257, calls=[pb.ToolCall(tool="noop")]),
+             "batch_id", "too_large"),
+        Case("cancel-nothing", x + "Cancel", pb.CancelRequest(reason="r"), "call_id", "missing"),
+        Case("list-calls-limit", x + "ListCalls", pb.ListCallsRequest(limit=-1), "limit",
+             "out_of_range"),
+        Case("list-runs-limit", RUNS + "ListRuns", rpb.ListRunsRequest(limit=-5), "limit",
+             "out_of_range"),
+    ]  # fmt: skip
+
+
+CASES = _undecodable() + _utf8() + _times() + _tokens() + _enums() + _json() + _envelope()
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +227,7 @@ def raw(daemon: Daemon) -> Iterator[RawClient]:
 
 
 def test_the_corpus_has_its_size() -> None:
-    assert len(CASES) == 34 + 11 + 22 + 5 + 5 + 1, len(CASES)
+    assert len(CASES) == 34 + 11 + 22 + 5 + 5 + 1 + 5, len(CASES)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
