@@ -45,7 +45,9 @@ class YamlDoc:
     def value(self, node: yaml.Node) -> Any:
         try:
             return self.loader.construct_object(node, deep=True)
-        except yaml.YAMLError as exc:  # a tag SafeLoader refuses, `!!int x`, ...
+        # A tag SafeLoader refuses (YAMLError), or one whose constructor fails on the
+        # value (`!!int deny`, `!!timestamp 2020-13-45`: ValueError and kin).
+        except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
             mark = node.start_mark
             raise self._error(
                 f"not a usable YAML value: {' '.join(str(exc).split())[:300]}",

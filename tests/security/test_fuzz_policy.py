@@ -18,7 +18,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from execgate.executor.errors import PolicyError
+from execgate.executor.errors import IdentityError, PolicyError
+from execgate.executor.identity import parse_identities
 from execgate.executor.policy import Policy, parse_policy
 from execgate.executor.policy.load import CONDITION_OPS, FILE_KEYS, RULE_KEYS
 from tests.security.budget import fuzzing
@@ -153,3 +154,21 @@ def test_reads_grants_are_checked() -> None:
         base + "reads: [{agents: [carol, 'group:audit'], of: [bob, 'ci-*']}]\n", SOURCE
     )
     assert ok.reads
+
+
+# Found by the fuzzers above: both escaped the loaders as yaml's own exceptions.
+UNUSABLE_YAML = [
+    "\x08",  # a control character: yaml's reader refuses before parsing
+    "version: 1\nrules: []\n\x00\n",
+    "version: !!python/object:os.system 1\n",  # a tag SafeLoader has no constructor for
+    "version: 1\ndefault: !!int deny\n",  # a constructor failing: ValueError
+    "version: 1\nrules: [{id: a, effect: allow, tools: [!!binary x]}]\n",
+]
+
+
+@pytest.mark.parametrize("text", UNUSABLE_YAML)
+def test_unusable_yaml_is_a_typed_error_of_both_loaders(text: str) -> None:
+    with pytest.raises(PolicyError, match=f"^{re.escape(SOURCE)}"):
+        parse_policy(text, SOURCE)
+    with pytest.raises(IdentityError, match=r"^ids\.yaml"):
+        parse_identities(text.replace("rules: []", "identities: []"), "ids.yaml")
