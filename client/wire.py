@@ -321,4 +321,13 @@ def translate(
         return Unauthenticated(address, details or "")
     if code is grpc.StatusCode.PERMISSION_DENIED:
         return PermissionDenied(address, details or "")
-    return RequestError(code.name if code else "UNKNOWN", details or "")
+    pairs = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    # grpc-stubs type the items as objects with .key/.value; at run time they are pairs.
+    items = cast("Iterable[tuple[str, str]]", pairs or ())
+    trailers = {str(k): str(v) for k, v in items}
+    return RequestError(
+        code.name if code else "UNKNOWN",
+        details or "",
+        error_class=trailers.get("execgate-error-class", ""),
+        field=trailers.get("execgate-field", ""),
+    )

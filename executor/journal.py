@@ -94,6 +94,9 @@ class CallFilter:
     limit: int = 100
     # Only records with seq below this (paging, newest first); 0 = no bound.
     before_seq: int = 0
+    # Only calls made by agents matching these names or * ? globs, or made in runs
+    # such agents own (scope.Scope); None = all.
+    agents: tuple[str, ...] | None = None
 
 
 class Journal:
@@ -338,6 +341,14 @@ def _where(flt: CallFilter) -> tuple[str, list[Any]]:
     if flt.tool:
         clauses.append("tool = ?")
         params.append(flt.tool)
+    if flt.agents is not None:
+        # GLOB: * and ? as fnmatch; identity names hold no other glob character.
+        who = " OR ".join("{col} GLOB ?" for _ in flt.agents) or "0"
+        clauses.append(
+            f"({who.format(col='agent')} OR run_id IN "
+            f"(SELECT run_id FROM runs WHERE {who.format(col='owner')}))"
+        )
+        params.extend((*flt.agents, *flt.agents))
     if flt.since is not None:
         clauses.append("created_at >= ?")
         params.append(flt.since)

@@ -130,8 +130,10 @@ class RunStore:
     async def events(self, run_id: str, after_seq: int = 0) -> list[Transition]:
         return await self.journal.read(lambda c: store.event_rows(c, run_id, after_seq))
 
-    async def find(self, states: Iterable[str], owner: str, limit: int) -> list[Run]:
-        where, params = store.list_filter(list(states), owner)
+    async def find(
+        self, states: Iterable[str], owner: str, limit: int, owners: tuple[str, ...] | None = None
+    ) -> list[Run]:
+        where, params = store.list_filter(list(states), owner, owners)
         params.append(max(1, min(limit or 100, 1000)))
         return await self.journal.read(
             lambda c: store.run_rows(c, f"{where} ORDER BY created_at DESC LIMIT ?", tuple(params))

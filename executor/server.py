@@ -32,6 +32,7 @@ from .locks import FileLockManager, LockBackend, LockManager, NoLocks
 from .paths import Workspace
 from .policy import Policy, default_policy_path, load_policy
 from .policy.reload import policy_watcher
+from .requests import RequestGuard
 from .runs import RunStore
 from .sandbox import dockerd
 from .sandbox import registry as sandbox_registry
@@ -216,7 +217,8 @@ def _server(
     config: ServeConfig, dispatcher: Dispatcher, runs: RunStore, interceptor: AuthInterceptor
 ) -> tuple[grpc.aio.Server, Any]:  # Any: health.aio.HealthServicer, see below
     server = grpc.aio.server(
-        interceptors=[interceptor],
+        # The guard runs inside authentication: a stranger's garbage stays UNAUTHENTICATED.
+        interceptors=[interceptor, RequestGuard()],
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE),
             ("grpc.max_send_message_length", MAX_MESSAGE),
@@ -224,7 +226,8 @@ def _server(
         ],
     )
     pb_grpc.add_ExecutorServicer_to_server(ExecutorService(dispatcher), server)
-    pb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(dispatcher.approvals), server)
+    approvals = ApprovalsService(dispatcher.approvals, lambda: dispatcher.policy)
+    pb_grpc.add_ApprovalsServicer_to_server(approvals, server)
     rpb_grpc.add_RunsServicer_to_server(RunsService(runs, dispatcher), server)
     # grpc-stubs type only the sync grpc_health.v1.health, not its `aio` module.
     health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]

@@ -18,11 +18,15 @@ from typing import Any
 import yaml
 
 from ..errors import PolicyError
+from ..regexbound import check_pattern
 from ..yamldoc import YamlDoc as _Doc
 from .model import Condition, Effect, PolicyInput, Rule, memberships
+from .reads import ReadGrant, read_grant
 from .runrules import LimitRule, SandboxRule, limit_rule, sandbox_rule
 
-FILE_KEYS = {"version", "default", "mode", "rules", "sandbox", "limits", "hard_links"}
+FILE_KEYS = {
+    "version", "default", "mode", "rules", "sandbox", "limits", "hard_links", "reads",
+}  # fmt: skip
 RULE_KEYS = {
     "id",
     "effect",
@@ -43,6 +47,8 @@ MATCHERS = ("agents", "tools", "paths", "tables", "hosts", "argv_prefix", "when"
 EXAMPLE_KEYS = {"tool", "agent", "groups", "roles", "paths", "tables", "hosts", "argv", "args"}
 CONDITION_OPS = ("equals", "in", "matches")
 DEFAULT_TTL = 3600.0
+# A `when: matches` regex runs on every call's argument: bounded at load.
+MAX_MATCHES_CHARS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +60,8 @@ class Parsed:
     revision: str
     # Path globs under which hard-linked regular files are used like any other.
     hard_links: tuple[str, ...] = ()
+    # `reads:` grants: whose records agents may read beyond their own.
+    reads: tuple[ReadGrant, ...] = ()
 
 
 def load_text(text: str, source: str) -> Parsed:
@@ -80,8 +88,10 @@ def load_text(text: str, source: str) -> Parsed:
     nodes = doc.sequence(top["limits"], "limits") if "limits" in top else []
     limits = tuple(limit_rule(doc, n, f"limits[{i}]") for i, n in enumerate(nodes))
     hard_links = doc.strings(top["hard_links"], "hard_links") if "hard_links" in top else ()
-    revision = hashlib.sha256(text.encode()).hexdigest()
-    return Parsed(default, rules, sandbox, limits, revision, hard_links)
+    nodes = doc.sequence(top["reads"], "reads") if "reads" in top else []
+    reads = tuple(read_grant(doc, n, f"reads[{i}]") for i, n in enumerate(nodes))
+    revision = hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
+    return Parsed(default, rules, sandbox, limits, revision, hard_links, reads)
 
 
 def read_file(path: str | Path) -> tuple[str, str]:
@@ -184,9 +194,12 @@ def _conditions(doc: _Doc, node: yaml.Node | None, where: str) -> tuple[Conditio
         if ops[0] == "in" and not isinstance(value, list):
             raise doc.error(keys["in"], f"{here}.in: must be a list")
         if ops[0] == "matches":
+            why = check_pattern(value, MAX_MATCHES_CHARS) if isinstance(value, str) else None
+            if why is not None:
+                raise doc.error(keys["matches"], f"{here}.matches: {why}")
             try:
                 re.compile(value)
-            except (re.error, TypeError) as exc:
+            except (re.error, TypeError, OverflowError, RecursionError) as exc:
                 raise doc.error(keys["matches"], f"{here}.matches: not a regex: {exc}") from None
         out.append(Condition(arg, ops[0], value))
     return tuple(out)
