@@ -105,7 +105,11 @@ def test_a_cancel_with_an_over_long_text_is_refused_naming_the_field(
         with pytest.raises(grpc.RpcError) as refused:
             stub.Cancel(long, timeout=10, metadata=_md(AGENTS[0]))
     assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-    assert refused.value.details().startswith(f"{field}: longer than {MAX_REASON_CHARS}")
+    assert (
+        refused.value.details() == f"too_large: {field}: longer than {MAX_REASON_CHARS} characters"
+    )
+    trailers = dict(refused.value.trailing_metadata() or ())
+    assert (trailers["execgate-error-class"], trailers["execgate-field"]) == ("too_large", field)
 
 
 def test_a_cancel_run_with_an_over_long_reason_is_refused(daemon: Daemon) -> None:
