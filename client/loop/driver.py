@@ -22,8 +22,9 @@ from opentelemetry.trace import StatusCode
 
 from ..errors import RunRefused
 from ..models.base import Message, Model, ModelTool, Turn
-from ..models.errors import ModelError
 from ..types import Event, EventKind, Outcome
+from .backing import FAIL_RULES as ENDING_RULES
+from .backing import UNVERIFIED, Path, Verification, caveats, fail_reason, path_of, verifier_name
 from .batch import pending_calls, reconcile, run_batch
 from .gate import check_calls
 from .record import (
@@ -46,13 +47,18 @@ from .results import (
     Verifier,
     close_span,
     monotonic_start,
+    result_from,
     result_of,
     stop_kwargs,
     usage_attributes,
 )
+from .retry import Retry, ask
 from .states import TERMINAL, Machine, State, Transition
 from .stops import Cancelled, Stop, StopRules
 from .tally import Tally
+
+# Bounds whose crossing request may have bought the final answer: the answer is taken.
+PAID_FOR = ("max_tokens", "max_cost")
 
 if TYPE_CHECKING:  # the client package imports the loop: no cycle at run time
     from .._sync import Client
@@ -71,6 +77,7 @@ class Loop:
             (counted by the stop rules); "fail" ends the run `failed`.
         tools: the daemon tools offered to the model (None: all of them).
         reconcile_wait_s: on resume, how long to wait for a call still running.
+        retry: how transient model errors (429, 5xx, connection) are retried.
         on_transition, on_event: called with each transition once it is persisted, and
             with each event of the run's tool calls (for transcripts and UIs).
     """
@@ -89,6 +96,7 @@ class Loop:
         result_cap: int = 4000,
         reconcile_wait_s: float = 60.0,
         config_version: str = "",
+        retry: Retry | None = None,
         on_transition: Callable[[Transition], None] | None = None,
         on_event: Callable[[Event], None] | None = None,
     ) -> None:
@@ -103,6 +111,7 @@ class Loop:
         self.result_cap = result_cap
         self.reconcile_wait_s = reconcile_wait_s
         self.config_version = config_version
+        self.retry = retry if retry is not None else Retry()
         # Watchers (a UI, a transcript): each transition once persisted, each call event.
         self.on_transition = on_transition
         self.on_event = on_event
@@ -211,29 +220,57 @@ class _Step:
             return self._end(stop)
         with TRACER.start_as_current_span("execgate.model_request") as span:
             span.set_attribute("gen_ai.request.model", getattr(self.loop.model, "name", ""))
-            try:
-                turn = self.loop.model.respond(
+            asked = ask(
+                lambda: self.loop.model.respond(
                     self.conv.messages, self.loop.offered(), system=self.loop.system
-                )
-            except ModelError as exc:
+                ),
+                self.loop.retry,
+                check_stop=self._stop,
+                deadline=self.deadline,
+            )
+            retries: dict[str, Any] = (
+                {"retries": [a.to_json() for a in asked.retries]} if asked.retries else {}
+            )
+            if asked.stopped is not None:
+                return self._end(asked.stopped, extra=retries)
+            if asked.turn is None:
+                exc = asked.error
                 span.set_status(StatusCode.ERROR, type(exc).__name__)
-                return self._fail("model_error", f"the model failed: {exc}", {"error": str(exc)})
+                failed = {"error": str(exc), **retries}
+                return self._fail("model_error", f"the model failed: {exc}", failed)
+            turn = asked.turn
             span.set_attributes(usage_attributes(turn))
         self.conv.add_turn(turn)
         # A final answer's move is appended at once: its reply may carry a cancel
         # request, which must win over completing. Calls' moves wait for the next one.
-        self._move(State.VALIDATING, "model replied", turn_json(turn), hold=not turn.final)
+        self._move(
+            State.VALIDATING,
+            "model replied",
+            turn_json(turn) | retries,
+            hold=path_of(turn) is Path.CALLS,
+        )
         return self._validate(turn)
 
     def _validate(self, turn: Turn) -> LoopResult | None:
         # A bound the model request just crossed (tokens, cost), the clock or a cancel
-        # ends the run before its calls are sent or its answer is taken: reaching a
-        # bound is never `completed`. max_steps counts model requests: checked before
-        # the next one.
-        if (stop := self._stop(skip=("max_steps",))) is not None:
+        # ends the run before its calls are sent: reaching a bound is never `completed`.
+        # An answer the crossing request already bought is the exception: it is taken
+        # (verified as usual), the overrun recorded. max_steps counts model requests:
+        # checked before the next one.
+        path = path_of(turn)
+        stop = self._stop(skip=("max_steps",))
+        if stop is not None and not (path is Path.ANSWER and stop.rule in PAID_FOR):
             return self._end(stop, unrun=turn)
-        if turn.final:
-            return self._answer(turn.text)
+        match path:
+            case Path.ANSWER:
+                return self._answer(turn.text, overrun=stop)
+            case Path.FAIL:
+                return self._turn_failed(turn)
+            case Path.CONTINUE:
+                self._move(State.REQUESTING_MODEL, "the model paused its turn", {"paused": True})
+                return None
+            case Path.CALLS:
+                pass
         offered = {t.name for t in self.loop.offered()}
         planned, refused = check_calls(turn, offered, self.conv, self.client, self.run_id)
         if not planned:
@@ -250,6 +287,14 @@ class _Step:
             )
         self._batch_done(turn, planned, refused, outcomes)
         return None  # the stop rules look at the batch before the next model request
+
+    def _turn_failed(self, turn: Turn) -> LoopResult:
+        """A truncated, refused or unreadable turn: the run ends `failed` with its rule;
+        its calls (their arguments may be cut off) never run."""
+        data: dict[str, Any] = {"stop_reason": turn.stop_reason, "text": turn.text}
+        if turn.tool_calls:
+            data["not_run"] = [{"name": c.name, "arguments": c.arguments} for c in turn.tool_calls]
+        return self._fail(ENDING_RULES[turn.ending], fail_reason(turn), data)
 
     def _batch_done(
         self,
@@ -285,19 +330,37 @@ class _Step:
             if not self._parked and self.machine.state is State.AWAITING_APPROVAL:
                 self._move(State.RUNNING_TOOLS, f"{event.call_id} {event.kind.value}")
 
-    def _answer(self, answer: str) -> LoopResult | None:
+    def _answer(self, answer: str, overrun: Stop | None = None) -> LoopResult | None:
         verdict = self._verify(answer)
         if verdict.accepted:
             pending = pending_calls(self.client, self.run_id)
             if not pending:
-                data = {"answer": answer, "figures": self._figures(), "actions": actions(self.conv)}
-                return self._terminal(State.COMPLETED, "final answer accepted", data, answer=answer)
+                return self._complete(answer, verdict, overrun)
             verdict = Verdict(False, f"calls still pending: {', '.join(pending)}")
         if self.loop.on_rejected_answer == "fail":
             return self._fail("verifier", verdict.finding, {"answer": answer})
         self._move(State.REQUESTING_MODEL, "answer not accepted", {"finding": verdict.finding})
         self.conv.add_finding(verdict.finding)
         return None
+
+    def _complete(self, answer: str, verdict: Verdict, overrun: Stop | None) -> LoopResult:
+        figures = self._figures()
+        if overrun is not None:  # paid for before the bound was seen: recorded, not hidden
+            figures["overrun"] = {"rule": overrun.rule, **overrun.evidence}
+        verifier = self.loop.verifier
+        checked = (
+            UNVERIFIED
+            if verifier is None
+            else Verification(verifier_name(verifier), True, verdict.finding)
+        )
+        data = {
+            "answer": answer,
+            "figures": figures,
+            "actions": actions(self.conv),
+            "verification": checked.to_json(),
+            "caveats": caveats(self.conv.done),
+        }
+        return self._terminal(State.COMPLETED, "final answer accepted", data, answer=answer)
 
     def _verify(self, answer: str) -> Verdict:
         if self.loop.verifier is None:
@@ -359,12 +422,15 @@ class _Step:
     def _stop(self, skip: tuple[str, ...] = ()) -> Stop | None:
         return self.stops.first(self.conv.tally, time.monotonic(), skip=skip)
 
-    def _end(self, stop: Stop, unrun: Turn | None = None) -> LoopResult:
+    def _end(
+        self, stop: Stop, unrun: Turn | None = None, extra: Mapping[str, Any] | None = None
+    ) -> LoopResult:
         data: dict[str, Any] = {
             "rule": stop.rule,
             "figures": stop.figures,
             "evidence": stop.evidence,
             "last_action": self.conv.tally.last_action,
+            **(extra or {}),
         }
         if unrun is not None and unrun.tool_calls:  # proposed, never sent
             data["not_run"] = [{"name": c.name, "arguments": c.arguments} for c in unrun.tool_calls]
@@ -388,9 +454,7 @@ class _Step:
             if exc.kind != "cancel_requested" or state is State.CANCELLED:
                 raise
             return self._cancelled_meanwhile()
-        evidence = data.get("evidence", {})
-        figures = data.get("figures", self._figures())
-        return LoopResult(self.run_id, state, reason, rule, answer, figures, evidence)
+        return result_from(self.run_id, state, reason, data)
 
     def _cancelled_meanwhile(self) -> LoopResult:
         ask = self.client.runs.get(self.run_id).run.cancel
