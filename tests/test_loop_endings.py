@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -292,6 +293,23 @@ def test_a_completion_without_verifier_is_unverified_and_shows_failed_calls(
     shown = _cli(daemon, "runs", "show", result.run_id)
     assert "unverified" in shown
     assert "answer followed 1 failed call(s)" in shown
+    page = daemon.root / f"{result.run_id}.html"
+    _cli(daemon, "trace", result.run_id, "--html", str(page))
+    [banner] = re.findall(r'<p class="([^"]*)" id="stop">(.*?)</p>', page.read_text())
+    assert banner[0].split() == ["stop", "completed", "unverified", "caveats"]
+    assert "unverified: no verifier ran" in banner[1]
+    assert "answer followed 1 failed call(s)" in banner[1]
+
+
+def test_a_verified_clean_completion_is_plain_on_the_trace_page(eg: Client, daemon: Daemon) -> None:
+    model = S([S.calls(("read_file", {"path": "a.txt"})), S.answer("alpha")])
+    result = Loop(eg, model, verifier=_says_alpha).run("read a.txt")
+    page = daemon.root / f"{result.run_id}.html"
+    _cli(daemon, "trace", result.run_id, "--html", str(page))
+    [banner] = re.findall(r'<p class="([^"]*)" id="stop">(.*?)</p>', page.read_text())
+    assert banner[0].split() == ["stop", "completed"]
+    assert "verified by _says_alpha: read_file of a.txt succeeded" in banner[1]
+    assert "verified by _says_alpha" in _cli(daemon, "runs", "show", result.run_id)
 
 
 # ---------------------------------------------------------------- ScriptedModel
