@@ -11,9 +11,10 @@
  */
 
 import type { Client } from "../client.js";
-import { isFinal, type Model, ModelError, type ModelTool, type Turn } from "../models/base.js";
+import { type Model, type ModelTool, type Turn } from "../models/base.js";
 import type { RunInfo, RunLimits } from "../runs.js";
 import type { Event, Outcome } from "../types.js";
+import { caveats, failReason, failRule, pathOf, UNVERIFIED, type Verification } from "./backing.js";
 import { runBatch } from "./batch.js";
 import { checkCalls } from "./gate.js";
 import {
@@ -28,6 +29,7 @@ import {
   turnJson,
 } from "./record.js";
 import { DEFAULT_LIMITS, type LoopResult, type Verdict, type Verifier } from "./results.js";
+import { ask, attemptJson, type RetryOptions } from "./retry.js";
 import { Machine, type State, type Transition } from "./states.js";
 import { type Stop, StopRules } from "./stops.js";
 import { type Figures, monotonic, Tally } from "./tally.js";
@@ -47,6 +49,8 @@ export interface LoopOptions {
   // Characters of each tool result the model sees.
   readonly resultCap?: number;
   readonly configVersion?: string;
+  // How transient model errors (429, 5xx, connection) are retried.
+  readonly retry?: RetryOptions;
   // Called with each transition once persisted, and each event of the run's calls.
   readonly onTransition?: (moved: Transition) => void | Promise<void>;
   readonly onEvent?: (event: Event) => void | Promise<void>;
@@ -101,6 +105,9 @@ function monotonicStart(createdAt: number): number {
 
 type Data = Readonly<Record<string, unknown>>;
 
+// Bounds whose crossing request may have bought the final answer: the answer is taken.
+const PAID_FOR: readonly string[] = ["max_tokens", "max_cost"];
+
 /** One run in progress: the machine, the conversation, and the daemon's view. */
 class RunInProgress {
   private readonly machine: Machine;
@@ -139,30 +146,48 @@ class RunInProgress {
   private async cycle(): Promise<LoopResult | undefined> {
     const stop = this.stop();
     if (stop !== undefined) return this.end(stop);
-    let turn: Turn;
-    try {
-      const tools = await this.loop.offered();
-      turn = await this.loop.model.respond(this.conv.messages, tools, {
-        system: this.loop.options.system ?? "",
+    const tools = await this.loop.offered();
+    const system = this.loop.options.system ?? "";
+    const asked = await ask(
+      () => this.loop.model.respond(this.conv.messages, tools, { system }),
+      this.loop.options.retry ?? {},
+      () => this.stop(),
+      this.deadline,
+    );
+    const retries = asked.retries.length > 0 ? { retries: asked.retries.map(attemptJson) } : {};
+    if (asked.stopped !== undefined) return this.end(asked.stopped, undefined, retries);
+    const turn = asked.turn;
+    if (turn === undefined) {
+      const message = asked.error?.message ?? "";
+      return this.fail("model_error", `the model failed: ${message}`, {
+        error: message,
+        ...retries,
       });
-    } catch (err) {
-      if (!(err instanceof ModelError)) throw err;
-      return this.fail("model_error", `the model failed: ${err.message}`, { error: err.message });
     }
     this.conv.addTurn(turn);
     // A final answer's move is appended at once: its reply may carry a cancel request,
     // which must win over completing. Calls' moves wait for the next one.
-    await this.move("validating", "model replied", turnJson(turn), !isFinal(turn));
+    const data = { ...turnJson(turn), ...retries };
+    await this.move("validating", "model replied", data, pathOf(turn) === "calls");
     return this.validate(turn);
   }
 
   private async validate(turn: Turn): Promise<LoopResult | undefined> {
     // A bound the model request just crossed (tokens, cost), the clock or a cancel ends
-    // the run before its calls are sent or its answer taken. max_steps counts model
+    // the run before its calls are sent. An answer the crossing request already bought
+    // is taken (verified as usual), the overrun recorded. max_steps counts model
     // requests: it is checked before the next one.
+    const path = pathOf(turn);
     const stop = this.stop(["max_steps"]);
-    if (stop !== undefined) return this.end(stop, turn);
-    if (isFinal(turn)) return this.answer(turn.text);
+    if (stop !== undefined && !(path === "answer" && PAID_FOR.includes(stop.rule))) {
+      return this.end(stop, turn);
+    }
+    if (path === "answer") return this.answer(turn.text, stop);
+    if (path === "fail") return this.turnFailed(turn);
+    if (path === "continue") {
+      await this.move("requesting_model", "the model paused its turn", { paused: true });
+      return undefined;
+    }
     const offered = new Set((await this.loop.offered()).map((t) => t.name));
     const { planned, refused } = await checkCalls(
       turn,
@@ -184,6 +209,15 @@ class RunInProgress {
     );
     await this.batchDone(turn, planned, refused, outcomes);
     return undefined; // the stop rules look at the batch before the next model request
+  }
+
+  /** A truncated, refused or unreadable turn: failed with its rule; its calls never run. */
+  private turnFailed(turn: Turn): Promise<LoopResult> {
+    const data: Record<string, unknown> = { stop_reason: turn.stopReason, text: turn.text };
+    if (turn.toolCalls.length > 0) {
+      data["not_run"] = turn.toolCalls.map((c) => ({ name: c.name, arguments: c.arguments }));
+    }
+    return this.fail(failRule(turn), failReason(turn), data);
   }
 
   private async batchDone(
@@ -225,13 +259,30 @@ class RunInProgress {
     }
   }
 
-  private async answer(answer: string): Promise<LoopResult | undefined> {
+  private async answer(answer: string, overrun?: Stop): Promise<LoopResult | undefined> {
     let verdict = await this.verify(answer);
     if (verdict.accepted) {
       const detail = await this.loop.client.runs.get(this.runId);
       const pending = detail.calls.filter((c) => c.running).map((c) => c.callId);
       if (pending.length === 0) {
-        const data = { answer, figures: this.figures(), actions: actions(this.conv) };
+        const figures: Record<string, unknown> = { ...this.figures() };
+        if (overrun !== undefined) figures["overrun"] = { rule: overrun.rule, ...overrun.evidence };
+        const verifier = this.loop.options.verifier;
+        const verification: Verification =
+          verifier === undefined
+            ? UNVERIFIED
+            : {
+                verifier: verifier.name || "verifier",
+                verified: true,
+                finding: verdict.finding ?? "",
+              };
+        const data = {
+          answer,
+          figures,
+          actions: actions(this.conv),
+          verification,
+          caveats: caveats(this.conv.done),
+        };
         return this.terminal("completed", "final answer accepted", data, "", answer);
       }
       verdict = { accepted: false, finding: `calls still pending: ${pending.join(", ")}` };
@@ -276,12 +327,13 @@ class RunInProgress {
     return this.loop.stops.first(this.conv.tally, monotonic(), skip);
   }
 
-  private end(stop: Stop, unrun?: Turn): Promise<LoopResult> {
+  private end(stop: Stop, unrun?: Turn, extra: Data = {}): Promise<LoopResult> {
     const data: Record<string, unknown> = {
       rule: stop.rule,
       figures: stop.figures,
       evidence: stop.evidence,
       last_action: this.conv.tally.lastAction,
+      ...extra,
     };
     if (unrun !== undefined && unrun.toolCalls.length > 0) {
       // Proposed, never sent.
@@ -321,6 +373,8 @@ class RunInProgress {
       figures: (data["figures"] as Figures | undefined) ?? this.figures(),
       evidence: (data["evidence"] as Data | undefined) ?? {},
       completed: state === "completed",
+      verification: data["verification"] as Verification | undefined,
+      caveats: (data["caveats"] as string[] | undefined) ?? [],
     };
   }
 
