@@ -15,13 +15,15 @@ import { type Model, type ModelTool, type Turn } from "../models/base.js";
 import type { RunInfo, RunLimits } from "../runs.js";
 import type { Event, Outcome } from "../types.js";
 import { caveats, failReason, failRule, pathOf, UNVERIFIED, type Verification } from "./backing.js";
-import { runBatch } from "./batch.js";
+import { reconcile, runBatch } from "./batch.js";
 import { checkCalls } from "./gate.js";
 import {
   actions,
   Conversation,
   type Planned,
   plannedJson,
+  rebuild,
+  type Rebuilt,
   type Refused,
   refusedJson,
   sent,
@@ -30,7 +32,7 @@ import {
 } from "./record.js";
 import { DEFAULT_LIMITS, type LoopResult, type Verdict, type Verifier } from "./results.js";
 import { ask, attemptJson, type RetryOptions } from "./retry.js";
-import { Machine, type State, type Transition } from "./states.js";
+import { Machine, type State, TERMINAL, type Transition } from "./states.js";
 import { type Stop, StopRules } from "./stops.js";
 import { type Figures, monotonic, Tally } from "./tally.js";
 
@@ -49,6 +51,8 @@ export interface LoopOptions {
   // Characters of each tool result the model sees.
   readonly resultCap?: number;
   readonly configVersion?: string;
+  // On resume, how long to wait for a call still running (seconds, default 60).
+  readonly reconcileWaitS?: number;
   // How transient model errors (429, 5xx, connection) are retried.
   readonly retry?: RetryOptions;
   // Called with each transition once persisted, and each event of the run's calls.
@@ -82,7 +86,25 @@ export class Loop {
     });
     const tally = new Tally(monotonicStart(info.createdAt));
     const conv = new Conversation([{ role: "user", text: goal }], tally);
-    return new RunInProgress(this, info, conv).go();
+    return new RunInProgress(this, info, conv, new Machine(info.runId), this.stops).go();
+  }
+
+  /** Continue a recorded run from its transitions and its calls in the journal. */
+  async resume(runId: string): Promise<LoopResult> {
+    const detail = await this.client.runs.get(runId);
+    const machine = Machine.replay(runId, detail.events);
+    if (TERMINAL.has(machine.state)) return resultOf(runId, detail.events);
+    const outcomes = new Map<string, Outcome>();
+    for (const c of detail.calls) if (c.outcome !== undefined) outcomes.set(c.callId, c.outcome);
+    const tally = new Tally(monotonicStart(detail.run.createdAt));
+    const ask = detail.run.cancel;
+    if (ask !== undefined) tally.requestCancel(ask.requester, ask.reason, ask.at);
+    const cap = this.options.resultCap ?? 4000;
+    const rebuilt = rebuild(detail.run.goal, detail.events, outcomes, tally, cap);
+    // The run keeps the bounds it was started with (unless this Loop brings rules).
+    const stops = this.options.stops ?? StopRules.default(detail.run.limits);
+    const run = new RunInProgress(this, detail.run, rebuilt.conversation, machine, stops);
+    return run.go(rebuilt);
   }
 
   /** The tools offered to the model (listed from the daemon once). */
@@ -105,12 +127,29 @@ function monotonicStart(createdAt: number): number {
 
 type Data = Readonly<Record<string, unknown>>;
 
+/** The result a recorded terminal transition describes. */
+function resultOf(runId: string, events: readonly Transition[]): LoopResult {
+  const last = events[events.length - 1] as Transition;
+  const data = last.data;
+  return {
+    runId,
+    state: last.toState,
+    reason: last.reason,
+    rule: String(data["rule"] ?? ""),
+    answer: String(data["answer"] ?? ""),
+    figures: (data["figures"] as Figures | undefined) ?? {},
+    evidence: (data["evidence"] as Data | undefined) ?? {},
+    completed: last.toState === "completed",
+    verification: data["verification"] as Verification | undefined,
+    caveats: (data["caveats"] as string[] | undefined) ?? [],
+  };
+}
+
 // Bounds whose crossing request may have bought the final answer: the answer is taken.
 const PAID_FOR: readonly string[] = ["max_tokens", "max_cost"];
 
 /** One run in progress: the machine, the conversation, and the daemon's view. */
 class RunInProgress {
-  private readonly machine: Machine;
   private readonly runId: string;
   // Transitions made but not yet appended (see `move`'s `hold`).
   private held: Transition[] = [];
@@ -123,10 +162,11 @@ class RunInProgress {
     private readonly loop: Loop,
     private info: RunInfo,
     private readonly conv: Conversation,
+    private readonly machine: Machine,
+    private readonly stops: StopRules,
   ) {
     this.runId = info.runId;
-    this.machine = new Machine(info.runId);
-    const seconds = loop.limits.deadlineSeconds;
+    const seconds = info.limits.deadlineSeconds ?? loop.limits.deadlineSeconds;
     this.deadline = seconds ? info.createdAt + seconds : undefined;
   }
 
@@ -134,12 +174,41 @@ class RunInProgress {
     return this.loop.options.resultCap ?? 4000;
   }
 
-  async go(): Promise<LoopResult> {
-    await this.move("requesting_model", "run started");
+  async go(rebuilt?: Rebuilt): Promise<LoopResult> {
+    if (rebuilt !== undefined) {
+      const ended = await this.continue(rebuilt);
+      if (ended !== undefined) return ended;
+    }
+    if (this.machine.state === "created") await this.move("requesting_model", "run started");
     for (;;) {
       const ended = await this.cycle();
       if (ended !== undefined) return ended;
     }
+  }
+
+  /** Pick up a recorded run where it stood. */
+  private async continue(rebuilt: Rebuilt): Promise<LoopResult | undefined> {
+    if (this.machine.state === "waiting") {
+      // Suspended: resume into the state it left (the machine enforces which).
+      const { events } = await this.loop.client.runs.get(this.runId);
+      const from = events[events.length - 1]?.fromState ?? "requesting_model";
+      await this.move(from === "created" ? "requesting_model" : from, "resumed");
+    }
+    const state = this.machine.state;
+    const turn = rebuilt.turn;
+    if (state === "validating" && turn !== undefined) return this.validate(turn);
+    if ((state === "running_tools" || state === "awaiting_approval") && turn !== undefined) {
+      const waitS = this.loop.options.reconcileWaitS ?? 60;
+      const outcomes = await reconcile(
+        this.loop.client,
+        this.runId,
+        rebuilt.planned,
+        waitS,
+        this.deadline,
+      );
+      await this.batchDone(turn, rebuilt.planned, rebuilt.refused, outcomes);
+    }
+    return undefined;
   }
 
   /** One model request and what follows from it. */
@@ -324,7 +393,7 @@ class RunInProgress {
   }
 
   private stop(skip: readonly string[] = []): Stop | undefined {
-    return this.loop.stops.first(this.conv.tally, monotonic(), skip);
+    return this.stops.first(this.conv.tally, monotonic(), skip);
   }
 
   private end(stop: Stop, unrun?: Turn, extra: Data = {}): Promise<LoopResult> {

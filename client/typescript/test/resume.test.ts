@@ -1,0 +1,99 @@
+/**
+ * `Loop.resume` in TypeScript against a real daemon: a client that died after its calls
+ * ran continues from the record (the calls' results from the journal, nothing run twice);
+ * a run that died in `validating` sends its calls then; an ended run answers its record.
+ */
+
+import assert from "node:assert/strict";
+import { writeFileSync } from "node:fs";
+import { after, before, test } from "node:test";
+
+import { Client, Loop, type Message, ScriptedModel, type Turn } from "@execgate/client";
+
+import { Daemon } from "./support/daemon.js";
+
+let daemon: Daemon;
+let eg: Client;
+
+before(async () => {
+  daemon = await Daemon.start();
+  writeFileSync(`${daemon.workspace}/a.txt`, "alpha\n");
+  eg = new Client({ address: daemon.address });
+});
+
+after(async () => {
+  eg.close();
+  await daemon.stop();
+});
+
+class Crash extends Error {}
+
+function crash(): Turn {
+  throw new Crash("the client died");
+}
+
+test("a run whose client died after its batch resumes from the journal", async () => {
+  const first = new ScriptedModel([ScriptedModel.calls(["read_file", { path: "a.txt" }]), crash]);
+  await assert.rejects(new Loop(eg, first).run("read a.txt", { runId: "ts-resume-1" }), Crash);
+  assert.equal((await eg.runs.get("ts-resume-1")).run.state, "requesting_model");
+  let seen: readonly Message[] = [];
+  const second = new ScriptedModel([
+    (messages: readonly Message[]) => {
+      seen = messages;
+      return ScriptedModel.answer("a.txt says alpha");
+    },
+  ]);
+  const result = await new Loop(eg, second).resume("ts-resume-1");
+  assert.equal(result.state, "completed");
+  const last = seen[seen.length - 1];
+  assert.equal(last?.role, "tool_results");
+  assert.match(last?.role === "tool_results" ? (last.results[0]?.content ?? "") : "", /alpha/);
+  const detail = await eg.runs.get("ts-resume-1");
+  assert.equal(detail.calls.length, 1, "the call ran once");
+  const again = await new Loop(eg, new ScriptedModel([])).resume("ts-resume-1");
+  assert.equal(again.state, "completed");
+  assert.equal(again.answer, "a.txt says alpha");
+});
+
+test("a run that died while validating sends its calls on resume", async () => {
+  // The model replied with calls and the client died before sending them: only the
+  // record exists (appended by hand here, exactly as the loop writes it).
+  const run = await eg.runs.start("read a.txt", { runId: "ts-resume-2" });
+  const turn = {
+    turn: {
+      text: "",
+      calls: [{ id: "c1", name: "read_file", arguments: { path: "a.txt" } }],
+      stop_reason: "tool_calls",
+    },
+    usage: { input_tokens: 1, output_tokens: 1, cost: 0 },
+  };
+  const at = Date.now() / 1000;
+  await eg.runs.append(run.runId, [
+    {
+      runId: run.runId,
+      seq: 1,
+      at,
+      fromState: "created",
+      toState: "requesting_model",
+      reason: "run started",
+      data: {},
+    },
+    {
+      runId: run.runId,
+      seq: 2,
+      at,
+      fromState: "requesting_model",
+      toState: "validating",
+      reason: "model replied",
+      data: turn,
+    },
+  ]);
+  const model = new ScriptedModel([ScriptedModel.answer("done")]);
+  const result = await new Loop(eg, model).resume(run.runId);
+  assert.equal(result.state, "completed");
+  const detail = await eg.runs.get(run.runId);
+  assert.deepEqual(
+    detail.calls.map((c) => [c.callId, c.tool, c.outcome?.status]),
+    [["s1c1", "read_file", "success"]],
+  );
+});
