@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
-from execgate.client import Client, Loop, SoFar, Verdict
+from execgate.client import CallNotFound, Client, Loop, SoFar, Status, Verdict
+from execgate.client.loop.batch import reconcile, to_call
+from execgate.client.loop.record import Planned
 from execgate.client.loop.retry import Retry
 from execgate.client.loop.states import State
 from execgate.client.loop.stops import MaxSteps, MaxTokens, StopRules
@@ -29,13 +31,21 @@ from execgate.client.models import (
     Usage,
 )
 from tests.daemon import Daemon
-from tests.loop_support import assert_continuous, edges, start_daemon, stop, terminal
+from tests.loop_support import (
+    Background,
+    assert_continuous,
+    edges,
+    start_daemon,
+    stop,
+    terminal,
+)
 from tests.model_server import (  # noqa: F401 (the model_server and closed_port fixtures)
     ModelServer,
     closed_port_fixture,
     fixture,
     model_server_fixture,
 )
+from tests.support import wait_until
 
 S = ScriptedModel
 # Retries without waiting: the backoff is still computed and recorded.
@@ -344,3 +354,38 @@ def _cli(daemon: Daemon, *args: str) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+# ---------------------------------------------------------------- reconcile on the stream
+
+
+def test_reconcile_waits_for_a_running_call_on_the_execute_stream(eg: Client) -> None:
+    """A call still running when a loop resumes is joined (re-sent with its id and key):
+    its outcome comes back on the stream as a replay of the one run, never run twice."""
+    run_id = eg.runs.start("sleep a moment").run_id
+    p = Planned("s1c1", 0, "m1", "run_command", {"argv": ["sleep", "1"]})
+    first = Background(lambda: list(eg.stream([to_call(run_id, p)], run_id=run_id)))
+    wait_until(lambda: _running(eg, run_id, "s1c1"), "the call to start")
+    outcomes = reconcile(eg, run_id, [p], wait_s=30, deadline=None)
+    assert outcomes["s1c1"].status is Status.SUCCESS
+    assert outcomes["s1c1"].replay_of == "s1c1"  # from the stream, joined to the one run
+    assert [e.kind.value for e in first.result()][-1] == "finished"
+    assert [c.call_id for c in eg.runs.get(run_id).calls] == ["s1c1"]
+
+
+def test_reconcile_gives_up_after_its_wait_and_stops_nothing(eg: Client) -> None:
+    run_id = eg.runs.start("sleep a while").run_id
+    p = Planned("s1c1", 0, "m1", "run_command", {"argv": ["sleep", "2"]})
+    first = Background(lambda: list(eg.stream([to_call(run_id, p)], run_id=run_id)))
+    wait_until(lambda: _running(eg, run_id, "s1c1"), "the call to start")
+    outcomes = reconcile(eg, run_id, [p], wait_s=0.2, deadline=None)
+    assert outcomes["s1c1"].status is Status.UNKNOWN_OUTCOME
+    finished = [e for e in first.result() if e.outcome is not None]
+    assert [e.outcome.status for e in finished if e.outcome] == [Status.SUCCESS]
+
+
+def _running(eg: Client, run_id: str, call_id: str) -> bool:
+    try:
+        return eg.get_call(call_id, run_id=run_id).running
+    except CallNotFound:
+        return False
