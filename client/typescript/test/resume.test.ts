@@ -2,15 +2,20 @@
  * `Loop.resume` in TypeScript against a real daemon: a client that died after its calls
  * ran continues from the record (the calls' results from the journal, nothing run twice);
  * a run that died in `validating` sends its calls then; an ended run answers its record.
+ * And the address: resolved as Python resolves it, EXECGATE_ADDR from any directory.
  */
 
 import assert from "node:assert/strict";
-import { writeFileSync } from "node:fs";
+import { execFileSync } from "node:child_process";
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { after, before, test } from "node:test";
+import { fileURLToPath } from "node:url";
 
 import { Client, Loop, type Message, ScriptedModel, type Turn } from "@execgate/client";
 
-import { Daemon } from "./support/daemon.js";
+import { Daemon, repoRoot } from "./support/daemon.js";
 
 let daemon: Daemon;
 let eg: Client;
@@ -96,4 +101,48 @@ test("a run that died while validating sends its calls on resume", async () => {
     detail.calls.map((c) => [c.callId, c.tool, c.outcome?.status]),
     [["s1c1", "read_file", "success"]],
   );
+});
+
+test("the address resolves as Python's does, and EXECGATE_ADDR works from any directory", () => {
+  const elsewhere = mkdtempSync(join(tmpdir(), "eg-addr-"));
+  const index = fileURLToPath(new URL("../src/index.js", import.meta.url));
+  const python = process.env["EXECGATE_PYTHON"] ?? join(repoRoot(), ".venv", "bin", "python");
+  const cases: [string, string][] = [
+    ["", ""],
+    ["", "unix:state/rel.sock"],
+    ["unix:var/execgate.sock", ""],
+    ["unix:/abs/execgate.sock", "unix:ignored.sock"],
+    ["127.0.0.1:7000", ""],
+  ];
+  for (const [given, env] of cases) {
+    const run = (cmd: string, args: string[]): string =>
+      execFileSync(cmd, args, {
+        cwd: elsewhere,
+        encoding: "utf8",
+        env: { ...process.env, EXECGATE_ADDR: env },
+      }).trim();
+    const ts = run(process.execPath, [
+      "--input-type=module",
+      "-e",
+      `const m = await import(${JSON.stringify(index)}); console.log(m.resolveAddress(${JSON.stringify(given)}));`,
+    ]);
+    const py = run(python, [
+      "-c",
+      `from execgate.client.wire import resolve_address; print(resolve_address(${JSON.stringify(given)} or None))`,
+    ]);
+    assert.equal(ts, py, `address ${JSON.stringify(given)}, EXECGATE_ADDR ${JSON.stringify(env)}`);
+    assert.ok(!ts.startsWith("unix:") || ts.startsWith("unix:/"), ts);
+  }
+  // An agent started in another directory reaches the daemon through EXECGATE_ADDR.
+  const tools = execFileSync(
+    process.execPath,
+    [
+      "--input-type=module",
+      "-e",
+      `const m = await import(${JSON.stringify(index)}); const c = new m.Client();` +
+        " console.log((await c.listTools()).length); c.close();",
+    ],
+    { cwd: elsewhere, encoding: "utf8", env: { ...process.env, EXECGATE_ADDR: daemon.address } },
+  );
+  assert.ok(Number(tools.trim()) > 0, tools);
 });
