@@ -322,6 +322,20 @@ def test_a_verified_clean_completion_is_plain_on_the_trace_page(eg: Client, daem
     assert "verified by _says_alpha" in _cli(daemon, "runs", "show", result.run_id)
 
 
+def test_a_verifier_that_fails_the_run_is_named_in_its_record(eg: Client) -> None:
+    def never(so_far: SoFar) -> Verdict:
+        return Verdict(False, "no file was read")
+
+    loop = Loop(eg, S([S.answer("guess")]), verifier=never, on_rejected_answer="fail")
+    result = loop.run("read a.txt")
+    assert (result.state, result.rule) == (State.FAILED, "verifier")
+    assert result.verification is not None
+    assert (result.verification.verifier, result.verification.verified) == ("never", False)
+    assert (
+        terminal(eg.runs.get(result.run_id)).data["verification"]["finding"] == "no file was read"
+    )
+
+
 # ---------------------------------------------------------------- ScriptedModel
 
 

@@ -210,7 +210,11 @@ class Step:
                 return self._complete(answer, verdict, overrun)
             verdict = Verdict(False, f"calls still pending: {', '.join(pending)}")
         if self.loop.on_rejected_answer == "fail":
-            return self._fail("verifier", verdict.finding, {"answer": answer})
+            name = verifier_name(self.loop.verifier) if self.loop.verifier else ""
+            check = Verification(name, False, verdict.finding).to_json()
+            return self._fail(
+                "verifier", verdict.finding, {"answer": answer, "verification": check}
+            )
         self._move(State.REQUESTING_MODEL, "answer not accepted", {"finding": verdict.finding})
         self.conv.add_finding(verdict.finding)
         return None

@@ -282,6 +282,22 @@ describe("what backs a completion", () => {
     assert.deepEqual((await last(result.runId)).data["verification"], result.verification);
   });
 
+  test("a verifier that fails the run is named in its record", async () => {
+    const never = (): { accepted: boolean; finding: string } => ({
+      accepted: false,
+      finding: "no file was read",
+    });
+    const model = new ScriptedModel([ScriptedModel.answer("guess")]);
+    const loop = new Loop(eg, model, { verifier: never, onRejectedAnswer: "fail" });
+    const result = await loop.run("read a.txt");
+    assert.equal(result.rule, "verifier");
+    assert.deepEqual(result.verification, {
+      verifier: "never",
+      verified: false,
+      finding: "no file was read",
+    });
+  });
+
   test("no verifier: unverified, and the failed call a caveat", async () => {
     const model = new ScriptedModel([
       ScriptedModel.calls(["read_file", { path: "missing.txt" }]),

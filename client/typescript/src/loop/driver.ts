@@ -358,7 +358,12 @@ class RunInProgress {
     }
     const finding = verdict.finding ?? "";
     if (this.loop.options.onRejectedAnswer === "fail") {
-      return this.fail("verifier", finding, { answer });
+      const verification = {
+        verifier: this.loop.options.verifier?.name ?? "",
+        verified: false,
+        finding,
+      };
+      return this.fail("verifier", finding, { answer, verification });
     }
     await this.move("requesting_model", "answer not accepted", { finding });
     this.conv.addFinding(finding);
