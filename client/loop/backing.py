@@ -98,7 +98,8 @@ UNVERIFIED = Verification("", False, "no verifier was configured")
 
 
 def verifier_name(verifier: object) -> str:
-    name = getattr(verifier, "__qualname__", "") or type(verifier).__qualname__
+    """A function's name; for a callable object, its class's name."""
+    name = getattr(verifier, "__name__", "") or type(verifier).__name__
     return str(name)
 
 
