@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import re
 import subprocess
 import sys
@@ -309,6 +310,9 @@ def test_a_completion_without_verifier_is_unverified_and_shows_failed_calls(
     assert banner[0].split() == ["stop", "completed", "unverified", "caveats"]
     assert "unverified: no verifier ran" in banner[1]
     assert "answer followed 1 failed call(s)" in banner[1]
+    stop_json = json.loads(_cli(daemon, "trace", result.run_id, "--json"))["stop"]
+    assert stop_json["backing"] == "unverified: no verifier ran"
+    assert stop_json["caveats"] == list(result.caveats)
 
 
 def test_a_verified_clean_completion_is_plain_on_the_trace_page(eg: Client, daemon: Daemon) -> None:
