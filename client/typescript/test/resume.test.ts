@@ -15,6 +15,7 @@ import { fileURLToPath } from "node:url";
 
 import { Client, Loop, type Message, ScriptedModel, type Turn } from "@execgate/client";
 
+import { reconcile, toCall } from "../src/loop/batch.js";
 import { Daemon, repoRoot } from "./support/daemon.js";
 
 let daemon: Daemon;
@@ -145,4 +146,34 @@ test("the address resolves as Python's does, and EXECGATE_ADDR works from any di
     { cwd: elsewhere, encoding: "utf8", env: { ...process.env, EXECGATE_ADDR: daemon.address } },
   );
   assert.ok(Number(tools.trim()) > 0, tools);
+});
+
+test("a call still running is waited for on the Execute stream, joined to the one run", async () => {
+  const run = await eg.runs.start("sleep a moment");
+  const p = {
+    callId: "s1c1",
+    index: 0,
+    modelId: "m1",
+    tool: "run_command",
+    arguments: { argv: ["sleep", "1"] },
+  };
+  const first = (async () => {
+    const events = [];
+    for await (const e of eg.execute([toCall(run.runId, p)], { runId: run.runId })) events.push(e);
+    return events;
+  })();
+  for (let i = 0; ; i++) {
+    const running = await eg.getCall("s1c1", { runId: run.runId }).then(
+      (r) => r.running,
+      () => false,
+    );
+    if (running) break;
+    assert.ok(i < 200, "the call did not start");
+    await new Promise((resolve) => setTimeout(resolve, 25));
+  }
+  const outcomes = await reconcile(eg, run.runId, [p], 30, undefined);
+  assert.equal(outcomes.get("s1c1")?.status, "success");
+  assert.equal(outcomes.get("s1c1")?.replayOf, "s1c1", "from the stream, joined to the one run");
+  assert.equal((await first).at(-1)?.kind, "finished");
+  assert.equal((await eg.runs.get(run.runId)).calls.length, 1);
 });

@@ -5,9 +5,9 @@
  */
 
 import type { Client } from "../client.js";
-import { CallNotFound } from "../errors.js";
+import { CallNotFound, RequestError } from "../errors.js";
 import { type Call, type Event, Outcome } from "../types.js";
-import type { Planned } from "./record.js";
+import { missing, type Planned } from "./record.js";
 
 export function toCall(runId: string, p: Planned): Call {
   return {
@@ -39,6 +39,39 @@ export async function runBatch(
 const POLL_MS = 50;
 
 /**
+ * Wait on the Execute stream for calls still running (client/loop/batch.py `_join`): each
+ * is re-sent with its id and idempotency key and joins its in-flight owner (or, had it
+ * ended meanwhile, gets the journal's outcome); it never runs twice. Only for calls the
+ * policy allowed outright (a re-sent `ask` call that ended meanwhile would ask again).
+ */
+async function join(
+  client: Client,
+  runId: string,
+  planned: readonly Planned[],
+  waitS: number,
+): Promise<Map<string, Outcome>> {
+  const seen = new Map<string, Outcome>();
+  if (planned.length === 0) return seen;
+  const calls = planned.map((p) => toCall(runId, p));
+  try {
+    for await (const event of client.execute(calls, { runId, timeout: waitS })) {
+      if (event.kind === "finished") seen.set(event.callId, event.outcome);
+    }
+  } catch (err) {
+    if (!(err instanceof RequestError && err.code === "DEADLINE_EXCEEDED")) throw err;
+  }
+  const outcomes = new Map<string, Outcome>();
+  for (const p of planned) {
+    let found = seen.get(p.callId);
+    if (found?.errorClass === "duplicate_call_id") {
+      found = await settled(client, runId, p.callId, waitS);
+    }
+    outcomes.set(p.callId, found ?? stillRunning(p.callId, waitS));
+  }
+  return outcomes;
+}
+
+/**
  * What became of calls sent by a loop that died (client/loop/batch.py `reconcile`): the
  * journal's outcome; a call still running is waited for (up to `waitS`, then
  * UNKNOWN_OUTCOME); a call the daemon has no record of is sent now, once, with the same
@@ -53,11 +86,22 @@ export async function reconcile(
 ): Promise<Map<string, Outcome>> {
   const outcomes = new Map<string, Outcome>();
   const unsent: Planned[] = [];
+  const joinable: Planned[] = [];
   for (const p of planned) {
-    const found = await settled(client, runId, p.callId, waitS);
-    if (found === undefined) unsent.push(p);
-    else outcomes.set(p.callId, found);
+    let record;
+    try {
+      record = await client.getCall(p.callId, { runId });
+    } catch (err) {
+      if (!(err instanceof CallNotFound)) throw err;
+      unsent.push(p);
+      continue;
+    }
+    if (record.outcome !== undefined) outcomes.set(p.callId, record.outcome);
+    else if (record.policy?.effect === "allow") joinable.push(p);
+    else
+      outcomes.set(p.callId, (await settled(client, runId, p.callId, waitS)) ?? missing(p.callId));
   }
+  for (const [id, o] of await join(client, runId, joinable, waitS)) outcomes.set(id, o);
   if (unsent.length > 0) {
     for (const [id, o] of await runBatch(client, runId, unsent, deadline, async () => {})) {
       outcomes.set(id, o);
