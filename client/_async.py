@@ -61,12 +61,10 @@ class AsyncClient:
         batch_id: str = "",
         progress: bool = True,
         deadline: float | None = None,
-        timeout: float | None = None,
     ) -> AsyncIterator[Event]:
-        """As `Client.stream`; `timeout` bounds this client's wait and stops nothing."""
         request = wire.execute_request(calls, self._run(run_id), batch_id, not progress, deadline)
         try:
-            async for msg in self._stub.Execute(request, metadata=self._metadata, timeout=timeout):
+            async for msg in self._stub.Execute(request, metadata=self._metadata):
                 yield wire.event(msg)
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address) from exc
