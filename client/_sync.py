@@ -72,11 +72,16 @@ class Client:
         batch_id: str = "",
         progress: bool = True,
         deadline: float | None = None,
+        timeout: float | None = None,
     ) -> Iterator[Event]:
-        """Every event of the batch as it happens: queued, started, finished."""
+        """Every event of the batch as it happens: queued, started, finished.
+
+        `timeout`: seconds this client waits for the stream (RequestError
+        DEADLINE_EXCEEDED after); unlike `deadline` it stops nothing at the daemon.
+        """
         request = wire.execute_request(calls, self._run(run_id), batch_id, not progress, deadline)
         try:
-            for msg in self._stub.Execute(request, metadata=self._metadata):
+            for msg in self._stub.Execute(request, metadata=self._metadata, timeout=timeout):
                 yield wire.event(msg)
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address) from exc

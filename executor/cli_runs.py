@@ -83,6 +83,8 @@ def _print_detail(detail: RunDetail) -> None:
     console.print(f"state: {_state(run)}  ({run.reason})")
     if run.limits:
         console.print("limits: " + ", ".join(f"{k} {v}" for k, v in run.limits.items()))
+    for line in _backing(detail):
+        console.print(line, markup=False)
     if run.cancel is not None:
         ask = run.cancel
         console.print(f"cancel requested by {ask.requester} at {_when(ask.at)}: {ask.reason}")
@@ -139,6 +141,22 @@ def _gist(data: dict[str, Any]) -> str:
     if "finding" in data:
         return "verifier: " + _short(str(data["finding"]))
     return _short(json.dumps(data, sort_keys=True)) if data else ""
+
+
+def _backing(detail: RunDetail) -> list[str]:
+    """A completion's backing: which verifier accepted it (or "unverified"), and caveats."""
+    if detail.run.state is not State.COMPLETED or not detail.events:
+        return []
+    data = detail.events[-1].data
+    check = data.get("verification")
+    if not isinstance(check, dict):
+        return []
+    if check.get("verified"):
+        line = f"backing: verified by {check.get('verifier')}"
+        line += f": {check['finding']}" if check.get("finding") else ""
+    else:
+        line = "backing: unverified (no verifier ran)"
+    return [line] + [f"caveat: {c}" for c in data.get("caveats", [])]
 
 
 def _state(run: RunInfo) -> str:

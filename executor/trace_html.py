@@ -27,6 +27,7 @@ body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
 h1{font-size:1.3em;margin:0 0 .3em} code{font:12px ui-monospace,monospace}
 .stop{font-weight:600;padding:.4em .6em;border-left:4px solid #888;background:#f4f4f4}
 .stop.completed{border-color:#2a2} .stop.failed,.stop.cancelled{border-color:#c22}
+.stop.completed.unverified,.stop.completed.caveats{border-color:#d90;background:#fff6e0}
 .legend span{display:inline-block;margin-right:1.2em}
 .legend i{display:inline-block;width:1.4em;height:.8em;margin-right:.3em;vertical-align:middle}
 #gantt{margin:1em 0;border-top:1px solid #ccc}
@@ -110,9 +111,26 @@ def _header(t: Trace) -> str:
     )
     return (
         f"<header><h1>run <code>{_e(t.run_id)}</code></h1>"
-        f'<p class="stop {_css(state)}" id="stop">{_e(words.stop_line(t))}</p>'
+        f'<p class="stop {_css(state)}{_backing_classes(t)}" id="stop">'
+        f"{_e(words.stop_line(t))}{_backing(t)}</p>"
         f"<p>goal: {_e(t.goal)}</p><p>{facts}</p></header>"
     )
+
+
+def _backing_classes(t: Trace) -> str:
+    """A completion no verifier backed, or one with caveats, is not a plain green."""
+    if t.stop is None or not t.stop.backing:
+        return ""
+    return (" unverified" if t.stop.backing.startswith("unverified") else "") + (
+        " caveats" if t.stop.caveats else ""
+    )
+
+
+def _backing(t: Trace) -> str:
+    if t.stop is None or not t.stop.backing:
+        return ""
+    notes = [t.stop.backing, *t.stop.caveats]
+    return "".join(f'<br><span class="backing">{_e(n)}</span>' for n in notes)
 
 
 def _legend() -> str:
