@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import regex
 import yaml
 
 from ..errors import PolicyError
@@ -199,7 +200,8 @@ def _conditions(doc: _Doc, node: yaml.Node | None, where: str) -> tuple[Conditio
                 raise doc.error(keys["matches"], f"{here}.matches: {why}")
             try:
                 re.compile(value)
-            except (re.error, TypeError, OverflowError, RecursionError) as exc:
+                regex.compile(value)  # what runs it (model.Condition: with a time limit)
+            except (re.error, regex.error, TypeError, OverflowError, RecursionError) as exc:
                 raise doc.error(keys["matches"], f"{here}.matches: not a regex: {exc}") from None
         out.append(Condition(arg, ops[0], value))
     return tuple(out)
