@@ -20,11 +20,15 @@ RUN_AS_UID = 65534
 def reachable_workspace(workspace: Path, uid: int = RUN_AS_UID) -> None:
     """When the tests run as root: create `workspace` owned by `uid`, and let that user
     traverse its ancestors (pytest's temporary directories are 0700), so that the
-    commands a root daemon runs as `uid` can work in it. No-op otherwise, or if it exists."""
+    commands a root daemon runs as `uid` can work in it. No-op otherwise, or if it exists.
+
+    Group 0 and group-writable: bwrap's commands under a root daemon are uid 0 without
+    capabilities (no CAP_DAC_OVERRIDE), and must be able to write it too."""
     if os.geteuid() != 0 or workspace.exists():
         return
     workspace.mkdir(parents=True)
-    os.chown(workspace, uid, uid)
+    os.chown(workspace, uid, 0)
+    workspace.chmod(0o2775)
     for parent in workspace.parents:
         mode = parent.stat().st_mode
         if not mode & 0o001:
