@@ -35,6 +35,14 @@ def reachable_workspace(workspace: Path, uid: int = RUN_AS_UID) -> None:
             parent.chmod(mode | 0o001)
 
 
+def give(path: Path, uid: int = RUN_AS_UID) -> Path:
+    """A file a test made in the workspace, handed to the run-as user (when root) so that
+    a command in the process sandbox may change it, as it could its own."""
+    if os.geteuid() == 0:
+        os.chown(path, uid, -1)
+    return path
+
+
 class Daemon:
     """`execgate serve` on `root/state/execgate.sock` with workspace `root/workspace`.
 
