@@ -117,7 +117,6 @@ class ServeConfig:
 
     def check(self) -> None:
         ranges.check_limits(self.limits)
-        ranges.check_confinement(self.sandbox.confinement)
         ranges.Range(high=3600, positive=True).check("policy_reload", self.policy_reload)
         if self.sandbox.default not in SANDBOXES:
             raise ConfigError(f"--sandbox must be one of {', '.join(SANDBOXES)}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import resource
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -155,9 +155,15 @@ def confinement_range(field: str, unit: int = 1) -> Range:
     )
 
 
-def check_confinement(conf: Confinement, where: str = "sandbox") -> None:
-    for field in _RLIMITS:
-        confinement_range(field).check(f"{where}.{field}", getattr(conf, field))
+def fit_confinement(conf: Confinement) -> tuple[Confinement, list[str]]:
+    """The daemon's built-in limits lowered to this host's ceilings (they are no flag an
+    operator could fix), and what was lowered."""
+    notes = []
+    for f in _RLIMITS:
+        if getattr(conf, f) > (top := ceiling(f)):
+            notes.append(f"{f} {getattr(conf, f)} -> {top} (this host's hard limit)")
+            conf = replace(conf, **{f: top})  # type: ignore[arg-type]  # an int field
+    return conf, notes
 
 
 def _pid_max() -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..policy import SandboxRule
+from ..ranges import fit_confinement
 from .base import Confinement, Probe, Sandbox
 from .bwrap import BwrapSandbox
 from .cgroup import CgroupRoot, remove_root
@@ -126,7 +127,10 @@ def build(
         if name == "process" and (warning := check_workspace(privs, config.workspace)):
             log.warning("sandbox process: %s", warning)
     log.info("default sandbox: %s", default)
-    return Sandboxes(backends, default, rule_for, config.confinement, cgroups)
+    base, lowered = fit_confinement(config.confinement)
+    for note in lowered:
+        log.warning("sandbox limit lowered: %s", note)
+    return Sandboxes(backends, default, rule_for, base, cgroups)
 
 
 def probe_all(config: SandboxConfig, ident: str) -> tuple[list[Probe], str]:
