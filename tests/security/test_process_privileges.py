@@ -211,7 +211,7 @@ def test_a_privileged_or_unknown_run_as_is_refused_at_startup(tmp_path: Path, sp
         capture_output=True, text=True, timeout=30, check=False,
     )  # fmt: skip
     assert done.returncode == 2
-    assert "--run-as" in done.stderr
+    assert "execgate: --run-as" in done.stderr  # the daemon's refusal, not argparse's
     assert "Traceback" not in done.stderr
 
 
