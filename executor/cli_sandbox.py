@@ -34,6 +34,13 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="docker: a container per call, or one warm container per run",
     )
     p.add_argument(
+        "--run-as",
+        default="",
+        metavar="USER[:GROUP]",
+        help="process sandbox under a root daemon: the unprivileged user commands run as "
+        "(default: the workspace's owner if not root, else nobody; uid 0 is refused)",
+    )
+    p.add_argument(
         "--no-cgroups",
         action="store_true",
         help="do not create per-call cgroups (limits by rlimit only, kill by sweep)",
@@ -47,6 +54,8 @@ def config_from(args: argparse.Namespace) -> SandboxConfig:
         docker_image=args.docker_image,
         docker_mode=args.docker_mode,
         cgroups=not args.no_cgroups,
+        run_as=args.run_as,
+        workspace=args.workspace,
     )
 
 
@@ -60,6 +69,7 @@ def add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser("doctor", help="which sandbox backends work on this machine")
     add_serve_args(p)
     p.add_argument("--state-dir", type=Path, default=Path("var"), help=argparse.SUPPRESS)
+    p.add_argument("--workspace", type=Path, default=Path("workspace"), help=argparse.SUPPRESS)
     p.set_defaults(handler=_doctor)
 
 

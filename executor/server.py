@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from .requests import RequestGuard
 from .runs import RunStore
 from .sandbox import dockerd
 from .sandbox import registry as sandbox_registry
+from .sandbox.privileges import make_non_dumpable
 from .sandbox.registry import daemon_id
 from .services import ApprovalsService, ExecutorService
 from .services_runs import RunsService
@@ -97,8 +99,9 @@ def build(config: ServeConfig) -> tuple[Dispatcher, Journal]:
     if recovered:
         log.warning("recovered %d call(s) left running by a previous daemon", recovered)
     wanted = {r.backend for r in policy.sandbox if r.backend != "default"}
+    sandbox = replace(config.sandbox, workspace=config.workspace)
     sandboxes = sandbox_registry.build(
-        config.sandbox, daemon_id(config.state_dir), wanted, policy.sandbox_for
+        sandbox, daemon_id(config.state_dir), wanted, policy.sandbox_for
     )
     if "docker" in sandboxes.backends:
         note = dockerd.workspace_note(config.workspace)
@@ -132,6 +135,9 @@ async def serve(
 ) -> None:
     config.check()
     memdebug.install(asyncio.get_running_loop())
+    # Always: a command of the daemon's own uid must not ptrace it or read its memory.
+    if not make_non_dumpable():
+        log.warning("cannot make the daemon non-dumpable (prctl PR_SET_DUMPABLE)")
     identities = None if config.identities is None else load_identities(config.identities)
     old_umask = os.umask(0o077)  # state dir, journal and sockets: owner only, from birth
     try:

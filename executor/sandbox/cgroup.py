@@ -164,6 +164,9 @@ class CallCgroup:
         self.dirs = dirs
         # A memory limit was set here (then the address-space rlimit is not needed).
         self.limits_memory = False
+        # pids.max was set here: the per-call process limit (RLIMIT_NPROC counts every
+        # process of the uid, so calls sharing a run-as user would share it).
+        self.limits_pids = False
 
     def join_command(self) -> str:
         """Shell text that moves the running shell into every leaf (before it execs)."""
@@ -183,8 +186,9 @@ class CallCgroup:
             if names is None:
                 names = known[d.parent] = tuple(n for n in values if (d / n).exists())
             for name in names:
-                if _write(d / name, str(values[name])) and name in _MEMORY_LIMITS:
-                    self.limits_memory = True
+                if _write(d / name, str(values[name])):
+                    self.limits_memory |= name in _MEMORY_LIMITS
+                    self.limits_pids |= name == "pids.max"
 
     def procs(self) -> set[int]:
         members: set[int] = set()
