@@ -29,6 +29,8 @@ from execgate.client import (
 from execgate.client._transport import sync_channel
 from execgate.client.wire import resolve_address
 
+from . import cli_options
+
 STATUS_STYLE = {
     Status.SUCCESS: "green",
     Status.PARTIAL: "yellow",
@@ -39,17 +41,7 @@ STATUS_STYLE = {
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--addr", help="daemon address (default: $EXECGATE_ADDR or unix:var/execgate.sock)"
-    )
-    common.add_argument("--json", action="store_true", help="machine-readable output")
-    common.add_argument(
-        "--token", default=None, help="bearer token of your identity (default: $EXECGATE_TOKEN)"
-    )
-    common.add_argument("--tls-ca", type=Path, metavar="PEM", help="CA of the daemon's cert")
-    common.add_argument("--tls-cert", type=Path, metavar="PEM", help="your client certificate")
-    common.add_argument("--tls-key", type=Path, metavar="PEM", help="its private key")
+    common = cli_options.common()
 
     p = sub.add_parser("tools", parents=[common], help="list the daemon's tools")
     p.set_defaults(handler=_tools)
@@ -65,8 +57,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p.add_argument("--args-json", default=None, help="all arguments as one JSON object")
     p.add_argument("--run", default="", help="run id (default: the implicit run)")
-    p.add_argument("--call-id", default="")
-    p.add_argument("--idempotency-key", default="")
+    p.add_argument("--call-id", default="", help="the call's id (default: the client makes one)")
+    p.add_argument("--idempotency-key", default="", help="replays the first outcome under this key")
     p.add_argument("--timeout", type=float, default=None, help="seconds")
     p.set_defaults(handler=_call)
 
@@ -74,23 +66,34 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         dest="calls_cmd", required=True
     )
     p = calls.add_parser("list", parents=[common], help="recent calls, newest first")
-    p.add_argument("--run", default="")
-    p.add_argument("--status", action="append", default=[], choices=[s.value for s in Status])
-    p.add_argument("--tool", default="")
-    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--run", default="", help="only this run's calls (default: every run)")
+    p.add_argument(
+        "--status",
+        action="append",
+        default=[],
+        choices=[s.value for s in Status],
+        help="only calls that ended so; repeatable (default: any)",
+    )
+    p.add_argument("--tool", default="", help="only this tool's calls (default: any)")
+    p.add_argument("--limit", type=int, default=50, help="at most this many calls")
     p.set_defaults(handler=_calls_list)
     p = calls.add_parser("show", parents=[common], help="one call's full record")
-    p.add_argument("call_id")
-    p.add_argument("--run", default="")
+    p.add_argument("call_id", help="a call id, or a unique prefix of one")
+    p.add_argument("--run", default="", help="the call's run (default: any run)")
     p.add_argument("--raw", action="store_true", help="include the raw result")
     p.set_defaults(handler=_calls_show)
 
     p = sub.add_parser("cancel", parents=[common], help="stop a call, a batch or a run")
-    p.add_argument("--run", default="")
-    p.add_argument("--call", default="")
-    p.add_argument("--batch", default="")
-    p.add_argument("--reason", default="cancelled from the CLI")
-    p.add_argument("--grace", type=float, default=None)
+    p.add_argument("--run", default="", help="every call of this run")
+    p.add_argument("--call", default="", help="this call (an id or a unique prefix)")
+    p.add_argument("--batch", default="", help="every call of this batch")
+    p.add_argument("--reason", default="cancelled from the CLI", help="recorded with the cancel")
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=None,
+        help="seconds between SIGTERM and SIGKILL (default: the call's own)",
+    )
     p.set_defaults(handler=_cancel)
 
     p = sub.add_parser(
@@ -100,7 +103,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "batch",
         help='a JSON file (or - for stdin): [{"tool": ..., "arguments": {...}, "call_id": ...}]',
     )
-    p.add_argument("--run", default="")
+    p.add_argument("--run", default="", help="run id (default: the implicit run)")
     p.set_defaults(handler=_explain)
 
     p = sub.add_parser("health", parents=[common], help="exit 0 if the daemon is serving")

@@ -32,15 +32,15 @@ def add_commands(
     ).add_subparsers(dest="runs_cmd", required=True)
     p = runs.add_parser("list", parents=[common], help="runs, newest first")
     p.add_argument("--state", action="append", default=[], help="a state, or 'active' (repeatable)")
-    p.add_argument("--owner", default="")
-    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--owner", default="", help="only this identity's runs (default: any)")
+    p.add_argument("--limit", type=int, default=50, help="at most this many runs")
     p.set_defaults(handler=_list)
     p = runs.add_parser("show", parents=[common], help="a run's transitions and calls")
     p.add_argument("run_id")
     p.set_defaults(handler=_show)
     p = runs.add_parser("cancel", parents=[common], help="ask a run to stop")
     p.add_argument("run_id")
-    p.add_argument("--reason", default="cancelled from the CLI")
+    p.add_argument("--reason", default="cancelled from the CLI", help="recorded with the cancel")
     p.set_defaults(handler=_cancel)
 
 
