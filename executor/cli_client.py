@@ -22,22 +22,14 @@ from execgate.client import (
     CallPlan,
     Client,
     DaemonUnavailable,
-    Outcome,
     Status,
     TlsConfig,
 )
 from execgate.client._transport import sync_channel
 from execgate.client.wire import resolve_address
 
-from . import cli_options
-
-STATUS_STYLE = {
-    Status.SUCCESS: "green",
-    Status.PARTIAL: "yellow",
-    Status.FAILURE: "red",
-    Status.REJECTED: "magenta",
-    Status.UNKNOWN_OUTCOME: "bold red",
-}
+from . import cli_lookup, cli_options, cli_show
+from .cli_table import Col, print_table
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -161,10 +153,11 @@ def _call(args: argparse.Namespace) -> int:
                 timeout=args.timeout,
             )
         )
+    run_id = args.run or cli_lookup.DEFAULT_RUN
     if args.json:
-        _print_json(_jsonable(outcome))
+        _print_json({"run_id": run_id, **_jsonable(outcome)})
     else:
-        _print_outcome(outcome)
+        cli_show.print_outcome(Console(highlight=False), outcome, run_id)
     return 0 if outcome.status is Status.SUCCESS else 1
 
 
@@ -191,21 +184,6 @@ def _json_or_text(value: str) -> Any:
         return value
 
 
-def _print_outcome(o: Outcome) -> None:
-    console = Console(highlight=False)
-    style = STATUS_STYLE[o.status]
-    head = f"[{style}]{o.status.value.upper()}[/{style}]"
-    if o.error_class != "none":
-        head += f" {o.error_class}"
-    if o.field:
-        head += f" (field {o.field})"
-    console.print(f"{head}  call {o.call_id}" + (f"  — {o.message}" if o.message else ""))
-    if o.text:
-        sys.stdout.write(o.text if o.text.endswith("\n") else o.text + "\n")
-    if o.truncated:
-        console.print(f"[yellow]… truncated: {o.returned_bytes} of {o.total_bytes} bytes[/yellow]")
-
-
 def _calls_list(args: argparse.Namespace) -> int:
     with _client(args) as client:
         records = client.list_calls(
@@ -217,61 +195,66 @@ def _calls_list(args: argparse.Namespace) -> int:
     if args.json:
         _print_json([_jsonable(r) for r in records])
         return 0
-    table = Table("created", "run", "call", "tool", "status", "class", "ms")
+    columns = [
+        Col("call", keep=True, style="bold"),
+        Col("run", keep=True),
+        Col("status", keep=True),
+        Col("tool"),
+        Col("class"),
+        Col("ms", justify="right"),
+        Col("created"),
+    ]
+    rows = []
     for r in records:
         o = r.outcome
-        status = "running" if o is None else o.status.value
         ms = ""
         if o is not None and o.timeline:
             ms = f"{(o.timeline[-1].at - o.timeline[0].at) * 1000:.1f}"
-        table.add_row(
-            _when(r.created_at),
-            r.run_id,
-            r.call_id,
-            r.tool,
-            status,
-            "" if o is None else o.error_class,
-            ms,
+        rows.append(
+            [
+                r.call_id,
+                r.run_id,
+                "running" if o is None else o.status.value,
+                r.tool,
+                "" if o is None else o.error_class,
+                ms,
+                _when_short(r.created_at),
+            ]
         )
-    Console().print(table)
+    print_table(Console(highlight=False), columns, rows, title=f"calls: {len(rows)}")
     return 0
 
 
 def _calls_show(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        record = client.get_call(args.call_id, run_id=args.run, include_raw=args.raw)
-    data = _jsonable(record)
+        record = cli_lookup.call(client, args.call_id, args.run, raw=args.raw)
     if args.json:
-        _print_json(data)
+        _print_json(_jsonable(record))
         return 0
-    console = Console(highlight=False)
-    for key in ("run_id", "call_id", "batch_id", "tool", "arguments_json", "agent", "may_write"):
-        console.print(f"[bold]{key}[/bold]: {data[key]}")
-    if record.outcome is None:
-        console.print("[bold]state[/bold]: running")
-        return 0
-    _print_outcome(record.outcome)
-    for m in record.outcome.timeline:
-        console.print(f"  {_when(m.at)}  {m.phase}" + (f"  {m.detail}" if m.detail else ""))
-    if args.raw:
-        console.print(f"[bold]raw_result[/bold]: {record.raw_result}")
+    cli_show.print_record(Console(highlight=False), record, raw=args.raw)
     return 0
 
 
 def _cancel(args: argparse.Namespace) -> int:
     with _client(args) as client:
+        run_id, call_id = args.run, args.call
+        if call_id:
+            record = cli_lookup.call(client, call_id, run_id)
+            run_id, call_id = record.run_id, record.call_id
         hit = client.cancel(
-            run_id=args.run,
-            call_id=args.call,
+            run_id=run_id,
+            call_id=call_id,
             batch_id=args.batch,
             reason=args.reason,
             grace=args.grace,
             requester=f"cli user {getpass.getuser()}",
         )
+    where = run_id or cli_lookup.DEFAULT_RUN
     if args.json:
-        _print_json({"cancelled": hit})
+        _print_json({"run_id": where, "cancelled": hit})
     else:
-        print(f"cancel reached {len(hit)} call(s)" + (": " + ", ".join(hit) if hit else ""))
+        reached = ": " + ", ".join(hit) if hit else ""
+        print(f"cancel reached {len(hit)} call(s) of run {where}{reached}")
     return 0
 
 
@@ -338,6 +321,11 @@ def _health(args: argparse.Namespace) -> int:
 
 def _when(seconds: float) -> str:
     return datetime.datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _when_short(seconds: float) -> str:
+    """`12-02 03:44:56`: wraps at the space into a narrow column."""
+    return datetime.datetime.fromtimestamp(seconds).strftime("%m-%d %H:%M:%S")
 
 
 def _jsonable(value: Any) -> Any:

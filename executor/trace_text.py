@@ -66,6 +66,8 @@ def states(t: Trace) -> str:
 
 
 def stop_line(t: Trace) -> str:
+    if t.stop is None and t.state == "no run record":
+        return "no run record: calls made under this run id without the Runs service"
     if t.stop is None:
         return f"not ended: state {t.state}" + (f"; cancel asked: {t.cancel}" if t.cancel else "")
     s = t.stop

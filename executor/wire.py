@@ -171,6 +171,7 @@ def call_filter(
         tool=req.tool,
         since=seconds(req.since) if req.HasField("since") else None,
         until=seconds(req.until) if req.HasField("until") else None,
+        finished_since=seconds(req.finished_since) if req.HasField("finished_since") else None,
         limit=limit,
         before_seq=before_seq,
     )
