@@ -51,7 +51,17 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--run", default="", help="run id (default: the implicit run)")
     p.add_argument("--call-id", default="", help="the call's id (default: the client makes one)")
     p.add_argument("--idempotency-key", default="", help="replays the first outcome under this key")
-    p.add_argument("--timeout", type=float, default=None, help="seconds")
+    p.add_argument(
+        "--timeout", type=float, default=None, help="seconds (default: the policy's or daemon's)"
+    )
+    p.add_argument(
+        "--progress-every",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="while it waits or runs, say so on stderr this often (0: only at each change)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(handler=_call)
 
     calls = sub.add_parser("calls", help="read the journal").add_subparsers(
@@ -142,23 +152,10 @@ def _tools(args: argparse.Namespace) -> int:
 
 
 def _call(args: argparse.Namespace) -> int:
+    from .cli_call import run_call
+
     with _client(args, run_id=args.run) as client:
-        arguments = _arguments(client, args)
-        outcome = client.run(
-            Call(
-                tool=args.tool,
-                arguments=arguments,
-                call_id=args.call_id,
-                idempotency_key=args.idempotency_key,
-                timeout=args.timeout,
-            )
-        )
-    run_id = args.run or cli_lookup.DEFAULT_RUN
-    if args.json:
-        _print_json({"run_id": run_id, **_jsonable(outcome)})
-    else:
-        cli_show.print_outcome(Console(highlight=False), outcome, run_id)
-    return 0 if outcome.status is Status.SUCCESS else 1
+        return run_call(args, client, _arguments(client, args))
 
 
 def _arguments(client: Client, args: argparse.Namespace) -> dict[str, Any] | str:
