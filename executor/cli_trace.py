@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import math
 import re
 import textwrap
@@ -26,7 +25,7 @@ from execgate.client import Approval, Client, PermissionDenied
 
 from . import cli_lookup, trace_html
 from . import trace_text as words
-from .cli_client import _client, _jsonable, _print_json, _when
+from .cli_client import _client, _jsonable, _print_json
 from .timeline import Trace, trace
 from .timeline_calls import Row, Segment, Span
 
@@ -161,7 +160,7 @@ def _columns(t: Trace, width: int) -> Columns:
 
 def _header(t: Trace, width: int) -> list[Text]:
     head = f"run {t.run_id} · owner {t.owner} · model {t.model or '-'} · {len(t.rows)} calls"
-    head += f" · {t.end:.3f}s from {when_zoned(t.origin)}"
+    head += f" · {t.end:.3f}s from {words.when_zoned(t.origin)}"
     legend = "  ".join(f"{g} {s.value.replace('_', ' ')}" for s, (g, _) in GLYPH.items())
     legend += f"  {CANCEL[0]} cancel requested  {FORCE[0]} force kill"
     goal = f"goal: {t.goal}" if t.goal else "goal: -"
@@ -170,13 +169,6 @@ def _header(t: Trace, width: int) -> list[Text]:
         *(Text(line) for line in _wrap(goal, width, indent=0)),
         *(Text(line, style="dim") for line in _wrap("legend: " + legend, width, indent=0)),
     ]
-
-
-def when_zoned(seconds: float) -> str:
-    """Local time with its zone: `2026-12-02 03:21:48.212 UTC+00:00`."""
-    moment = datetime.datetime.fromtimestamp(seconds).astimezone()
-    offset = moment.strftime("%z")
-    return f"{_when(seconds)} UTC{offset[:3]}:{offset[3:]}"
 
 
 def _axis(t: Trace, cols: Columns, width: int) -> list[Text]:

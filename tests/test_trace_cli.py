@@ -321,3 +321,16 @@ def test_long_names_control_characters_and_a_running_call_fit_100_columns() -> N
 def test_the_stop_rule_and_its_evidence_are_named() -> None:
     lines = [line.plain for line in render(trace(hand_made_run([hand_made_call("c1")])), 100)]
     assert lines[-1] == "stop: failed at +1.000s — stopped (rule max_consecutive_errors: count 3)"
+
+
+def test_a_kill_in_the_last_cell_keeps_the_cancel_mark_first() -> None:
+    """At 80 columns the bar is narrow: a kill 20 ms after its request, at the run's
+    end, falls in the request's (last) cell; the marks stay in time order."""
+    from execgate.executor.cli_trace import cells
+    from execgate.executor.timeline_calls import call_row
+
+    row = call_row(hand_made_call("k", LADDER), T0)
+    for width in (10, 17, 33):
+        bar = "".join(glyph for glyph, _ in cells(row, 0.42, width))
+        assert len(bar) == width
+        assert bar.index("▲") < bar.index("✖") == width - 1, bar
