@@ -312,7 +312,11 @@ def _health(args: argparse.Namespace) -> int:
             print(f"execgate: not serving at {address}: {exc.code().name}", file=sys.stderr)
             return 1
     serving = reply.status == health_pb2.HealthCheckResponse.SERVING
-    print("SERVING" if serving else health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    if args.json:
+        _print_json({"address": address, "status": status, "serving": serving})
+    else:
+        print(status)
     return 0 if serving else 1
 
 

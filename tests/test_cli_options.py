@@ -132,3 +132,33 @@ def test_policy_check_and_test_json() -> None:
     assert result.returncode == 0
     assert report["failed"] == 0
     assert report["passed"] == len(report["cases"]) > 0
+
+
+# Commands that print no result to parse: the daemon itself, and the demo's narration.
+NO_RESULT = {"execgate serve", "execgate demo"}
+
+
+def test_every_command_that_prints_a_result_takes_json() -> None:
+    leaves = [
+        (path, parser)
+        for path, parser in _parsers(cli.full_parser())
+        if path != "execgate"
+        and not any(isinstance(a, argparse._SubParsersAction) for a in parser._actions)
+    ]
+    assert len(leaves) >= 20
+    lacking = [
+        path
+        for path, parser in leaves
+        if path not in NO_RESULT and not any("--json" in a.option_strings for a in parser._actions)
+    ]
+    assert not lacking, lacking
+
+
+def test_token_new_json() -> None:
+    result = _run("token", "new", "ana", "--role", "operator", "--json")
+    data = json.loads(result.stdout)
+    assert data["entry"]["name"] == "ana"
+    assert data["entry"]["roles"] == ["operator"]
+    import hashlib
+
+    assert hashlib.sha256(data["token"].encode()).hexdigest() == data["entry"]["token_sha256"]
