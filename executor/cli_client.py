@@ -15,7 +15,6 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
-from rich.table import Table
 
 from execgate.client import (
     Call,
@@ -138,7 +137,9 @@ def _tools(args: argparse.Namespace) -> int:
     if args.json:
         _print_json([dataclasses.asdict(t) for t in tools])
         return 0
-    table = Table("tool", "effects", "arguments", "description", title="execgate tools")
+    columns = [Col("tool", keep=True, style="bold"), Col("effects"), Col("arguments")]
+    columns.append(Col("description"))
+    rows = []
     for t in tools:
         effects = (
             "read-only" if t.read_only else "writes" + (", destructive" if t.destructive else "")
@@ -146,8 +147,8 @@ def _tools(args: argparse.Namespace) -> int:
         props = t.input_schema.get("properties", {})
         required = set(t.input_schema.get("required", []))
         names = ", ".join(n + ("" if n in required else "?") for n in props)
-        table.add_row(t.name, effects, names, t.description.split(". ")[0])
-    Console().print(table)
+        rows.append([t.name, effects, names, t.description.split(". ")[0]])
+    print_table(Console(highlight=False), columns, rows, title="execgate tools")
     return 0
 
 
@@ -266,25 +267,34 @@ def _explain(args: argparse.Namespace) -> int:
     if args.json:
         _print_json([_jsonable(p) for p in plans])
         return 0
-    table = Table(
-        "#", "call", "tool", "writes", "resources", "waits for", "policy", title="lock plan"
-    )
+    columns = [
+        Col("#", justify="right", min_width=2),
+        Col("call", keep=True, style="bold"),
+        Col("tool", keep=True),
+        Col("writes", min_width=3),
+        Col("resources"),
+        Col("waits for"),
+        Col("policy"),
+    ]
+    rows = []
     for p in plans:
         if p.rejected is not None:
             what = f"REJECTED {p.rejected.error_class}: {p.rejected.message}"
-            table.add_row(str(p.index), p.call_id, p.tool, "", what, "", _policy_cell(p))
+            rows.append([str(p.index), p.call_id, p.tool, "", what, "", _policy_cell(p)])
             continue
         claims = "\n".join(f"{mode} {key}" for key, mode in p.claims)
-        table.add_row(
-            str(p.index),
-            p.call_id,
-            p.tool,
-            "yes" if p.may_write else "no",
-            claims,
-            ", ".join(p.waits_for) or "-",
-            _policy_cell(p),
+        rows.append(
+            [
+                str(p.index),
+                p.call_id,
+                p.tool,
+                "yes" if p.may_write else "no",
+                claims,
+                ", ".join(p.waits_for) or "-",
+                _policy_cell(p),
+            ]
         )
-    Console().print(table)
+    print_table(Console(highlight=False), columns, rows, title="lock plan")
     return 0
 
 

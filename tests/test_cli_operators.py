@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -255,6 +256,27 @@ def test_a_closed_pipe_ends_quietly(world: World) -> None:
     result = subprocess.run(["sh", "-c", shell], capture_output=True, text=True, timeout=60)
     assert result.stdout == "[\n"
     assert result.stderr == ""
+
+
+def test_tools_explain_and_health_at_80_columns(world: World, tmp_path: Path) -> None:
+    tools = ok(cli(world, "tools", who="bot"))
+    for name in ("read_file", "write_file", "edit_file", "list_dir", "search", "run_command"):
+        assert re.search(rf"^ {name} +│", tools, re.M), tools
+    batch = tmp_path / "batch.json"
+    long_path = "a-rather-long-directory-name/and-a-long-file-name-inside-it.txt"
+    batch.write_text(
+        json.dumps(
+            [
+                {"tool": "read_file", "arguments": {"path": long_path}, "call_id": LONG_IDS[0]},
+                {"tool": "read_file", "arguments": {"path": "a.txt"}, "call_id": "second"},
+            ]
+        )
+    )
+    plan = ok(cli(world, "explain", str(batch), who="bot"))
+    assert LONG_IDS[0] in plan
+    assert "…" not in plan  # long cells fold onto more lines; nothing is cut
+    assert ok(cli(world, "health")).strip() == "SERVING"
+    assert json.loads(ok(cli(world, "health", "--json")))["serving"] is True
 
 
 def test_zz_count_of_commands_checked_at_80_columns() -> None:
