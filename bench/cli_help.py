@@ -27,10 +27,10 @@ CASES = {
 GOAL = 0.3
 
 
-def once(argv: list[str]) -> float:
+def once(argv: list[str]) -> tuple[float, int]:
     start = time.perf_counter()
-    subprocess.run([sys.executable, *argv], check=True, capture_output=True)
-    return time.perf_counter() - start
+    done = subprocess.run([sys.executable, *argv], check=False, capture_output=True)
+    return time.perf_counter() - start, done.returncode
 
 
 def main() -> int:
@@ -38,17 +38,22 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=10, help="rounds (default: 10)")
     args = parser.parse_args()
     times: dict[str, list[float]] = {name: [] for name in CASES}
+    failed: dict[str, int] = {}
     for _ in range(args.runs):
         for name, argv in CASES.items():
-            times[name].append(once(argv))
+            seconds, status = once(argv)
+            times[name].append(seconds)
+            if status:
+                failed[name] = status
     base = statistics.median(times["baseline (python -c pass)"])
     for name, seen in times.items():
         median = statistics.median(seen)
-        print(f"{name:<30} median {median * 1000:7.1f} ms  {median / base:5.2f}x baseline")
+        broke = f"  (exit {failed[name]})" if name in failed else ""
+        print(f"{name:<30} median {median * 1000:7.1f} ms  {median / base:5.2f}x baseline{broke}")
     help_time = statistics.median(times["execgate --help"])
     verdict = "met" if help_time < GOAL else "missed"
     print(f"goal: --help under {GOAL * 1000:.0f} ms: {verdict}")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
