@@ -145,7 +145,7 @@ COLUMNS = (
     Col("ladder"),
     Col("grace"),
     Col("exit"),
-    Col("tool · agent"),
+    Col("tool"),
     Col("requested"),
 )
 
@@ -168,7 +168,7 @@ def _print_table(found: list[Kill]) -> None:
                 "\n".join(ladder),
                 words.dur(k.grace_used) if k.grace_used is not None else "?",
                 _exit(k),
-                f"{k.tool} · {k.agent}",
+                f"{k.tool} (agent {k.agent})",
                 _when_short(k.requested),
             ]
         )

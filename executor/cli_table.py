@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from rich.cells import cell_len
 from rich.console import Console
 from rich.measure import Measurement
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -92,14 +93,19 @@ def _stacked(
     kept = [i for i, c in enumerate(columns) if c.keep]
     rest = [i for i, c in enumerate(columns) if not c.keep]
     for row in rows:
-        head = Text()
-        for n, i in enumerate(kept):
-            if n:
-                head.append("  ")
-            head.append(f"{columns[i].name} ", style="dim")
-            head.append(row[i], style=columns[i].style or "bold")
-        console.print(head, overflow="fold")
-        for i in rest:
-            if row[i]:
-                value = ", ".join(row[i].splitlines())
-                console.print(Text(f"    {columns[i].name}: {value}"), overflow="fold")
+        pieces = [_labelled(columns[i], row[i]) for i in kept]
+        head = Text("  ").join(pieces)
+        # A label never parts from its value: if the kept cells do not fit on one line,
+        # each gets a line of its own (a value wider than the terminal folds).
+        for line in [head] if cell_len(head.plain) <= console.width else pieces:
+            console.print(line, overflow="fold")
+        others = [f"{columns[i].name} {', '.join(_lines(row[i]))}" for i in rest if row[i]]
+        if others:
+            text = Text(" · ".join(others), style="dim")
+            console.print(Padding(text, (0, 0, 0, 4)), overflow="fold")
+
+
+def _labelled(column: Col, value: str) -> Text:
+    text = Text(f"{column.name} ", style="dim")
+    text.append(value, style=column.style or "bold")
+    return text
