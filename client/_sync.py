@@ -142,9 +142,11 @@ class Client:
         tool: str = "",
         limit: int = 100,
         since: float | None = None,
+        finished_since: float | None = None,
     ) -> list[CallRecord]:
         """Newest first, following pages until `limit` records; `since`: calls created at
-        or after this time (epoch seconds)."""
+        or after this time (epoch seconds); `finished_since`: calls whose outcome was
+        recorded at or after it."""
         records: list[CallRecord] = []
         token = ""
         while len(records) < limit:
@@ -155,6 +157,7 @@ class Client:
                 limit=min(limit - len(records), 1000),
                 page_token=token,
                 since=since,
+                finished_since=finished_since,
             )
             try:
                 response = self._stub.ListCalls(request, metadata=self._metadata)

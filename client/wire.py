@@ -271,6 +271,7 @@ def list_request(
     limit: int,
     page_token: str,
     since: float | None = None,
+    finished_since: float | None = None,
 ) -> pb.ListCallsRequest:
     request = pb.ListCallsRequest(
         run_id=run_id,
@@ -285,6 +286,8 @@ def list_request(
     )
     if since is not None:
         request.since.FromNanoseconds(round(since * 1e9))
+    if finished_since is not None:
+        request.finished_since.FromNanoseconds(round(finished_since * 1e9))
     return request
 
 

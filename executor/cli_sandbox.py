@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -26,7 +27,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="extra host path bwrap binds read-only (for example an interpreter "
         "outside /usr); repeatable",
     )
-    p.add_argument("--docker-image", default="", help="image for the docker sandbox")
+    p.add_argument(
+        "--docker-image", default="", help="image for the docker sandbox (default: none)"
+    )
     p.add_argument(
         "--docker-mode",
         default="per-call",
@@ -70,12 +73,18 @@ def add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     add_serve_args(p)
     p.add_argument("--state-dir", type=Path, default=Path("var"), help=argparse.SUPPRESS)
     p.add_argument("--workspace", type=Path, default=Path("workspace"), help=argparse.SUPPRESS)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=_doctor)
 
 
 def _doctor(args: argparse.Namespace) -> int:
     config = config_from(args)
     probes, default = probe_all(config, "doctor-" + daemon_id(args.state_dir))
+    chosen = next(p for p in probes if p.name == default)
+    if args.json:
+        backends = [{"name": p.name, "works": p.ok, "detail": p.detail} for p in probes]
+        print(json.dumps({"backends": backends, "default": default, "default_works": chosen.ok}))
+        return 0 if chosen.ok else 1
     width = max(len(p.name) for p in probes)
     for probe in probes:
         state = "works " if probe.ok else "absent"

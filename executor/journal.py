@@ -91,6 +91,8 @@ class CallFilter:
     tool: str = ""
     since: float | None = None
     until: float | None = None
+    # Only finished calls whose outcome was recorded at or after this time.
+    finished_since: float | None = None
     limit: int = 100
     # Only records with seq below this (paging, newest first); 0 = no bound.
     before_seq: int = 0
@@ -352,6 +354,9 @@ def _where(flt: CallFilter) -> tuple[str, list[Any]]:
     if flt.since is not None:
         clauses.append("created_at >= ?")
         params.append(flt.since)
+    if flt.finished_since is not None:
+        clauses.append("finished_at >= ?")
+        params.append(flt.finished_since)
     if flt.until is not None:
         clauses.append("created_at < ?")
         params.append(flt.until)

@@ -107,6 +107,8 @@ def time_by_state(events: Iterable[Transition]) -> tuple[StateTime, ...]:
     """Seconds the run spent in each state it entered, in order of first entry."""
     spent: dict[str, list[float]] = {}
     ordered = list(events)
+    if not ordered:  # a run only calls used has no transitions
+        return ()
     for e, after in zip(ordered, [*ordered[1:], None], strict=True):
         if e.to_state in TERMINAL:
             continue

@@ -183,6 +183,9 @@ def call_filter(
         tool=req.tool,
         since=wirecheck.timestamp(req.since, "since") if req.HasField("since") else None,
         until=wirecheck.timestamp(req.until, "until") if req.HasField("until") else None,
+        finished_since=wirecheck.timestamp(req.finished_since, "finished_since")
+        if req.HasField("finished_since")
+        else None,
         limit=limit,
         before_seq=before_seq,
         agents=agents,

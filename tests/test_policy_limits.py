@@ -690,7 +690,8 @@ def test_the_explain_cli_shows_who_must_approve(explaining: Daemon, tmp_path: Pa
     argv += ["--addr", explaining.address, "--token", TOKENS["bot"]]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode == 0, (result.stdout, result.stderr)
-    rows = {line.split("│")[2].strip(): line for line in result.stdout.splitlines() if "│" in line}
+    # Tables have no outer edge: the call is the second cell ("#" is the first).
+    rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if "│" in line}
     assert "ask (slow-commands-ask): needs approval from approver, olga" in rows["t1"], rows
     assert "allow (files)" in rows["r1"], rows
     assert "needs approval" not in rows["r1"]
