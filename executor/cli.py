@@ -45,7 +45,10 @@ REGISTRAR = {
 }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, own_process: bool = False) -> int:
+    """Run one command. `own_process`: this is the `execgate` process itself (the console
+    script, `python -m`), so it may set process-wide signal dispositions; a caller that
+    runs commands in-process (tests, embedding) keeps its own."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(only=command)
@@ -53,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    if args.command != "serve":
+    if own_process and args.command != "serve":
         # `execgate … | head`: the reader went away; end as a Unix tool does, no traceback.
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
@@ -124,4 +127,4 @@ def _version() -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(own_process=True))

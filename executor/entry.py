@@ -30,4 +30,4 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    return cli_main(argv)
+    return cli_main(argv, own_process=argv is None)

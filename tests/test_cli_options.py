@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 from execgate.executor import cli
 
@@ -162,3 +163,15 @@ def test_token_new_json() -> None:
     import hashlib
 
     assert hashlib.sha256(data["token"].encode()).hexdigest() == data["entry"]["token_sha256"]
+
+
+def test_a_command_run_in_process_leaves_the_callers_sigpipe_alone(tmp_path: Path) -> None:
+    # Only the execgate process itself ends quietly on a closed pipe; a caller running a
+    # command in-process (this test run) must keep EPIPE as an exception, not be killed by it.
+    import signal
+
+    from execgate.executor.cli import main
+
+    before = signal.getsignal(signal.SIGPIPE)
+    assert main(["tools", "--addr", f"unix:{tmp_path / 'none.sock'}"]) == 69
+    assert signal.getsignal(signal.SIGPIPE) == before
