@@ -18,16 +18,19 @@ DAEMON_ONLY = frozenset(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # The CLI imports a command's module only when that command runs (`--help` needs
+    # none of them), so a thin install fails, if at all, when the command is parsed or run.
     try:
         from .cli import main as cli_main
+
+        return cli_main(argv, own_process=argv is None)
     except ModuleNotFoundError as exc:
         top = (exc.name or "").split(".")[0]
         if top not in DAEMON_ONLY:
             raise
         print(
-            f"execgate: the command line and the daemon need the daemon extra "
-            f"(missing: {exc.name}); install it with: pip install 'execgate[daemon]'",
+            f"execgate: this command needs the daemon extra (missing: {exc.name}); "
+            "install it with: pip install 'execgate[daemon]'",
             file=sys.stderr,
         )
         return 2
-    return cli_main(argv, own_process=argv is None)

@@ -28,7 +28,7 @@ from execgate.client.loop.states import Machine, State
 from execgate.client.loop.tally import Tally
 from execgate.client.models.scripted import ScriptedModel
 from tests.auth_support import Who, write_identities
-from tests.daemon import Daemon
+from tests.daemon import Daemon, give
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT = ROOT / "client" / "typescript" / "dist" / "test" / "support" / "counter-agent.js"
@@ -72,6 +72,7 @@ def test_python_and_typescript_agents_share_one_file_through_the_scheduler(
     daemon: Daemon,
 ) -> None:
     (daemon.workspace / "counter.txt").write_text("0\n")
+    give(daemon.workspace / "counter.txt")  # the commands' file, as if they had made it
     ts = subprocess.Popen(
         [node(), str(AGENT), "--addr", daemon.address, "--increments", str(N)],
         env={**os.environ, "EXECGATE_TOKEN": TOKENS["tsagent"]},

@@ -124,7 +124,21 @@ def test_a_thin_client_runs_a_call_on_a_real_daemon(served: Daemon) -> None:
     assert "hello from the workspace" in ran.stdout
 
 
-def test_the_console_script_on_a_thin_install_says_what_to_install() -> None:
+@pytest.mark.parametrize("command", [["doctor"], ["calls", "list"], ["serve"]])
+def test_the_console_script_on_a_thin_install_says_what_to_install(command: list[str]) -> None:
+    ran = _thin(
+        f"""
+        import sys
+        from execgate.executor.entry import main
+        sys.exit(main({command!r}))
+        """
+    )
+    assert ran.returncode == 2, ran.stderr
+    assert "pip install 'execgate[daemon]'" in ran.stderr
+    assert "Traceback" not in ran.stderr
+
+
+def test_help_answers_on_a_thin_install() -> None:
     ran = _thin(
         """
         import sys
@@ -132,6 +146,5 @@ def test_the_console_script_on_a_thin_install_says_what_to_install() -> None:
         sys.exit(main(["--help"]))
         """
     )
-    assert ran.returncode == 2, ran.stderr
-    assert "pip install 'execgate[daemon]'" in ran.stderr
-    assert "Traceback" not in ran.stderr
+    assert ran.returncode == 0, ran.stderr
+    assert "serve" in ran.stdout

@@ -69,7 +69,7 @@ def otlp() -> Iterator[tuple[Receiver, int]]:
 
 def _traced_daemon(root: Path, endpoint: str, agent: str, approver: str) -> Daemon:
     root.mkdir(parents=True, exist_ok=True)
-    (root / "identities.yaml").write_text(_identities(agent, approver))
+    (root / "identities.yaml").write_text(_identities(agent, approver, new_token()))
     (root / "policy.yaml").write_text(POLICY)
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
