@@ -25,7 +25,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = sub.add_parser("policy", help="check, explain and test policy files (no daemon needed)")
     cmds = p.add_subparsers(dest="policy_command", metavar="COMMAND", required=True)
 
-    c = cmds.add_parser("check", help="validate policy files; file:line:column on errors")
+    c = cmds.add_parser(
+        "check", help="validate policy files; every error, at file:line:column"
+    )
     c.add_argument("files", nargs="+", type=Path)
     c.set_defaults(handler=_check)
 
@@ -65,7 +67,11 @@ def _check(args: argparse.Namespace) -> int:
         try:
             policy = load_policy(path)
         except PolicyError as exc:
-            print(f"FAIL {exc}")
+            errors = getattr(exc, "errors", (exc,))
+            for err in errors:
+                print(f"FAIL {err}")
+            if len(errors) > 1:
+                print(f"     {path}: {len(errors)} errors")
             bad += 1
             continue
         print(f"ok   {path}: {len(policy.rules)} rule(s), revision {policy.revision[:12]}")

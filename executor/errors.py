@@ -6,6 +6,7 @@
     ├── ConfigError               bad daemon configuration (CLI flags, paths)
     │   └── IdentityError         an identities file that cannot be loaded (file:line:column)
     └── PolicyError               a policy file that cannot be loaded
+        └── PolicyErrors          every error of one file (`.errors`), read as the first
 
 A `ToolError` raised by validation or a tool becomes that call's Outcome; it never
 reaches gRPC. Anything else escaping a tool becomes FAILURE/internal (read-only
@@ -13,6 +14,8 @@ tools) or UNKNOWN_OUTCOME/internal (writing tools) -- see `dispatch`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from .outcomes import ErrorClass, Status
 
@@ -61,6 +64,16 @@ class LocatedError(ExecgateError):
 
 class PolicyError(LocatedError):
     """A policy file that cannot be used."""
+
+
+class PolicyErrors(PolicyError):
+    """Every error of one policy file, in file order; located where the first one is."""
+
+    def __init__(self, errors: Sequence[LocatedError]) -> None:
+        first = errors[0]
+        Exception.__init__(self, "\n".join(str(e) for e in errors))
+        self.path, self.line, self.column = first.path, first.line, first.column
+        self.errors: tuple[LocatedError, ...] = tuple(errors)
 
 
 class IdentityError(LocatedError, ConfigError):

@@ -92,18 +92,39 @@ rules:
 """
 
 
-def test_explain_cli_uses_the_syntax(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_explain_cli_uses_the_syntax(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     policy = tmp_path / "p.yaml"
     policy.write_text(POLICY)
     assert main(["policy", "check", str(policy)]) == 0
     capsys.readouterr()
-    main(["policy", "explain", "--policy", str(policy), "--tool", "read_file",
-          "--path", "notes/2.md"])
+    main(
+        [
+            "policy",
+            "explain",
+            "--policy",
+            str(policy),
+            "--tool",
+            "read_file",
+            "--path",
+            "notes/2.md",
+        ]
+    )
     assert "decision: deny (numbered-notes)" in capsys.readouterr().out
-    assert main(["policy", "explain", "--policy", str(policy), "--tool", "read_file",
-                 "--path", "notes/b.md"]) == 0
+    assert (
+        main(
+            [
+                "policy",
+                "explain",
+                "--policy",
+                str(policy),
+                "--tool",
+                "read_file",
+                "--path",
+                "notes/b.md",
+            ]
+        )
+        == 0
+    )
     assert "decision: allow (reads)" in capsys.readouterr().out
 
 

@@ -26,7 +26,7 @@ def glob_match(name: str, pattern: str) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
-def _compiled(pattern: str) -> glob.WcMatcher:
+def _compiled(pattern: str) -> glob.WcMatcher[str]:
     text = pattern.lstrip("/")
     if text.endswith("/"):
         text = text.rstrip("/")
