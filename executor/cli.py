@@ -12,7 +12,7 @@ from pathlib import Path
 
 from execgate.client import DaemonUnavailable, ExecgateClientError
 
-from . import cli_client, cli_demo, cli_identity, cli_policy, cli_sandbox
+from . import cli_client, cli_demo, cli_identity, cli_policy, cli_sandbox, local_identities
 from .config import ServeConfig, parse_listener
 from .errors import ConfigError, PolicyError
 from .tools import Limits
@@ -148,7 +148,7 @@ def _serve(args: argparse.Namespace) -> int:
         reflection=args.reflection,
         test_tools=args.test_tools,
         allow_remote=args.allow_remote,
-        identities=args.identities,
+        identities=cli_identity.identities_file(args),
         tls=cli_identity.tls_files(args),
         locks=args.locks,
         lock_dir=args.lock_dir,
@@ -161,6 +161,13 @@ def _serve(args: argparse.Namespace) -> int:
             f"(workspace {config.workspace.resolve()}, journal {config.state_dir.resolve()})",
             flush=True,
         )
+        if args.local_identities:
+            tokens = local_identities.tokens_dir(config.state_dir).resolve()
+            print(
+                f"identities: agent and operator, tokens in {tokens} "
+                "(the CLI uses them: `execgate call` as agent, `execgate approvals` as operator)",
+                flush=True,
+            )
 
     from .server import serve
 

@@ -29,6 +29,8 @@ from execgate.client import (
 from execgate.client._transport import sync_channel
 from execgate.client.wire import resolve_address
 
+from .local_identities import cli_token
+
 STATUS_STYLE = {
     Status.SUCCESS: "green",
     Status.PARTIAL: "yellow",
@@ -114,8 +116,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     cli_kills.add_commands(sub, common)
 
 
-def _client(args: argparse.Namespace, *, run_id: str = "") -> Client:
-    return Client(args.addr, run_id=run_id, token=args.token, tls=_tls(args))
+def _client(args: argparse.Namespace, *, run_id: str = "", identity: str = "agent") -> Client:
+    """A client as --token, $EXECGATE_TOKEN, or else the local `identity`'s token beside
+    the daemon's socket (`make run`'s, see local_identities): `agent` makes calls,
+    `operator` decides approvals."""
+    token = args.token
+    if token is None:
+        token = cli_token(resolve_address(args.addr), identity)
+    return Client(args.addr, run_id=run_id, token=token, tls=_tls(args))
 
 
 def _tls(args: argparse.Namespace) -> TlsConfig | None:
@@ -244,6 +252,13 @@ def _calls_show(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
     for key in ("run_id", "call_id", "batch_id", "tool", "arguments_json", "agent", "may_write"):
         console.print(f"[bold]{key}[/bold]: {data[key]}")
+    if record.awaiting_approval:
+        who = ", ".join(record.approvers) or "an approver"
+        console.print(
+            f"[bold]state[/bold]: waiting for approval {record.awaiting_approval} "
+            f"(decided by {who}; expires {_when(record.approval_expires_at or 0.0)})"
+        )
+        return 0
     if record.outcome is None:
         console.print("[bold]state[/bold]: running")
         return 0

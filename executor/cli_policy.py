@@ -25,9 +25,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = sub.add_parser("policy", help="check, explain and test policy files (no daemon needed)")
     cmds = p.add_subparsers(dest="policy_command", metavar="COMMAND", required=True)
 
-    c = cmds.add_parser(
-        "check", help="validate policy files; every error, at file:line:column"
-    )
+    c = cmds.add_parser("check", help="validate policy files; every error, at file:line:column")
     c.add_argument("files", nargs="+", type=Path)
     c.set_defaults(handler=_check)
 

@@ -211,6 +211,10 @@ class ExecutorService(pb_grpc.ExecutorServicer):
             run_id, request.call_id, include_raw=request.include_raw
         )
         if rec is None:
+            # A parked call is journaled as its approval until it is decided.
+            parked = await self.dispatcher.approvals.parked(run_id, request.call_id)
+            if parked is not None:
+                return wire.parked_record(parked)
             await context.abort(
                 grpc.StatusCode.NOT_FOUND, f"no call {request.call_id!r} in run {run_id!r}"
             )

@@ -162,6 +162,25 @@ def record(r: CallRecord) -> pb.CallRecord:
     return msg
 
 
+def parked_record(a: Approval) -> pb.CallRecord:
+    """A call a policy `ask` rule holds: journaled as an approval, not yet as a call."""
+    return pb.CallRecord(
+        run_id=a.run_id,
+        call_id=a.call_id,
+        batch_id=a.batch_id,
+        tool=a.tool,
+        arguments_json=a.arguments_json,
+        idempotency_key=a.idempotency_key,
+        agent=a.requester,
+        state=pb.CALL_STATE_AWAITING_APPROVAL,
+        created_at=timestamp(a.created_at),
+        policy=pb.PolicyDecision(effect="ask", rule_ids=[a.rule_id], approvers=a.approvers),
+        approval_id=a.id,
+        approval_expires_at=timestamp(a.expires_at),
+        approvers=a.approvers,
+    )
+
+
 def call_filter(
     req: pb.ListCallsRequest, *, run_id: str, limit: int, before_seq: int
 ) -> CallFilter:
