@@ -24,11 +24,15 @@ from .dispatch import Dispatcher
 from .events import Event, EventKind
 from .identity import Role
 from .inflight import SHARED_RUN, CancelOrder, NotYours
+from .policy.explain import explain
+from .policy.model import memberships
 from .validate import MAX_ID_CHARS
 
 log = logging.getLogger("execgate.server")
 
 MAX_BATCH = 1000
+# Who may explain another identity's calls (ExplainPolicy): those who read or decide them.
+_EXPLAINS_ANYONE = frozenset({Role.OPERATOR, Role.APPROVER, Role.ADMIN})
 # Who may cancel anyone's calls; an agent cancels only its own.
 CANCELS_ANY = frozenset({Role.OPERATOR, Role.ADMIN})
 DEFAULT_RUN = SHARED_RUN
@@ -142,6 +146,31 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         rows = await self.dispatcher.explain(calls, agent=caller().name)
         root = str(self.dispatcher.workspace.root)
         return pb.ExplainResponse(calls=[wire.call_plan(r, root) for r in rows])
+
+    async def ExplainPolicy(
+        self,
+        request: pb.ExplainPolicyRequest,
+        context: grpc.aio.ServicerContext[pb.ExplainPolicyRequest, pb.ExplainPolicyResponse],
+    ) -> pb.ExplainPolicyResponse:
+        who = caller()
+        others = bool(request.agent and request.agent != who.name)
+        if (others or request.groups or request.roles) and not who.holds_any(_EXPLAINS_ANYONE):
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{who.name} explains only its own calls (agent, groups and roles are its "
+                "identity's); explaining another's needs operator, approver or admin",
+            )
+        if not request.tool or len(request.tool) > MAX_ID_CHARS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "tool: required, a tool name")
+        if max(len(request.paths), len(request.tables), len(request.hosts)) > MAX_BATCH:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "paths: too many")
+        given = others or bool(request.groups or request.roles)
+        member_of = memberships(request.groups, request.roles) if given else who.memberships()
+        try:
+            call = wire.policy_input(request, request.agent or who.name, member_of)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return wire.explanation(explain(self.dispatcher.policy, call))
 
     async def _batch(
         self, request: pb.ExecuteRequest, context: grpc.aio.ServicerContext[pb.ExecuteRequest, Any]
