@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from execgate.client import CallNotFound, Client, Status
+from execgate.client import CallNotFound, Client, Status, Unauthenticated
 from tests.daemon import Daemon
 from tests.support import wait_until
 
@@ -110,6 +110,22 @@ def test_local_identities_are_made_once_owner_only(made: Daemon) -> None:
     made.stop()
     made.restart()
     assert [f.read_text() for f in files] == before  # made once, kept
+
+
+def test_a_client_with_no_token_is_the_agent(made: Daemon) -> None:
+    # The README's Python example under `make run`: no token given, none in the
+    # environment; the client uses the agent token beside the socket.
+    env_token = os.environ.pop("EXECGATE_TOKEN", None)
+    try:
+        with Client(made.address) as eg:
+            out = eg.execute_one("noop")
+            assert out.status is Status.SUCCESS, out
+            assert eg.get_call(out.call_id).agent == "agent"
+        with Client(made.address, token="") as nobody, pytest.raises(Unauthenticated):
+            nobody.list_tools()  # an explicit "" is no token: refused
+    finally:
+        if env_token is not None:
+            os.environ["EXECGATE_TOKEN"] = env_token
 
 
 def test_readme_walkthrough_ask_list_approve_runs(made: Daemon) -> None:
