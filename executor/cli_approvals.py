@@ -6,7 +6,7 @@ import argparse
 import json
 
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from execgate.client import Approval, ApprovalState
 
@@ -48,7 +48,12 @@ def _list(args: argparse.Namespace) -> int:
     if args.json:
         _print_json([_jsonable(a) for a in pending])
         return 0
-    table = Table("approval", "requested", "by", "tool", "arguments", "rule", "expires")
+    # The id is what `approve ID` takes: never cut, whatever the terminal's width.
+    widest = max((len(a.approval_id) for a in pending), default=8)
+    table = Table(
+        Column("approval", no_wrap=True, min_width=widest),
+        "requested", "by", "tool", "arguments", "rule", "expires",
+    )  # fmt: skip
     for a in pending:
         table.add_row(
             a.approval_id,

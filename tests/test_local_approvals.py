@@ -60,7 +60,7 @@ def execgate(line: str, root: Path, sock: Path, **kw: object) -> subprocess.Pope
     argv = shlex.split(line)
     assert argv[0] == "execgate", line
     env = {k: v for k, v in os.environ.items() if k != "EXECGATE_TOKEN"}
-    env |= {"EXECGATE_ADDR": f"unix:{sock}", "COLUMNS": "200"}
+    env |= {"EXECGATE_ADDR": f"unix:{sock}", "COLUMNS": "80"}  # a terminal's width
     return subprocess.Popen(
         [*CLI, *argv[1:]], cwd=root, env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw,  # type: ignore[call-overload]
