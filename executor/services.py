@@ -243,7 +243,9 @@ class ExecutorService(pb_grpc.ExecutorServicer):
             # A parked call is journaled as its approval until it is decided.
             parked = await self.dispatcher.approvals.parked(run_id, request.call_id)
             if parked is not None:
-                return wire.parked_record(parked)
+                tool = self.dispatcher.tools.get(parked.tool)
+                # The tool's own answer: the call is validated again when it is decided.
+                return wire.parked_record(parked, may_write=tool is None or tool.spec.may_write)
             await context.abort(
                 grpc.StatusCode.NOT_FOUND, f"no call {request.call_id!r} in run {run_id!r}"
             )

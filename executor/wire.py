@@ -164,7 +164,7 @@ def record(r: CallRecord) -> pb.CallRecord:
     return msg
 
 
-def parked_record(a: Approval) -> pb.CallRecord:
+def parked_record(a: Approval, *, may_write: bool) -> pb.CallRecord:
     """A call a policy `ask` rule holds: journaled as an approval, not yet as a call."""
     return pb.CallRecord(
         run_id=a.run_id,
@@ -175,6 +175,7 @@ def parked_record(a: Approval) -> pb.CallRecord:
         idempotency_key=a.idempotency_key,
         agent=a.requester,
         state=pb.CALL_STATE_AWAITING_APPROVAL,
+        may_write=may_write,
         created_at=timestamp(a.created_at),
         policy=pb.PolicyDecision(effect="ask", rule_ids=[a.rule_id], approvers=a.approvers),
         approval_id=a.id,

@@ -201,6 +201,7 @@ def test_an_undecided_call_is_visible_then_expires_rejected(tmp_path: Path) -> N
             assert approval_id.startswith("appr_"), record
             assert record.outcome is None
             assert record.agent == "agent"
+            assert record.may_write  # run_command may change the workspace
             assert record.approvers == ("approver",)
             assert record.approval_expires_at is not None
             assert record.approval_expires_at > record.created_at
