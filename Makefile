@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PROTOS := $(wildcard proto/execgate/v1/*.proto)
 
-.PHONY: run test test-ts install proto lint typecheck bench fuzz clean
+.PHONY: run test test-ts test-image install proto lint typecheck bench fuzz clean
 
 # `make run`'s daemon: the shipped policy, and an `agent` and an `operator` identity made
 # once under ./var/ (tokens in var/tokens/, owner-only; see executor/local_identities.py).
@@ -17,6 +17,11 @@ run: $(STAMP)
 
 test: $(STAMP) test-ts
 	$(BIN)/python -m pytest
+
+# The daemon's Docker image, built offline (a debootstrap base, wheels from the host)
+# and run: a call through its socket in its bwrap sandbox. Minutes; .ci/run runs it.
+test-image: $(STAMP)
+	$(BIN)/python -m pytest -m image
 
 # The TypeScript client (client/typescript): install from its lockfile, generate the
 # protobuf code from proto/ and compile, then its tests (node --test) against real
@@ -31,7 +36,7 @@ test-ts: $(STAMP)
 $(STAMP): pyproject.toml setup.py $(PROTOS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --progress-bar on -e '.[daemon,test]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -67,6 +72,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/schedule.py
 	$(BIN)/python bench/cancel.py
 	$(BIN)/python bench/loop.py
+	$(BIN)/python bench/memory.py
 
 clean:
 	rm -rf $(VENV) gen build *.egg-info .pytest_cache

@@ -125,6 +125,7 @@ class AsyncClient:
         tool: str = "",
         limit: int = 100,
         since: float | None = None,
+        finished_since: float | None = None,
     ) -> list[CallRecord]:
         records: list[CallRecord] = []
         token = ""
@@ -136,6 +137,7 @@ class AsyncClient:
                 limit=min(limit - len(records), 1000),
                 page_token=token,
                 since=since,
+                finished_since=finished_since,
             )
             try:
                 response = await self._stub.ListCalls(request, metadata=self._metadata)

@@ -73,11 +73,16 @@ class Client:
         batch_id: str = "",
         progress: bool = True,
         deadline: float | None = None,
+        timeout: float | None = None,
     ) -> Iterator[Event]:
-        """Every event of the batch as it happens: queued, started, finished."""
+        """Every event of the batch as it happens: queued, started, finished.
+
+        `timeout`: seconds this client waits for the stream (RequestError
+        DEADLINE_EXCEEDED after); unlike `deadline` it stops nothing at the daemon.
+        """
         request = wire.execute_request(calls, self._run(run_id), batch_id, not progress, deadline)
         try:
-            for msg in self._stub.Execute(request, metadata=self._metadata):
+            for msg in self._stub.Execute(request, metadata=self._metadata, timeout=timeout):
                 yield wire.event(msg)
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address) from exc
@@ -138,9 +143,11 @@ class Client:
         tool: str = "",
         limit: int = 100,
         since: float | None = None,
+        finished_since: float | None = None,
     ) -> list[CallRecord]:
         """Newest first, following pages until `limit` records; `since`: calls created at
-        or after this time (epoch seconds)."""
+        or after this time (epoch seconds); `finished_since`: calls whose outcome was
+        recorded at or after it."""
         records: list[CallRecord] = []
         token = ""
         while len(records) < limit:
@@ -151,6 +158,7 @@ class Client:
                 limit=min(limit - len(records), 1000),
                 page_token=token,
                 since=since,
+                finished_since=finished_since,
             )
             try:
                 response = self._stub.ListCalls(request, metadata=self._metadata)

@@ -44,10 +44,18 @@ class CallNotFound(ExecgateClientError):
 
 
 class RequestError(ExecgateClientError):
-    def __init__(self, code: str, details: str) -> None:
+    """The daemon refused the request itself (not one call of it).
+
+    `error_class` and `field` say why and where for a malformed request (the daemon's
+    `execgate-error-class` / `execgate-field` trailing metadata): `out_of_range` and
+    `calls[0].timeout`, say; "" when the daemon did not say."""
+
+    def __init__(self, code: str, details: str, error_class: str = "", field: str = "") -> None:
         super().__init__(f"{code}: {details}")
         self.code = code
         self.details = details
+        self.error_class = error_class
+        self.field = field
 
 
 class Unauthenticated(ExecgateClientError):

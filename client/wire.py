@@ -278,6 +278,7 @@ def list_request(
     limit: int,
     page_token: str,
     since: float | None = None,
+    finished_since: float | None = None,
 ) -> pb.ListCallsRequest:
     request = pb.ListCallsRequest(
         run_id=run_id,
@@ -292,6 +293,8 @@ def list_request(
     )
     if since is not None:
         request.since.FromNanoseconds(round(since * 1e9))
+    if finished_since is not None:
+        request.finished_since.FromNanoseconds(round(finished_since * 1e9))
     return request
 
 
@@ -328,4 +331,13 @@ def translate(
         return Unauthenticated(address, details or "")
     if code is grpc.StatusCode.PERMISSION_DENIED:
         return PermissionDenied(address, details or "")
-    return RequestError(code.name if code else "UNKNOWN", details or "")
+    pairs = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    # grpc-stubs type the items as objects with .key/.value; at run time they are pairs.
+    items = cast("Iterable[tuple[str, str]]", pairs or ())
+    trailers = {str(k): str(v) for k, v in items}
+    return RequestError(
+        code.name if code else "UNKNOWN",
+        details or "",
+        error_class=trailers.get("execgate-error-class", ""),
+        field=trailers.get("execgate-field", ""),
+    )

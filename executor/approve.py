@@ -40,6 +40,7 @@ from .calls import ValidCall
 from .cancel import CancelScope
 from .errors import ExecgateError, ToolError
 from .events import Batch, EventKind
+from .fanout import Closed, Fanout
 from .identity import Identity, Role
 from .journal import Journal, PolicyRecord
 from .outcomes import ErrorClass, Status
@@ -94,8 +95,8 @@ class Approvals:
         # Invariant: an id here is a row in state pending whose call awaits the
         # future; the future is resolved only after the row's decision is on disk.
         self._waiting: dict[str, asyncio.Future[Approval]] = {}
-        # One queue per Watch stream; None tells it the daemon is closing.
-        self._watchers: set[asyncio.Queue[Approval | None]] = set()
+        # The Watch streams, each with a bounded backlog (fanout.MAX_BACKLOG).
+        self._watchers: Fanout[Approval] = Fanout()
         # Set when the daemon stops: a parked call stopped now is detached (its
         # approval stays pending for the next daemon), not expired.
         self._detaching = False
@@ -261,17 +262,21 @@ class Approvals:
     async def watch(self) -> AsyncGenerator[Approval, None]:
         """Every pending approval, then every change, until `close`.
 
-        An approval created while the pending ones are read may be sent twice.
+        An approval created while the pending ones are read may be sent twice. Raises
+        fanout.Lagging if the stream's client falls MAX_BACKLOG changes behind.
         """
-        queue: asyncio.Queue[Approval | None] = asyncio.Queue()
-        self._watchers.add(queue)
+        watcher = self._watchers.subscribe()
         try:
             for approval in await self.pending():
                 yield approval
-            while (item := await queue.get()) is not None:
+            while True:
+                try:
+                    item = await watcher.get()
+                except Closed:
+                    return
                 yield item
         finally:
-            self._watchers.discard(queue)
+            self._watchers.unsubscribe(watcher)
 
     def waiting(self) -> int:
         """Calls parked here now."""
@@ -287,8 +292,7 @@ class Approvals:
 
     def close(self) -> None:
         """End every Watch stream (the daemon is stopping)."""
-        for queue in self._watchers:
-            queue.put_nowait(None)
+        self._watchers.close("the daemon is stopping")
 
     async def _transition(
         self, approval_id: str, state: ApprovalState, by: str, comment: str
@@ -312,8 +316,7 @@ class Approvals:
         return await self.journal.read(lambda c: _rows(c, where, params))
 
     def _publish(self, approval: Approval) -> None:
-        for queue in self._watchers:
-            queue.put_nowait(approval)
+        self._watchers.publish(approval)
 
 
 def _settled(a: Approval) -> str:

@@ -10,10 +10,13 @@ from pathlib import Path
 
 from . import clock
 from .calls import ValidCall
+from .errors import ToolError
 from .inflight import Active
 from .journal import PolicyRecord
+from .outcomes import ErrorClass, Status
 from .paths import Workspace
 from .policy import Decision, Effect, Policy, PolicyInput
+from .policy.model import Undecided
 
 log = logging.getLogger("execgate.dispatch")
 
@@ -39,7 +42,15 @@ class Authorizer:
         decision unless it denies (then raise the REJECTED ToolError)."""
         began = clock.now()
         active.policy_input = self.input_for(call, agent)
-        decision = self.policy.decide(active.policy_input)
+        try:
+            decision = self.policy.decide(active.policy_input)
+        except Undecided as exc:
+            raise ToolError(
+                ErrorClass.POLICY_DENIED,
+                str(exc),
+                field=f"arguments.{exc.arg}",
+                status=Status.REJECTED,
+            ) from None
         active.policy_span = (began, clock.now())
         active.effects = call.effects
         shadow = tuple(f"{rule}:{effect.value}" for rule, effect in decision.shadow)

@@ -1,179 +1,130 @@
-"""`execgate`: the daemon (`serve`) and the operator/developer commands that talk to it."""
+"""`execgate`: the daemon (`serve`) and the operator/developer commands that talk to it.
+
+`execgate --help` and `--version` import no command: each command's module (and with it
+grpc, rich, the client or the daemon) is imported only when that command is the one run.
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import logging
+import importlib
+import signal
 import sys
-from collections.abc import Sequence
-from dataclasses import replace
-from pathlib import Path
+from collections.abc import Callable, Sequence
 
-from execgate.client import DaemonUnavailable, ExecgateClientError
-
-from . import cli_client, cli_demo, cli_identity, cli_policy, cli_sandbox, local_identities
-from .config import ServeConfig, parse_listener
-from .errors import ConfigError, PolicyError
-from .tools import Limits
+from .cli_options import Parser
 
 EX_UNAVAILABLE = 69
 
+# command -> (module that registers it, its one-line help). The module's registrar adds
+# every command it owns; the others appear as help-only entries.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("cli_serve", "run the daemon in the foreground"),
+    "tools": ("cli_client", "list the daemon's tools"),
+    "call": ("cli_client", "run one tool call"),
+    "calls": ("cli_client", "read the journal: list, show"),
+    "cancel": ("cli_client", "stop a call, a batch or a run"),
+    "explain": ("cli_client", "show how a batch would be scheduled, run nothing"),
+    "health": ("cli_client", "exit 0 if the daemon is serving"),
+    "approvals": ("cli_client", "calls a policy `ask` rule parked: list, watch, approve, deny"),
+    "runs": ("cli_client", "runs recorded by the daemon: list, show, cancel"),
+    "trace": ("cli_client", "a run's calls on a timeline (terminal, JSON or HTML)"),
+    "kills": ("cli_client", "calls the daemon force-terminated, and how"),
+    "doctor": ("cli_sandbox", "which sandbox backends work on this machine"),
+    "policy": ("cli_policy", "check, explain and test policy files (no daemon needed)"),
+    "token": ("cli_identity", "bearer tokens for the identities file"),
+    "demo": ("cli_demo", "run a scripted agent against a daemon, narrated"),
+}
+REGISTRAR = {
+    "cli_serve": "add_command",
+    "cli_client": "add_commands",
+    "cli_sandbox": "add_doctor",
+    "cli_policy": "add_commands",
+    "cli_identity": "add_commands",
+    "cli_demo": "add_command",
+}
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+
+def main(argv: Sequence[str] | None = None, *, own_process: bool = False) -> int:
+    """Run one command. `own_process`: this is the `execgate` process itself (the console
+    script, `python -m`), so it may set process-wide signal dispositions; a caller that
+    runs commands in-process (tests, embedding) keeps its own."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(only=command)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
+    if own_process and args.command != "serve":
+        # `execgate … | head`: the reader went away; end as a Unix tool does, no traceback.
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         return int(args.handler(args))
-    except (ConfigError, PolicyError) as exc:
-        print(f"execgate: {exc}", file=sys.stderr)
-        return 2
-    except ExecgateClientError as exc:
-        print(f"execgate: {exc}", file=sys.stderr)
-        return EX_UNAVAILABLE if isinstance(exc, DaemonUnavailable) else 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        return _report(exc)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="execgate", description=__doc__)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    _serve_parser(sub)
-    cli_client.add_commands(sub)
-    cli_sandbox.add_doctor(sub)
-    cli_policy.add_commands(sub)
-    cli_identity.add_commands(sub)
-    cli_demo.add_command(sub)
+def _report(exc: Exception) -> int:
+    """The exit status for an error meant for the user; anything else propagates."""
+    from execgate.client import DaemonUnavailable, ExecgateClientError
+
+    from .errors import ConfigError, PolicyError
+
+    if isinstance(exc, (ConfigError, PolicyError)):
+        print(f"execgate: {exc}", file=sys.stderr)
+        return 2
+    if isinstance(exc, ExecgateClientError):
+        print(f"execgate: {exc}", file=sys.stderr)
+        return EX_UNAVAILABLE if isinstance(exc, DaemonUnavailable) else 1
+    raise exc
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with `only`, just that command's module is imported (all when None
+    is not a command: help-only entries for each)."""
+    parser = Parser(prog="execgate", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"execgate {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    loaded: set[str] = set()
+    modules = [COMMANDS[only][0]] if only in COMMANDS else []
+    for name in modules:
+        before = set(sub.choices)
+        _registrar(name)(sub)
+        loaded |= set(sub.choices) - before
+    for name, (_, text) in COMMANDS.items():
+        if name not in loaded:
+            sub.add_parser(name, help=text, add_help=False)
+    # Keep `--help`'s list in COMMANDS's order whatever was loaded first.
+    sub._choices_actions.sort(key=lambda a: list(COMMANDS).index(a.dest))
     return parser
 
 
-def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("serve", help="run the daemon in the foreground")
-    p.add_argument(
-        "--listen",
-        action="append",
-        default=[],
-        metavar="ADDR",
-        help="unix:PATH or HOST:PORT; repeatable (default: unix:STATE_DIR/execgate.sock)",
-    )
-    p.add_argument(
-        "--workspace",
-        type=Path,
-        default=Path("workspace"),
-        help="root directory tools work in (default: ./workspace)",
-    )
-    p.add_argument(
-        "--state-dir",
-        type=Path,
-        default=Path("var"),
-        help="journal and socket directory, mode 0700 (default: ./var)",
-    )
-    p.add_argument(
-        "--policy",
-        type=Path,
-        default=None,
-        help="policy file (default: the shipped policies/default.yaml)",
-    )
-    p.add_argument(
-        "--grace",
-        type=float,
-        default=Limits().grace,
-        help="seconds between SIGTERM and SIGKILL when a call is stopped",
-    )
-    p.add_argument(
-        "--default-timeout",
-        type=float,
-        default=Limits().default_timeout,
-        help="seconds a call may run unless it asks for less",
-    )
-    p.add_argument(
-        "--output-cap",
-        type=int,
-        default=Limits().output_cap_bytes,
-        help="bytes of result text returned to the model",
-    )
-    p.add_argument(
-        "--file-cap",
-        type=int,
-        default=Limits().file_cap_bytes,
-        help="bytes: the largest file the file tools read whole or produce (edit_file); "
-        f"default {Limits().file_cap_bytes}",
-    )
-    p.add_argument(
-        "--locks",
-        default="inprocess",
-        choices=["inprocess", "filelock", "none"],
-        help="lock backend: inprocess (default); filelock when several daemons share a "
-        "workspace; none turns scheduling off (tests only, with --test-tools)",
-    )
-    p.add_argument(
-        "--lock-dir",
-        type=Path,
-        default=None,
-        help="filelock backend directory (default: per workspace, ~/.cache/execgate)",
-    )
-    p.add_argument("--reflection", action="store_true", help="serve gRPC server reflection")
-    p.add_argument("--test-tools", action="store_true", help="also serve the `noop` probe tool")
-    p.add_argument(
-        "--allow-remote",
-        action="store_true",
-        help="permit plaintext (non-TLS) TCP listeners on non-loopback addresses",
-    )
-    cli_identity.add_serve_args(p)
-    cli_sandbox.add_serve_args(p)
-    p.add_argument("--log-level", default="INFO")
-    p.set_defaults(handler=_serve)
+def full_parser() -> argparse.ArgumentParser:
+    """Every command's real parser (tests walk it)."""
+    parser = Parser(prog="execgate")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for name in dict.fromkeys(module for module, _ in COMMANDS.values()):
+        _registrar(name)(sub)
+    return parser
 
 
-def _serve(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    limits = replace(
-        Limits(),
-        grace=args.grace,
-        default_timeout=args.default_timeout,
-        output_cap_bytes=args.output_cap,
-        file_cap_bytes=args.file_cap,
-    )
-    config = ServeConfig(
-        state_dir=args.state_dir,
-        workspace=args.workspace,
-        listen=tuple(parse_listener(a) for a in args.listen),
-        policy=args.policy,
-        limits=limits,
-        reflection=args.reflection,
-        test_tools=args.test_tools,
-        allow_remote=args.allow_remote,
-        identities=cli_identity.identities_file(args),
-        tls=cli_identity.tls_files(args),
-        locks=args.locks,
-        lock_dir=args.lock_dir,
-        sandbox=cli_sandbox.config_from(args),
-    )
+def _registrar(module: str) -> Callable[[argparse._SubParsersAction[Parser]], None]:
+    mod = importlib.import_module(f"{__package__}.{module}")
+    fn: Callable[[argparse._SubParsersAction[Parser]], None] = getattr(mod, REGISTRAR[module])
+    return fn
 
-    def ready(addresses: list[str]) -> None:
-        print(
-            f"execgate listening on {', '.join(addresses)} "
-            f"(workspace {config.workspace.resolve()}, journal {config.state_dir.resolve()})",
-            flush=True,
-        )
-        if args.local_identities:
-            tokens = local_identities.tokens_dir(config.state_dir).resolve()
-            print(
-                f"identities: agent and operator, tokens in {tokens} "
-                "(the CLI uses them: `execgate call` as agent, `execgate approvals` as operator)",
-                flush=True,
-            )
 
-    from .server import serve
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
 
-    asyncio.run(serve(config, on_ready=ready))
-    return 0
+    try:
+        return version("execgate")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(own_process=True))

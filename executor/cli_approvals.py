@@ -6,11 +6,12 @@ import argparse
 import json
 
 from rich.console import Console
-from rich.table import Column, Table
 
 from execgate.client import Approval, ApprovalState
 
+from . import cli_lookup
 from .cli_client import _client, _jsonable, _print_json, _when
+from .cli_table import Col, print_table
 
 STATE_STYLE = {
     ApprovalState.PENDING: "yellow",
@@ -33,11 +34,11 @@ def add_commands(
     )
     p.set_defaults(handler=_watch)
     p = approvals.add_parser("approve", parents=[common], help="let a parked call run")
-    p.add_argument("approval_id")
+    p.add_argument("approval_id", help="an approval id, or a unique prefix of one")
     p.add_argument("--comment", default="", help="recorded with the decision")
     p.set_defaults(handler=_approve)
     p = approvals.add_parser("deny", parents=[common], help="refuse a parked call")
-    p.add_argument("approval_id")
+    p.add_argument("approval_id", help="an approval id, or a unique prefix of one")
     p.add_argument("--comment", required=True, help="why; the agent receives it")
     p.set_defaults(handler=_deny)
 
@@ -48,23 +49,32 @@ def _list(args: argparse.Namespace) -> int:
     if args.json:
         _print_json([_jsonable(a) for a in pending])
         return 0
-    # The id is what `approve ID` takes: never cut, whatever the terminal's width.
-    widest = max((len(a.approval_id) for a in pending), default=8)
-    table = Table(
-        Column("approval", no_wrap=True, min_width=widest),
-        "requested", "by", "tool", "arguments", "rule", "expires",
-    )  # fmt: skip
-    for a in pending:
-        table.add_row(
+    columns = [
+        Col("approval", keep=True, style="bold"),
+        Col("run", keep=True),
+        Col("call", keep=True),
+        Col("by"),
+        Col("tool"),
+        Col("arguments"),
+        Col("rule"),
+        Col("requested"),
+        Col("expires"),
+    ]
+    rows = [
+        [
             a.approval_id,
-            _when(a.created_at),
+            a.run_id,
+            a.call_id,
             a.requester,
             a.tool,
             a.arguments_json,
             f"{a.rule_id}: {a.reason}" if a.reason else a.rule_id,
+            _when(a.created_at),
             _when(a.expires_at),
-        )
-    Console().print(table)
+        ]
+        for a in pending
+    ]
+    print_table(Console(highlight=False), columns, rows, title=f"pending approvals: {len(rows)}")
     return 0
 
 
@@ -81,13 +91,13 @@ def _watch(args: argparse.Namespace) -> int:
 
 def _approve(args: argparse.Namespace) -> int:
     with _client(args, identity="operator") as client:
-        decided = client.approve(args.approval_id, args.comment)
+        decided = client.approve(cli_lookup.approval(client, args.approval_id), args.comment)
     return _show(args, decided)
 
 
 def _deny(args: argparse.Namespace) -> int:
     with _client(args, identity="operator") as client:
-        decided = client.deny(args.approval_id, args.comment)
+        decided = client.deny(cli_lookup.approval(client, args.approval_id), args.comment)
     return _show(args, decided)
 
 

@@ -15,43 +15,25 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
-from rich.table import Table
 
 from execgate.client import (
     Call,
     CallPlan,
     Client,
     DaemonUnavailable,
-    Outcome,
     Status,
     TlsConfig,
 )
 from execgate.client._transport import sync_channel
 from execgate.client.wire import resolve_address
 
+from . import cli_lookup, cli_options, cli_show
+from .cli_table import Col, print_table
 from .local_identities import cli_token
-
-STATUS_STYLE = {
-    Status.SUCCESS: "green",
-    Status.PARTIAL: "yellow",
-    Status.FAILURE: "red",
-    Status.REJECTED: "magenta",
-    Status.UNKNOWN_OUTCOME: "bold red",
-}
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--addr", help="daemon address (default: $EXECGATE_ADDR or unix:var/execgate.sock)"
-    )
-    common.add_argument("--json", action="store_true", help="machine-readable output")
-    common.add_argument(
-        "--token", default=None, help="bearer token of your identity (default: $EXECGATE_TOKEN)"
-    )
-    common.add_argument("--tls-ca", type=Path, metavar="PEM", help="CA of the daemon's cert")
-    common.add_argument("--tls-cert", type=Path, metavar="PEM", help="your client certificate")
-    common.add_argument("--tls-key", type=Path, metavar="PEM", help="its private key")
+    common = cli_options.common()
 
     p = sub.add_parser("tools", parents=[common], help="list the daemon's tools")
     p.set_defaults(handler=_tools)
@@ -67,32 +49,53 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p.add_argument("--args-json", default=None, help="all arguments as one JSON object")
     p.add_argument("--run", default="", help="run id (default: the implicit run)")
-    p.add_argument("--call-id", default="")
-    p.add_argument("--idempotency-key", default="")
-    p.add_argument("--timeout", type=float, default=None, help="seconds")
+    p.add_argument("--call-id", default="", help="the call's id (default: the client makes one)")
+    p.add_argument("--idempotency-key", default="", help="replays the first outcome under this key")
+    p.add_argument(
+        "--timeout", type=float, default=None, help="seconds (default: the policy's or daemon's)"
+    )
+    p.add_argument(
+        "--progress-every",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="while it waits or runs, say so on stderr this often (0: only at each change)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(handler=_call)
 
     calls = sub.add_parser("calls", help="read the journal").add_subparsers(
         dest="calls_cmd", required=True
     )
     p = calls.add_parser("list", parents=[common], help="recent calls, newest first")
-    p.add_argument("--run", default="")
-    p.add_argument("--status", action="append", default=[], choices=[s.value for s in Status])
-    p.add_argument("--tool", default="")
-    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--run", default="", help="only this run's calls (default: every run)")
+    p.add_argument(
+        "--status",
+        action="append",
+        default=[],
+        choices=[s.value for s in Status],
+        help="only calls that ended so; repeatable (default: any)",
+    )
+    p.add_argument("--tool", default="", help="only this tool's calls (default: any)")
+    p.add_argument("--limit", type=int, default=50, help="at most this many calls")
     p.set_defaults(handler=_calls_list)
     p = calls.add_parser("show", parents=[common], help="one call's full record")
-    p.add_argument("call_id")
-    p.add_argument("--run", default="")
+    p.add_argument("call_id", help="a call id, or a unique prefix of one")
+    p.add_argument("--run", default="", help="the call's run (default: any run)")
     p.add_argument("--raw", action="store_true", help="include the raw result")
     p.set_defaults(handler=_calls_show)
 
     p = sub.add_parser("cancel", parents=[common], help="stop a call, a batch or a run")
-    p.add_argument("--run", default="")
-    p.add_argument("--call", default="")
-    p.add_argument("--batch", default="")
-    p.add_argument("--reason", default="cancelled from the CLI")
-    p.add_argument("--grace", type=float, default=None)
+    p.add_argument("--run", default="", help="every call of this run")
+    p.add_argument("--call", default="", help="this call (an id or a unique prefix)")
+    p.add_argument("--batch", default="", help="every call of this batch")
+    p.add_argument("--reason", default="cancelled from the CLI", help="recorded with the cancel")
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=None,
+        help="seconds between SIGTERM and SIGKILL (default: the call's own)",
+    )
     p.set_defaults(handler=_cancel)
 
     p = sub.add_parser(
@@ -102,7 +105,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "batch",
         help='a JSON file (or - for stdin): [{"tool": ..., "arguments": {...}, "call_id": ...}]',
     )
-    p.add_argument("--run", default="")
+    p.add_argument("--run", default="", help="run id (default: the implicit run)")
     p.set_defaults(handler=_explain)
 
     p = sub.add_parser("health", parents=[common], help="exit 0 if the daemon is serving")
@@ -141,7 +144,9 @@ def _tools(args: argparse.Namespace) -> int:
     if args.json:
         _print_json([dataclasses.asdict(t) for t in tools])
         return 0
-    table = Table("tool", "effects", "arguments", "description", title="execgate tools")
+    columns = [Col("tool", keep=True, style="bold"), Col("effects"), Col("arguments")]
+    columns.append(Col("description"))
+    rows = []
     for t in tools:
         effects = (
             "read-only" if t.read_only else "writes" + (", destructive" if t.destructive else "")
@@ -149,28 +154,16 @@ def _tools(args: argparse.Namespace) -> int:
         props = t.input_schema.get("properties", {})
         required = set(t.input_schema.get("required", []))
         names = ", ".join(n + ("" if n in required else "?") for n in props)
-        table.add_row(t.name, effects, names, t.description.split(". ")[0])
-    Console().print(table)
+        rows.append([t.name, effects, names, t.description.split(". ")[0]])
+    print_table(Console(highlight=False), columns, rows, title="execgate tools")
     return 0
 
 
 def _call(args: argparse.Namespace) -> int:
+    from .cli_call import run_call
+
     with _client(args, run_id=args.run) as client:
-        arguments = _arguments(client, args)
-        outcome = client.run(
-            Call(
-                tool=args.tool,
-                arguments=arguments,
-                call_id=args.call_id,
-                idempotency_key=args.idempotency_key,
-                timeout=args.timeout,
-            )
-        )
-    if args.json:
-        _print_json(_jsonable(outcome))
-    else:
-        _print_outcome(outcome)
-    return 0 if outcome.status is Status.SUCCESS else 1
+        return run_call(args, client, _arguments(client, args))
 
 
 def _arguments(client: Client, args: argparse.Namespace) -> dict[str, Any] | str:
@@ -196,21 +189,6 @@ def _json_or_text(value: str) -> Any:
         return value
 
 
-def _print_outcome(o: Outcome) -> None:
-    console = Console(highlight=False)
-    style = STATUS_STYLE[o.status]
-    head = f"[{style}]{o.status.value.upper()}[/{style}]"
-    if o.error_class != "none":
-        head += f" {o.error_class}"
-    if o.field:
-        head += f" (field {o.field})"
-    console.print(f"{head}  call {o.call_id}" + (f"  — {o.message}" if o.message else ""))
-    if o.text:
-        sys.stdout.write(o.text if o.text.endswith("\n") else o.text + "\n")
-    if o.truncated:
-        console.print(f"[yellow]… truncated: {o.returned_bytes} of {o.total_bytes} bytes[/yellow]")
-
-
 def _calls_list(args: argparse.Namespace) -> int:
     with _client(args) as client:
         records = client.list_calls(
@@ -222,68 +200,66 @@ def _calls_list(args: argparse.Namespace) -> int:
     if args.json:
         _print_json([_jsonable(r) for r in records])
         return 0
-    table = Table("created", "run", "call", "tool", "status", "class", "ms")
+    columns = [
+        Col("call", keep=True, style="bold"),
+        Col("run", keep=True),
+        Col("status", keep=True),
+        Col("tool"),
+        Col("class"),
+        Col("ms", justify="right"),
+        Col("created"),
+    ]
+    rows = []
     for r in records:
         o = r.outcome
-        status = "running" if o is None else o.status.value
         ms = ""
         if o is not None and o.timeline:
             ms = f"{(o.timeline[-1].at - o.timeline[0].at) * 1000:.1f}"
-        table.add_row(
-            _when(r.created_at),
-            r.run_id,
-            r.call_id,
-            r.tool,
-            status,
-            "" if o is None else o.error_class,
-            ms,
+        rows.append(
+            [
+                r.call_id,
+                r.run_id,
+                "running" if o is None else o.status.value,
+                r.tool,
+                "" if o is None else o.error_class,
+                ms,
+                _when_short(r.created_at),
+            ]
         )
-    Console().print(table)
+    print_table(Console(highlight=False), columns, rows, title=f"calls: {len(rows)}")
     return 0
 
 
 def _calls_show(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        record = client.get_call(args.call_id, run_id=args.run, include_raw=args.raw)
-    data = _jsonable(record)
+        record = cli_lookup.call(client, args.call_id, args.run, raw=args.raw)
     if args.json:
-        _print_json(data)
+        _print_json(_jsonable(record))
         return 0
-    console = Console(highlight=False)
-    for key in ("run_id", "call_id", "batch_id", "tool", "arguments_json", "agent", "may_write"):
-        console.print(f"[bold]{key}[/bold]: {data[key]}")
-    if record.awaiting_approval:
-        who = ", ".join(record.approvers) or "an approver"
-        console.print(
-            f"[bold]state[/bold]: waiting for approval {record.awaiting_approval} "
-            f"(decided by {who}; expires {_when(record.approval_expires_at or 0.0)})"
-        )
-        return 0
-    if record.outcome is None:
-        console.print("[bold]state[/bold]: running")
-        return 0
-    _print_outcome(record.outcome)
-    for m in record.outcome.timeline:
-        console.print(f"  {_when(m.at)}  {m.phase}" + (f"  {m.detail}" if m.detail else ""))
-    if args.raw:
-        console.print(f"[bold]raw_result[/bold]: {record.raw_result}")
+    cli_show.print_record(Console(highlight=False), record, raw=args.raw)
     return 0
 
 
 def _cancel(args: argparse.Namespace) -> int:
     with _client(args) as client:
+        run_id, call_id = args.run, args.call
+        if call_id:
+            record = cli_lookup.call(client, call_id, run_id)
+            run_id, call_id = record.run_id, record.call_id
         hit = client.cancel(
-            run_id=args.run,
-            call_id=args.call,
+            run_id=run_id,
+            call_id=call_id,
             batch_id=args.batch,
             reason=args.reason,
             grace=args.grace,
             requester=f"cli user {getpass.getuser()}",
         )
+    where = run_id or cli_lookup.DEFAULT_RUN
     if args.json:
-        _print_json({"cancelled": hit})
+        _print_json({"run_id": where, "cancelled": hit})
     else:
-        print(f"cancel reached {len(hit)} call(s)" + (": " + ", ".join(hit) if hit else ""))
+        reached = ": " + ", ".join(hit) if hit else ""
+        print(f"cancel reached {len(hit)} call(s) of run {where}{reached}")
     return 0
 
 
@@ -298,25 +274,34 @@ def _explain(args: argparse.Namespace) -> int:
     if args.json:
         _print_json([_jsonable(p) for p in plans])
         return 0
-    table = Table(
-        "#", "call", "tool", "writes", "resources", "waits for", "policy", title="lock plan"
-    )
+    columns = [
+        Col("#", justify="right", min_width=2),
+        Col("call", keep=True, style="bold"),
+        Col("tool", keep=True),
+        Col("writes", min_width=3),
+        Col("resources"),
+        Col("waits for"),
+        Col("policy"),
+    ]
+    rows = []
     for p in plans:
         if p.rejected is not None:
             what = f"REJECTED {p.rejected.error_class}: {p.rejected.message}"
-            table.add_row(str(p.index), p.call_id, p.tool, "", what, "", _policy_cell(p))
+            rows.append([str(p.index), p.call_id, p.tool, "", what, "", _policy_cell(p)])
             continue
         claims = "\n".join(f"{mode} {key}" for key, mode in p.claims)
-        table.add_row(
-            str(p.index),
-            p.call_id,
-            p.tool,
-            "yes" if p.may_write else "no",
-            claims,
-            ", ".join(p.waits_for) or "-",
-            _policy_cell(p),
+        rows.append(
+            [
+                str(p.index),
+                p.call_id,
+                p.tool,
+                "yes" if p.may_write else "no",
+                claims,
+                ", ".join(p.waits_for) or "-",
+                _policy_cell(p),
+            ]
         )
-    Console().print(table)
+    print_table(Console(highlight=False), columns, rows, title="lock plan")
     return 0
 
 
@@ -344,12 +329,21 @@ def _health(args: argparse.Namespace) -> int:
             print(f"execgate: not serving at {address}: {exc.code().name}", file=sys.stderr)
             return 1
     serving = reply.status == health_pb2.HealthCheckResponse.SERVING
-    print("SERVING" if serving else health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    if args.json:
+        _print_json({"address": address, "status": status, "serving": serving})
+    else:
+        print(status)
     return 0 if serving else 1
 
 
 def _when(seconds: float) -> str:
     return datetime.datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _when_short(seconds: float) -> str:
+    """`12-02 03:44:56`: wraps at the space into a narrow column."""
+    return datetime.datetime.fromtimestamp(seconds).strftime("%m-%d %H:%M:%S")
 
 
 def _jsonable(value: Any) -> Any:

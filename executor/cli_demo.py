@@ -23,8 +23,9 @@ from pathlib import Path
 
 from execgate.client import Client, Event, EventKind, Loop
 from execgate.client.loop.states import Transition
-from execgate.client.models import ScriptedModel
+from execgate.client.models import ScriptedModel, Turn
 
+from . import demo_checks
 from .identity import hash_token, new_token
 
 POLICY = """\
@@ -60,14 +61,37 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = sub.add_parser("demo", help="run a scripted agent against a daemon, narrated")
     p.add_argument("--addr", default=None, help="use this daemon (default: start a private one)")
     p.add_argument("--token", default=None, help="the agent's token for --addr")
-    p.add_argument("--approver-token", default=None, help="an approver's token for --addr")
+    p.add_argument(
+        "--approver-token", default=None, help="an approver's token for --addr (default: none)"
+    )
+    p.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the private daemon's journal, workspace, policy and identities go in DIR and "
+        "stay there, so the run can be traced afterwards (default: a temporary directory)",
+    )
+    p.add_argument(
+        "--print-policy",
+        action="store_true",
+        help="print the demo's policy (for a daemon that --addr names) and stop",
+    )
     p.set_defaults(handler=_demo)
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.print_policy:
+        print(POLICY, end="")
+        return 0
+    if args.keep is not None and args.addr is not None:
+        raise SystemExit("execgate demo: --keep is for the private daemon; not with --addr")
     with _daemon(args) as (address, agent_token, approver_token):
         story = Story()
         with Client(address, token=agent_token) as client:
+            if args.addr is not None and (gaps := demo_checks.missing_rules(client, _steps())):
+                print(demo_checks.explain_gaps(address, gaps), file=sys.stderr)
+                return 1
             approver = _approver(address, approver_token, story)
             loop = Loop(
                 client,
@@ -80,22 +104,26 @@ def _demo(args: argparse.Namespace) -> int:
             story.say(f"run {result.run_id} ended {result.state.value}: {result.reason}")
             if approver is not None:
                 approver.join(timeout=1)
-        return 0 if result.completed else 1
+    if args.keep is not None:
+        print(demo_checks.how_to_trace(args.keep.resolve(), result.run_id))
+    return 0 if result.completed else 1
 
 
 def _script() -> ScriptedModel:
-    return ScriptedModel(
-        [
-            ScriptedModel.calls(("read_file", {"path": "a.txt"}), ("read_file", {"path": "b.txt"})),
-            ScriptedModel.calls(
-                ("run_command", {"argv": ["sh", "-c", APPEND.format("first")]}),
-                ("run_command", {"argv": ["sh", "-c", APPEND.format("second")]}),
-            ),
-            ScriptedModel.calls(("run_command", {"argv": ["touch", "published.txt"]})),
-            ScriptedModel.calls(("run_command", {"argv": ["sh", "-c", STUBBORN]})),
-            ScriptedModel.answer("read both files, wrote notes twice, published, and learned"),
-        ]
-    )
+    return ScriptedModel(_steps())
+
+
+def _steps() -> list[Turn]:
+    return [
+        ScriptedModel.calls(("read_file", {"path": "a.txt"}), ("read_file", {"path": "b.txt"})),
+        ScriptedModel.calls(
+            ("run_command", {"argv": ["sh", "-c", APPEND.format("first")]}),
+            ("run_command", {"argv": ["sh", "-c", APPEND.format("second")]}),
+        ),
+        ScriptedModel.calls(("run_command", {"argv": ["touch", "published.txt"]})),
+        ScriptedModel.calls(("run_command", {"argv": ["sh", "-c", STUBBORN]})),
+        ScriptedModel.answer("read both files, wrote notes twice, published, and learned"),
+    ]
 
 
 class Story:
@@ -165,13 +193,15 @@ def _daemon(args: argparse.Namespace) -> Iterator[tuple[str, str | None, str | N
     if args.addr is not None:
         yield args.addr, args.token, args.approver_token
         return
-    with tempfile.TemporaryDirectory(prefix="execgate-demo-") as tmp:
-        root = Path(tmp)
-        agent, approver = new_token(), new_token()
-        (root / "identities.yaml").write_text(_identities(agent, approver))
+    with _root(args.keep) as root:
+        agent, approver, operator = new_token(), new_token(), new_token()
+        (root / "identities.yaml").write_text(_identities(agent, approver, operator))
+        token = root / "operator.token"
+        token.touch(mode=0o600)
+        token.write_text(operator + "\n")
         (root / "policy.yaml").write_text(POLICY)
         workspace = root / "workspace"
-        workspace.mkdir()
+        workspace.mkdir(exist_ok=True)
         (workspace / "a.txt").write_text("alpha\n")
         (workspace / "b.txt").write_text("beta\n")
         proc = _serve(root, workspace)
@@ -182,11 +212,23 @@ def _daemon(args: argparse.Namespace) -> Iterator[tuple[str, str | None, str | N
             proc.wait(30)
 
 
-def _identities(agent: str, approver: str) -> str:
+@contextlib.contextmanager
+def _root(keep: Path | None) -> Iterator[Path]:
+    """`keep` (made if missing), or a temporary directory removed afterwards."""
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        yield keep.resolve()
+        return
+    with tempfile.TemporaryDirectory(prefix="execgate-demo-") as tmp:
+        yield Path(tmp)
+
+
+def _identities(agent: str, approver: str, operator: str) -> str:
     return (
         "version: 1\nidentities:\n"
         f"  - {{name: demo-agent, roles: [agent], token_sha256: {hash_token(agent)}}}\n"
         f"  - {{name: demo-approver, roles: [approver], token_sha256: {hash_token(approver)}}}\n"
+        f"  - {{name: demo-operator, roles: [operator], token_sha256: {hash_token(operator)}}}\n"
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from . import local_identities
@@ -70,6 +71,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         default=None,
         help="a role of the identity; repeatable (default: agent)",
     )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=_token_new)
 
 
@@ -80,6 +82,10 @@ def _token_new(args: argparse.Namespace) -> int:
         )
     token = new_token()
     roles = ", ".join(dict.fromkeys(args.role or [Role.AGENT]))
+    if args.json:
+        entry = {"name": args.name, "roles": roles.split(", "), "token_sha256": hash_token(token)}
+        print(json.dumps({"token": token, "entry": entry}, indent=2))
+        return 0
     print(f"EXECGATE_TOKEN={token}")
     print(f"# Give the line above to {args.name}; it is stored nowhere and not shown again.")
     print("# Paste this under `identities:` in the identities file:")

@@ -16,20 +16,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from rich.console import Console
-from rich.table import Table
 
 from execgate.client import CallRecord, Status
 
 from . import trace_text as words
-from .cli_client import _client, _jsonable, _print_json, _when
+from .cli_client import _client, _jsonable, _print_json, _when_short
+from .cli_table import Col, print_table
 from .timeline_calls import StopCause, call_row
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # A forced stop ends a call FAILURE (read-only, or a write that proved nothing changed)
 # or UNKNOWN_OUTCOME (a write); asking for those two statuses narrows the scan.
 STOPPED_STATUSES = (Status.FAILURE, Status.UNKNOWN_OUTCOME)
-NO_WRAP = frozenset({"requested", "ladder", "grace", "survivors"})
-MIN_WIDTH = {"call": 14, "reason": 10, "exit": 6}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,9 +66,9 @@ def add_commands(
         type=age,
         default=None,
         metavar="AGE",
-        help="only kills this recent: 30s, 15m, 1h, 2d",
+        help="only kills this recent: 30s, 15m, 1h, 2d (default: any age)",
     )
-    p.add_argument("--run", default="", help="only this run's calls")
+    p.add_argument("--run", default="", help="only this run's calls (default: every run)")
     p.add_argument(
         "--limit", type=int, default=1000, help="stopped calls to scan, newest first (default 1000)"
     )
@@ -125,9 +123,11 @@ def kill_of(record: CallRecord) -> Kill | None:
 def _kills(args: argparse.Namespace) -> int:
     since = time.time() - args.since if args.since is not None else None
     with _client(args) as client:
-        # Not `since=` on the daemon's side: it filters by creation time, and a call
-        # created before the window may have been killed inside it.
-        records = client.list_calls(run_id=args.run, statuses=STOPPED_STATUSES, limit=args.limit)
+        # The daemon keeps only calls finished inside the window (a call created before
+        # it may have been killed inside it); here, only those whose SIGKILL was.
+        records = client.list_calls(
+            run_id=args.run, statuses=STOPPED_STATUSES, limit=args.limit, finished_since=since
+        )
     found = kills(records, since)
     if args.json:
         _print_json([_jsonable(k) for k in found])
@@ -136,27 +136,44 @@ def _kills(args: argparse.Namespace) -> int:
     return 0
 
 
+COLUMNS = (
+    Col("call", keep=True, style="bold"),
+    Col("run", keep=True),
+    Col("status", keep=True),
+    Col("survivors", keep=True, justify="right"),
+    Col("reason"),
+    Col("ladder"),
+    Col("grace"),
+    Col("exit"),
+    Col("tool"),
+    Col("requested"),
+)
+
+
 def _print_table(found: list[Kill]) -> None:
-    table = Table(title=f"forced terminations: {len(found)}")
-    for name in ("requested", "call", "reason", "ladder", "grace", "survivors", "exit"):
-        table.add_column(name, no_wrap=name in NO_WRAP, min_width=MIN_WIDTH.get(name))
+    rows = []
     for k in found:
-        day, _, clock = _when(k.requested).partition(" ")
         ladder = [
             f"SIGTERM {_after(k.signal_sent, k.requested)}",
             f"SIGKILL {_after(k.forced, k.requested)}",
             f"stopped {_after(k.stopped, k.requested)}",
         ]
-        table.add_row(
-            f"{day}\n{clock}",
-            f"{k.run_id}/{k.call_id}\n{k.tool} · {k.agent}",
-            f"{k.cause.value}\n{k.detail}",
-            "\n".join(ladder),
-            words.dur(k.grace_used) if k.grace_used is not None else "?",
-            "unknown" if k.survivors is None else str(k.survivors),
-            _exit(k),
+        rows.append(
+            [
+                k.call_id,
+                k.run_id,
+                k.status,
+                "unknown" if k.survivors is None else str(k.survivors),
+                f"{k.cause.value}: {k.detail}",
+                "\n".join(ladder),
+                words.dur(k.grace_used) if k.grace_used is not None else "?",
+                _exit(k),
+                f"{k.tool} (agent {k.agent})",
+                _when_short(k.requested),
+            ]
         )
-    Console(highlight=False).print(table)
+    title = f"forced terminations: {len(found)}"
+    print_table(Console(highlight=False), COLUMNS, rows, title=title)
 
 
 def _after(at: float | None, start: float) -> str:

@@ -38,6 +38,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
     c = cmds.add_parser("check", help="validate policy files; every error, at file:line:column")
     c.add_argument("files", nargs="+", type=Path)
+    c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(handler=_check)
 
     e = cmds.add_parser(
@@ -50,7 +51,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         default=None,
         help="explain against this file (default: ask the daemon, against the policy it runs)",
     )
-    e.add_argument("--tool", required=True)
+    e.add_argument("--tool", required=True, help="the tool the call names")
     e.add_argument(
         "--agent",
         default="",
@@ -68,9 +69,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     e.add_argument(
         "--path", action="append", default=[], help="a workspace-relative path the call touches"
     )
-    e.add_argument("--table", action="append", default=[])
-    e.add_argument("--host", action="append", default=[])
-    e.add_argument("--json", action="store_true")
+    e.add_argument("--table", action="append", default=[], help="a table the call touches")
+    e.add_argument("--host", action="append", default=[], help="a host the call reaches")
+    e.add_argument("--json", action="store_true", help="machine-readable output")
     e.add_argument(
         "--addr", help="daemon address (default: $EXECGATE_ADDR or unix:var/execgate.sock)"
     )
@@ -88,23 +89,39 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "test", help="run policy test files (*.yaml under DIR): cases with expected decisions"
     )
     t.add_argument("dir", type=Path)
+    t.add_argument("--json", action="store_true", help="machine-readable output")
     t.set_defaults(handler=_test)
 
 
 def _check(args: argparse.Namespace) -> int:
     bad = 0
+    report = []
     for path in args.files:
         try:
             policy = load_policy(path)
         except PolicyError as exc:
             errors = getattr(exc, "errors", (exc,))
-            for err in errors:
-                print(f"FAIL {err}")
-            if len(errors) > 1:
-                print(f"     {path}: {len(errors)} errors")
+            report.append({"file": str(path), "ok": False, "errors": [str(e) for e in errors]})
+            if not args.json:
+                for err in errors:
+                    print(f"FAIL {err}")
+                if len(errors) > 1:
+                    print(f"     {path}: {len(errors)} errors")
             bad += 1
             continue
-        print(f"ok   {path}: {len(policy.rules)} rule(s), revision {policy.revision[:12]}")
+        report.append(
+            {
+                "file": str(path),
+                "ok": True,
+                "errors": [],
+                "rules": len(policy.rules),
+                "revision": policy.revision,
+            }
+        )
+        if not args.json:
+            print(f"ok   {path}: {len(policy.rules)} rule(s), revision {policy.revision[:12]}")
+    if args.json:
+        print(json.dumps(report, indent=2))
     return 1 if bad else 0
 
 
@@ -171,6 +188,7 @@ def _pair(text: str) -> tuple[str, Any]:
 def _test(args: argparse.Namespace) -> int:
     files = sorted(args.dir.rglob("*.yaml")) if args.dir.is_dir() else [args.dir]
     failed = passed = 0
+    cases: list[dict[str, Any]] = []
     for file in files:
         doc = yaml.safe_load(file.read_text())
         if not isinstance(doc, dict) or "cases" not in doc:
@@ -184,8 +202,13 @@ def _test(args: argparse.Namespace) -> int:
             ok, message = _run_case(policy, case, f"{file}: cases[{i}]")
             passed += ok
             failed += not ok
-            print(("ok   " if ok else "FAIL ") + message)
-    print(f"{passed} passed, {failed} failed")
+            cases.append({"file": str(file), "index": i, "ok": ok, "message": message})
+            if not args.json:
+                print(("ok   " if ok else "FAIL ") + message)
+    if args.json:
+        print(json.dumps({"passed": passed, "failed": failed, "cases": cases}, indent=2))
+    else:
+        print(f"{passed} passed, {failed} failed")
     return 1 if failed or not passed else 0
 
 

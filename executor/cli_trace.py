@@ -9,9 +9,11 @@ in each state and why it stopped. Lines are laid out for the console's width (te
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import re
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +23,9 @@ from rich.text import Text
 
 from execgate.client import Approval, Client, PermissionDenied
 
-from . import trace_html
+from . import cli_lookup, trace_html
 from . import trace_text as words
-from .cli_client import _client, _jsonable, _print_json, _when
+from .cli_client import _client, _jsonable, _print_json
 from .timeline import Trace, trace
 from .timeline_calls import Row, Segment, Span
 
@@ -51,7 +53,7 @@ OUTCOME_STYLE = {
     "running": "cyan",
 }
 # Column caps; the bar takes what the width leaves, at least MIN_BAR cells.
-ID_W, TOOL_W, AGENT_W, OUTCOME_W, MIN_BAR = 14, 12, 10, 23, 10
+TOOL_W, AGENT_W, MIN_BAR = 12, 10, 10
 INDENT = 4
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -62,7 +64,9 @@ def add_commands(
     p = sub.add_parser(
         "trace", parents=[common], help="a run's calls on a timeline (terminal, JSON or HTML)"
     )
-    p.add_argument("run_id")
+    p.add_argument(
+        "run_id", help="a run id (or a unique prefix): any run calls used, `default` included"
+    )
     p.add_argument("--html", type=Path, metavar="FILE", help="write a self-contained HTML page")
     p.add_argument("--width", type=int, default=None, help="columns (default: the terminal's)")
     p.set_defaults(handler=_trace)
@@ -79,8 +83,10 @@ def _approvals(client: Client, run_id: str) -> list[Approval]:
 
 def _trace(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        detail = client.runs.get(args.run_id)
-        t = trace(detail, _approvals(client, args.run_id))
+        detail = cli_lookup.run_detail(client, args.run_id)
+        t = trace(detail, _approvals(client, detail.run.run_id))
+    if not cli_lookup.recorded(detail):
+        t = dataclasses.replace(t, state=cli_lookup.NO_RECORD)
     if args.html is not None:
         try:
             args.html.write_text(trace_html.render(t), encoding="utf-8")
@@ -115,58 +121,83 @@ def _rounded(value: Any) -> Any:
 
 
 def render(t: Trace, width: int) -> list[Text]:
-    """Every line of the terminal view; none is wider than `width` cells."""
+    """Every line of the terminal view; none is wider than `width` cells. Call ids and
+    outcomes are never cut: when they leave the bar too little room, each call takes two
+    lines (its id, tool, agent and outcome; then its bar)."""
     cols = _columns(t, width)
-    lines = [*_header(t, width), _axis(t, cols)]
+    lines = [*_header(t, width), *_axis(t, cols, width)]
     for row in t.rows:
-        lines.append(_row_line(t, row, cols))
+        lines += _row_lines(t, row, cols, width)
         lines += [Text(line, style="dim") for line in _wrap(words.phases(row, t.run_id), width)]
     lines += [Text(line) for line in _wrap(words.states(t), width, indent=0)]
-    lines.append(Text(_fit(words.stop_line(t), width), style="bold"))
+    lines += [Text(line, style="bold") for line in _wrap(words.stop_line(t), width, indent=0)]
     return lines
 
 
-def _columns(t: Trace, width: int) -> tuple[int, int, int, int]:
-    """(id, tool, agent, bar) widths for this trace at this console width."""
-    ids = min(max([cell_len(clean(r.call_id)) for r in t.rows] + [4]), ID_W)
+@dataclass(frozen=True, slots=True)
+class Columns:
+    ids: int
+    tools: int
+    agents: int
+    outcome: int
+    bar: int
+    # The bar on a line of its own, below the call's id and outcome.
+    stacked: bool
+
+
+def _columns(t: Trace, width: int) -> Columns:
+    """Column widths for this trace at this console width."""
+    ids = max([cell_len(clean(r.call_id)) for r in t.rows] + [4])
     tools = min(max([cell_len(clean(r.tool)) for r in t.rows] + [4]), TOOL_W)
     agents = min(max([cell_len(clean(r.agent)) for r in t.rows] + [5]), AGENT_W)
-    bar = max(width - (ids + tools + agents + OUTCOME_W + 2 * 3 + 3), MIN_BAR)
-    return ids, tools, agents, bar
+    outcome = max([cell_len(_outcome(r)) for r in t.rows] + [7])
+    bar = width - (ids + tools + agents + outcome + 2 * 3 + 3)
+    if bar >= MIN_BAR:
+        return Columns(ids, tools, agents, outcome, bar, stacked=False)
+    bar = max(width - INDENT - 3 - outcome, MIN_BAR)
+    return Columns(ids, tools, agents, outcome, bar, stacked=True)
 
 
 def _header(t: Trace, width: int) -> list[Text]:
     head = f"run {t.run_id} · owner {t.owner} · model {t.model or '-'} · {len(t.rows)} calls"
-    head += f" · {t.end:.3f}s from {_when(t.origin)}"
+    head += f" · {t.end:.3f}s from {words.when_zoned(t.origin)}"
     legend = "  ".join(f"{g} {s.value.replace('_', ' ')}" for s, (g, _) in GLYPH.items())
     legend += f"  {CANCEL[0]} cancel requested  {FORCE[0]} force kill"
+    goal = f"goal: {t.goal}" if t.goal else "goal: -"
     return [
-        Text(_fit(head, width), style="bold"),
-        Text(_fit(f"goal: {t.goal}", width)),
-        Text(_fit(legend, width), style="dim"),
+        *(Text(line, style="bold") for line in _wrap(head, width, indent=0)),
+        *(Text(line) for line in _wrap(goal, width, indent=0)),
+        *(Text(line, style="dim") for line in _wrap("legend: " + legend, width, indent=0)),
     ]
 
 
-def _axis(t: Trace, cols: tuple[int, int, int, int]) -> Text:
-    ids, tools, agents, bar = cols
+def _axis(t: Trace, cols: Columns, width: int) -> list[Text]:
     left, right = "0s", f"{t.end:.3f}s"
-    scale = "│" + left + " " * max(bar - len(left) - len(right), 1) + right + "│"
-    line = f"{'call':<{ids}}  {'tool':<{tools}}  {'agent':<{agents}}  {scale} outcome"
-    return Text(line, style="bold")
+    scale = "│" + left + " " * max(cols.bar - len(left) - len(right), 1) + right + "│"
+    names = f"{'call':<{cols.ids}}  {'tool':<{cols.tools}}  {'agent':<{cols.agents}}"
+    if cols.stacked:
+        return [Text(_fit(names, width), style="bold"), Text(" " * INDENT + scale + " outcome")]
+    return [Text(f"{names}  {scale} outcome", style="bold")]
 
 
-def _row_line(t: Trace, row: Row, cols: tuple[int, int, int, int]) -> Text:
-    ids, tools, agents, bar = cols
+def _outcome(row: Row) -> str:
+    return row.status if row.error_class in ("", "none") else f"{row.status}/{row.error_class}"
+
+
+def _row_lines(t: Trace, row: Row, cols: Columns, width: int) -> list[Text]:
     line = Text()
-    line.append(_pad(row.call_id, ids) + "  ", style="bold")
-    line.append(f"{_pad(row.tool, tools)}  {_pad(row.agent, agents)}  ")
-    line.append("│")
-    for glyph, style in cells(row, t.end, bar):
-        line.append(glyph, style=style)
-    line.append("│ ")
-    outcome = row.status if row.error_class in ("", "none") else f"{row.status}/{row.error_class}"
-    line.append(_fit(outcome, OUTCOME_W), style=OUTCOME_STYLE.get(row.status, ""))
-    return line
+    line.append(set_cell_size(clean(row.call_id), cols.ids) + "  ", style="bold")
+    line.append(f"{_pad(row.tool, cols.tools)}  {_pad(row.agent, cols.agents)}  ")
+    bar = Text("│")
+    for glyph, style in cells(row, t.end, cols.bar):
+        bar.append(glyph, style=style)
+    bar.append("│")
+    outcome = Text(_outcome(row), style=OUTCOME_STYLE.get(row.status, ""))
+    if not cols.stacked:
+        return [line + bar + Text(" ") + outcome]
+    line.rstrip()
+    shown = line.wrap(Console(width=width), width, overflow="fold")
+    return [*shown, Text(" " * INDENT) + bar + Text(" ") + outcome]
 
 
 def cells(row: Row, total: float, width: int) -> list[tuple[str, str]]:
@@ -180,15 +211,25 @@ def cells(row: Row, total: float, width: int) -> list[tuple[str, str]]:
         for i in range(first, last):
             bar[i] = GLYPH[span.kind]
     if row.ladder is not None:
-        taken = -1
-        for at, glyph in ((row.ladder.requested, CANCEL), (row.ladder.forced, FORCE)):
-            if at is None:
-                continue
-            cell = min(int(at * scale), width - 1)
-            if cell == taken:  # a kill without grace: both marks stay visible
-                cell = cell + 1 if cell + 1 < width else cell - 1
-            bar[cell], taken = glyph, cell
+        for cell, glyph in _marks(row.ladder.requested, row.ladder.forced, scale, width):
+            bar[cell] = glyph
     return bar
+
+
+def _marks(
+    requested: float, forced: float | None, scale: float, width: int
+) -> list[tuple[int, tuple[str, str]]]:
+    """The cancel mark's cell and the force mark's, in time order: a kill inside the
+    request's cell still shows both, the force mark after (the request moves left if
+    it sits in the last cell)."""
+    req = min(int(requested * scale), width - 1)
+    if forced is None:
+        return [(req, CANCEL)]
+    frc = min(int(forced * scale), width - 1)
+    if frc <= req and width >= 2:
+        frc = min(req + 1, width - 1)
+        req = frc - 1
+    return [(req, CANCEL), (frc, FORCE)]
 
 
 def _cell_range(span: Span, scale: float, width: int) -> tuple[int, int]:
@@ -209,7 +250,7 @@ def _wrap(text: str, width: int, indent: int = INDENT) -> list[str]:
     )
 
 
-def _fit(text: str, width: int) -> str:
+def _fit(text: str, width: int) -> str:  # for the column heads only
     """At most `width` cells, cut with an ellipsis."""
     text = clean(text)
     return text if cell_len(text) <= width else set_cell_size(text, max(width - 1, 0)) + "…"

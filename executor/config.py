@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import ranges
 from .errors import ConfigError
 from .sandbox.registry import CHOICES as SANDBOXES
 from .sandbox.registry import SandboxConfig
@@ -115,6 +116,8 @@ class ServeConfig:
         return Path.home() / ".cache" / "execgate" / "locks" / digest
 
     def check(self) -> None:
+        ranges.check_limits(self.limits)
+        ranges.Range(high=3600, positive=True).check("policy_reload", self.policy_reload)
         if self.sandbox.default not in SANDBOXES:
             raise ConfigError(f"--sandbox must be one of {', '.join(SANDBOXES)}")
         if self.sandbox.default == "docker" and not self.sandbox.docker_image:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -24,9 +25,11 @@ from typing import Any, TypeVar
 
 from .codec import outcome_from_json, outcome_to_json
 from .errors import ExecgateError
-from .journal_schema import RECORD_COLUMNS, SCHEMA, migrate
+from .journal_schema import RECORD_COLUMNS, migrate
 from .outcomes import ErrorClass, Mark, Outcome, Phase, Status, StopMode
 from .sqlite_writer import SqliteWriter
+
+log = logging.getLogger("execgate.journal")
 
 T = TypeVar("T")
 
@@ -88,17 +91,28 @@ class CallFilter:
     tool: str = ""
     since: float | None = None
     until: float | None = None
+    # Only finished calls whose outcome was recorded at or after this time.
+    finished_since: float | None = None
     limit: int = 100
     # Only records with seq below this (paging, newest first); 0 = no bound.
     before_seq: int = 0
+    # Only calls made by agents matching these names or * ? globs, or made in runs
+    # such agents own (scope.Scope); None = all.
+    agents: tuple[str, ...] | None = None
 
 
 class Journal:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        existed = self.path.exists()
         conn = _connect(self.path)
-        conn.executescript(SCHEMA)
-        migrate(conn)
+        try:
+            applied = migrate(conn)
+        except BaseException:
+            conn.close()
+            raise
+        for step in applied if existed else ():
+            log.info("journal %s: migrated to schema %d: %s", self.path, step.version, step.what)
         self._writer = SqliteWriter(conn)
         self._local = threading.local()
 
@@ -117,7 +131,9 @@ class Journal:
         If the insert fails (its call id is taken), `record_outcome` finds no running
         row of its own and raises DuplicateCall.
         """
-        self._writer.submit_nowait(lambda c: _insert(c, rec, None, ""), durable=False)
+        self._writer.submit_nowait(
+            lambda c: _insert(c, rec, None, ""), durable=False, expected=(DuplicateCall,)
+        )
 
     async def record_outcome(
         self, run_id: str, call_id: str, outcome: Outcome, raw: str, *, durable: bool
@@ -327,9 +343,20 @@ def _where(flt: CallFilter) -> tuple[str, list[Any]]:
     if flt.tool:
         clauses.append("tool = ?")
         params.append(flt.tool)
+    if flt.agents is not None:
+        # GLOB: * and ? as fnmatch; identity names hold no other glob character.
+        who = " OR ".join("{col} GLOB ?" for _ in flt.agents) or "0"
+        clauses.append(
+            f"({who.format(col='agent')} OR run_id IN "
+            f"(SELECT run_id FROM runs WHERE {who.format(col='owner')}))"
+        )
+        params.extend((*flt.agents, *flt.agents))
     if flt.since is not None:
         clauses.append("created_at >= ?")
         params.append(flt.since)
+    if flt.finished_since is not None:
+        clauses.append("finished_at >= ?")
+        params.append(flt.finished_since)
     if flt.until is not None:
         clauses.append("created_at < ?")
         params.append(flt.until)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .errors import ConfigError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
@@ -34,6 +38,7 @@ CREATE UNIQUE INDEX IF NOT EXISTS calls_idempotency
 -- Only recovery looks for running calls, and there are few: a partial index.
 CREATE INDEX IF NOT EXISTS calls_running ON calls (state) WHERE state = 'running';
 CREATE INDEX IF NOT EXISTS calls_created ON calls (created_at);
+CREATE INDEX IF NOT EXISTS calls_agent ON calls (agent, seq);
 CREATE TABLE IF NOT EXISTS refusals (
     seq         INTEGER PRIMARY KEY,
     at          REAL NOT NULL,
@@ -150,12 +155,68 @@ RECORD_COLUMNS = (
 )
 
 
-def migrate(conn: sqlite3.Connection) -> None:
-    """Columns later versions added, on a journal an older daemon made."""
-    columns = {row[1] for row in conn.execute("PRAGMA table_info(calls)")}
-    if "decision_json" not in columns:
+class JournalTooNew(ConfigError):
+    """The journal was written by a newer daemon: opening it could lose what it records."""
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    what: str
+    apply: Callable[[sqlite3.Connection], None]
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+
+
+def _unversioned(conn: sqlite3.Connection) -> None:
+    # Journals from before versioning (user_version 0) may lack columns added since.
+    if "decision_json" not in _columns(conn, "calls"):
         conn.execute("ALTER TABLE calls ADD COLUMN decision_json TEXT")
-    columns = {row[1] for row in conn.execute("PRAGMA table_info(approvals)")}
-    if "idempotency_key" not in columns:
+    if "idempotency_key" not in _columns(conn, "approvals"):
         conn.execute("ALTER TABLE approvals ADD COLUMN idempotency_key TEXT NOT NULL DEFAULT ''")
         conn.execute("ALTER TABLE approvals ADD COLUMN timeout REAL")
+
+
+def _calls_by_agent(conn: sqlite3.Connection) -> None:
+    # An agent lists its own calls (results are scoped to their agent), newest first.
+    conn.execute("CREATE INDEX IF NOT EXISTS calls_agent ON calls (agent, seq)")
+
+
+# In order; each runs once, in its own transaction, and sets PRAGMA user_version.
+# A new one is appended here (never edited once released) and SCHEMA shows the result.
+MIGRATIONS = (
+    Migration(1, "columns added before the journal was versioned", _unversioned),
+    Migration(2, "index calls by agent", _calls_by_agent),
+)
+LATEST = MIGRATIONS[-1].version
+
+
+def version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def migrate(conn: sqlite3.Connection) -> list[Migration]:
+    """Bring a journal (new, unversioned or older) to LATEST; the migrations applied."""
+    found = version(conn)
+    if found > LATEST:
+        raise JournalTooNew(
+            f"the journal's schema is version {found}, newer than this daemon's {LATEST}: "
+            "it was written by a newer execgate; run that version (or a newer one) on it"
+        )
+    conn.executescript(SCHEMA)  # every table and index, IF NOT EXISTS: nothing is dropped
+    applied = []
+    for step in MIGRATIONS:
+        if step.version <= found:
+            continue
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            step.apply(conn)
+            conn.execute(f"PRAGMA user_version = {step.version:d}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        applied.append(step)
+    return applied

@@ -10,26 +10,43 @@ endpoint), every OTEL_METRIC_EXPORT_INTERVAL ms:
     execgate.queue.depth            gauge: calls in the daemon not yet started
 
 Recorded from each finished call's outcome (the same hook that builds its spans).
+
+Every label comes from a closed set, never from what a client typed: status and
+error.type are enums, and `execgate.tool` is a tool the daemon serves, else
+UNKNOWN_TOOL ("unknown": a bogus name), and past MAX_TOOL_LABELS distinct tools
+OTHER_TOOL. A client sending a million distinct tool names adds one series.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 
 from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeterProvider, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
-from opentelemetry.sdk.resources import Resource
 
-from .otelenv import disabled, otlp_exporter
+from . import otelenv
+from .otelenv import disabled
 from .outcomes import Outcome, Phase
+
+log = logging.getLogger("execgate.metrics")
 
 Gauge = Callable[[], int]
 
+# The label of a call naming a tool this daemon does not serve.
+UNKNOWN_TOOL = "unknown"
+# Distinct `execgate.tool` labels kept; calls of tools past it share OTHER_TOOL.
+MAX_TOOL_LABELS = 256
+OTHER_TOOL = "other"
+
 
 class Metrics:
-    def __init__(self, provider: MeterProvider | None) -> None:
+    def __init__(self, provider: MeterProvider | None, tools: Iterable[str] = ()) -> None:
         self.provider = provider
+        # The label each served tool gets (the first MAX_TOOL_LABELS by name).
+        self._labels = {t: t for t in sorted(tools)[:MAX_TOOL_LABELS]}
+        self._overflow = frozenset(sorted(tools)[MAX_TOOL_LABELS:])
         meter: Meter = (provider or NoOpMeterProvider()).get_meter("execgate.executor")
         self._calls = meter.create_counter("execgate.calls", "{call}", "calls finished")
         self._lock_wait = meter.create_histogram(
@@ -52,7 +69,15 @@ class Metrics:
             "execgate.queue.depth", [_observe(queue_depth)], "{call}"
         )
 
+    def tool_label(self, tool: str) -> str:
+        """What `tool` is labelled with: its name if served, else a shared bucket."""
+        found = self._labels.get(tool)
+        if found is not None:
+            return found
+        return OTHER_TOOL if tool in self._overflow else UNKNOWN_TOOL
+
     def record(self, tool: str, outcome: Outcome) -> None:
+        tool = self.tool_label(tool)
         attrs = {"execgate.tool": tool, "execgate.outcome.status": outcome.status.value}
         if outcome.error_class.value != "none":
             attrs["error.type"] = outcome.error_class.value
@@ -72,16 +97,21 @@ class Metrics:
             self.provider.shutdown()
 
 
-def setup(instance: str, readers: Iterable[MetricReader] = ()) -> Metrics:
-    """Metrics over OTLP when configured (plus `readers`, for tests); else no-ops."""
+def setup(
+    instance: str, readers: Iterable[MetricReader] = (), tools: Iterable[str] = ()
+) -> Metrics:
+    """Metrics to the configured exporters (plus `readers`, for tests); else no-ops.
+    `tools`: the names the daemon serves (the only tool labels)."""
+    if disabled():
+        return Metrics(None, tools)
     chosen = list(readers)
-    exporter = otlp_exporter("metrics")
-    if exporter is not None:
+    for name, exporter in otelenv.exporters("metrics"):
         chosen.append(PeriodicExportingMetricReader(exporter))
-    if not chosen or disabled():
-        return Metrics(None)
-    resource = Resource.create({"service.name": "execgate", "service.instance.id": instance})
-    return Metrics(MeterProvider(resource=resource, metric_readers=chosen))
+        log.info("metrics: exported to %s", name)
+    if not chosen:
+        return Metrics(None, tools)
+    provider = MeterProvider(resource=otelenv.resource(instance), metric_readers=chosen)
+    return Metrics(provider, tools)
 
 
 def _observe(read: Gauge) -> Callable[[CallbackOptions], Iterable[Observation]]:

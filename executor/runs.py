@@ -14,20 +14,23 @@ further events, and the dispatcher refuses its tool calls (`ended`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import enum
 import json
 import secrets
 import sqlite3
 import time
-from collections.abc import AsyncGenerator, Iterable
-from dataclasses import dataclass, replace
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from dataclasses import dataclass, field, replace
 
 from execgate.client.loop.errors import BrokenHistory
 from execgate.client.loop.states import TERMINAL, Machine, State, Transition
 
 from . import runs_store as store
 from .errors import ExecgateError
+from .fanout import Closed, Fanout, Lagging
 from .inflight import SHARED_RUN, agents_in
 from .journal import Journal
 from .run_record import CancelAsk, Run
@@ -35,6 +38,9 @@ from .validate import MAX_ID_CHARS
 
 MAX_DATA_BYTES = 1 << 20
 MAX_GOAL_BYTES = 64 * 1024
+# Runs whose state machine stays in memory between appends (least recently
+# appended dropped first; replayed from the journal when next needed).
+MAX_MACHINES = 4096
 
 
 class Refusal(enum.StrEnum):
@@ -79,9 +85,14 @@ class RunStore:
         self.ended: dict[str, str] = journal.query_now(store.ended_runs)
         # run id -> owner, for the dispatcher: only the owner's calls join a started run.
         self.owners: dict[str, str] = journal.query_now(store.owners)
-        self._machines: dict[str, Machine] = {}
-        self._watchers: dict[str, set[asyncio.Queue[Update | None]]] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        # The state machines of runs appended to lately (replayed from the journal
+        # when missing): at most MAX_MACHINES, least recently used dropped first.
+        self._machines: OrderedDict[str, Machine] = OrderedDict()
+        # Invariant: a run id is here exactly while a WatchRun stream of it is served.
+        self._watchers: dict[str, Fanout[Update]] = {}
+        # Invariant: a run id is here exactly while an append or cancel of it holds or
+        # waits for its lock.
+        self._locks: dict[str, _RunLock] = {}
 
     async def start(self, run: Run) -> Run:
         _check_text(run.goal, MAX_GOAL_BYTES, "goal")
@@ -119,8 +130,10 @@ class RunStore:
     async def events(self, run_id: str, after_seq: int = 0) -> list[Transition]:
         return await self.journal.read(lambda c: store.event_rows(c, run_id, after_seq))
 
-    async def find(self, states: Iterable[str], owner: str, limit: int) -> list[Run]:
-        where, params = store.list_filter(list(states), owner)
+    async def find(
+        self, states: Iterable[str], owner: str, limit: int, owners: tuple[str, ...] | None = None
+    ) -> list[Run]:
+        where, params = store.list_filter(list(states), owner, owners)
         params.append(max(1, min(limit or 100, 1000)))
         return await self.journal.read(
             lambda c: store.run_rows(c, f"{where} ORDER BY created_at DESC LIMIT ?", tuple(params))
@@ -152,7 +165,7 @@ class RunStore:
             updated = await self.journal.write(
                 lambda c: store.insert_events(c, run_id, events), durable=True
             )
-            self._machines[run_id] = machine
+            self._keep(run_id, machine)
         if last is not None and last.to_state in TERMINAL:
             self.ended[run_id] = last.to_state.value
         for moved in events:
@@ -174,12 +187,13 @@ class RunStore:
 
     async def watch(self, run_id: str, after_seq: int) -> AsyncGenerator[Update, None]:
         """The run's events after `after_seq`, then new ones, until its terminal event
-        has been sent. Raises `Closing` if the daemon stops first."""
-        queue: asyncio.Queue[Update | None] = asyncio.Queue()
-        self._watchers.setdefault(run_id, set()).add(queue)
+        has been sent. Raises `Closing` if the daemon stops first, and fanout.Lagging
+        if the stream's client falls MAX_BACKLOG updates behind."""
+        fanout = self._watchers.setdefault(run_id, Fanout())
+        watcher = fanout.subscribe()
+        sent = after_seq
         try:
             run = await self.get(run_id)
-            sent = after_seq
             for moved in await self.events(run_id, after_seq):
                 sent = moved.seq
                 yield Update(event=moved)
@@ -190,9 +204,10 @@ class RunStore:
             if run.cancel is not None:
                 yield Update(cancel=run.cancel)
             while True:
-                update = await queue.get()
-                if update is None:
-                    raise Closing(f"the daemon is stopping; run {run_id!r} is still open")
+                try:
+                    update = await watcher.get()
+                except Closed:
+                    raise Closing(f"the daemon is stopping; run {run_id!r} is still open") from None
                 if update.event is not None and update.event.seq <= sent:
                     continue  # read from the table already
                 yield update
@@ -200,29 +215,59 @@ class RunStore:
                     sent = update.event.seq
                     if update.event.to_state in TERMINAL:
                         return
+        except Lagging as exc:
+            raise Lagging(f"{exc}; resume with after_seq={sent}") from None
         finally:
-            self._watchers[run_id].discard(queue)
-            if not self._watchers[run_id]:
+            fanout.unsubscribe(watcher)
+            if not fanout:
                 del self._watchers[run_id]
 
     def close(self) -> None:
-        for queues in self._watchers.values():
-            for queue in queues:
-                queue.put_nowait(None)
+        for fanout in self._watchers.values():
+            fanout.close("the daemon is stopping")
 
     async def _machine(self, run_id: str) -> Machine:
         found = self._machines.get(run_id)
         if found is None:
             found = Machine.replay(run_id, await self.events(run_id))
-            self._machines[run_id] = found
         return found
 
-    def _lock(self, run_id: str) -> asyncio.Lock:
-        return self._locks.setdefault(run_id, asyncio.Lock())
+    def _keep(self, run_id: str, machine: Machine) -> None:
+        """Remember `run_id`'s machine (an ended run's is never needed again)."""
+        if machine.state in TERMINAL:
+            self._machines.pop(run_id, None)
+            return
+        self._machines[run_id] = machine
+        self._machines.move_to_end(run_id)
+        while len(self._machines) > MAX_MACHINES:
+            self._machines.popitem(last=False)
+
+    @contextlib.asynccontextmanager
+    async def _lock(self, run_id: str) -> AsyncIterator[None]:
+        """One append or cancel of `run_id` at a time; the lock lives while used."""
+        held = self._locks.get(run_id)
+        if held is None:
+            held = self._locks[run_id] = _RunLock()
+        held.users += 1
+        try:
+            async with held.lock:
+                yield
+        finally:
+            held.users -= 1
+            if not held.users:
+                del self._locks[run_id]
 
     def _publish(self, run_id: str, update: Update) -> None:
-        for queue in self._watchers.get(run_id, ()):
-            queue.put_nowait(update)
+        fanout = self._watchers.get(run_id)
+        if fanout is not None:
+            fanout.publish(update)
+
+
+@dataclass(slots=True)
+class _RunLock:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Appends and cancels holding or awaiting `lock`.
+    users: int = 0
 
 
 def _check_id(run_id: str) -> None:

@@ -102,7 +102,10 @@ def event_rows(conn: sqlite3.Connection, run_id: str, after_seq: int) -> list[Tr
     ]
 
 
-def list_filter(states: list[str], owner: str) -> tuple[str, list[Any]]:
+def list_filter(
+    states: list[str], owner: str, owners: tuple[str, ...] | None = None
+) -> tuple[str, list[Any]]:
+    """`owners`: only runs of owners matching these names or * ? globs (None: all)."""
     clauses, params = [], []
     if "active" in states:
         states = [s for s in states if s != "active"] + [
@@ -114,6 +117,9 @@ def list_filter(states: list[str], owner: str) -> tuple[str, list[Any]]:
     if owner:
         clauses.append("owner = ?")
         params.append(owner)
+    if owners is not None:
+        clauses.append("(" + (" OR ".join("owner GLOB ?" for _ in owners) or "0") + ")")
+        params.extend(owners)
     return ("WHERE " + " AND ".join(clauses) if clauses else ""), params
 
 

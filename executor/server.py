@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from execgate.v1 import executor_pb2_grpc as pb_grpc
 from execgate.v1 import runs_pb2
 from execgate.v1 import runs_pb2_grpc as rpb_grpc
 
-from . import approve, metrics, tracing
+from . import approve, memdebug, metrics, tracing
 from .authenticate import AuthInterceptor, server_credentials
 from .config import JOURNAL_NAME, Listener, ServeConfig
 from .dispatch import Dispatcher
@@ -32,8 +33,11 @@ from .locks import FileLockManager, LockBackend, LockManager, NoLocks
 from .paths import Workspace
 from .policy import Policy, default_policy_path, load_policy
 from .policy.reload import policy_watcher
+from .requests import RequestGuard
 from .runs import RunStore
+from .sandbox import dockerd
 from .sandbox import registry as sandbox_registry
+from .sandbox.privileges import make_non_dumpable
 from .sandbox.registry import daemon_id
 from .services import ApprovalsService, ExecutorService
 from .services_runs import RunsService
@@ -95,9 +99,14 @@ def build(config: ServeConfig) -> tuple[Dispatcher, Journal]:
     if recovered:
         log.warning("recovered %d call(s) left running by a previous daemon", recovered)
     wanted = {r.backend for r in policy.sandbox if r.backend != "default"}
+    sandbox = replace(config.sandbox, workspace=config.workspace)
     sandboxes = sandbox_registry.build(
-        config.sandbox, daemon_id(config.state_dir), wanted, policy.sandbox_for
+        sandbox, daemon_id(config.state_dir), wanted, policy.sandbox_for
     )
+    if "docker" in sandboxes.backends:
+        note = dockerd.workspace_note(config.workspace)
+        if note is not None:
+            log.warning("sandbox docker: %s", note)
     dispatcher = Dispatcher(
         tools=builtin_tools(test_tools=config.test_tools),
         journal=journal,
@@ -125,6 +134,10 @@ async def serve(
     config: ServeConfig, *, on_ready: Callable[[list[str]], None] | None = None
 ) -> None:
     config.check()
+    memdebug.install(asyncio.get_running_loop())
+    # Always: a command of the daemon's own uid must not ptrace it or read its memory.
+    if not make_non_dumpable():
+        log.warning("cannot make the daemon non-dumpable (prctl PR_SET_DUMPABLE)")
     identities = None if config.identities is None else load_identities(config.identities)
     old_umask = os.umask(0o077)  # state dir, journal and sockets: owner only, from birth
     try:
@@ -135,7 +148,7 @@ async def serve(
             dispatcher.authorizer.memberships = identities.memberships
         telemetry = dispatcher.telemetry
         telemetry.tracing = tracing.setup(journal, daemon_id(config.state_dir))
-        telemetry.metrics = metrics.setup(daemon_id(config.state_dir))
+        telemetry.metrics = metrics.setup(daemon_id(config.state_dir), tools=dispatcher.tools)
         telemetry.metrics.gauges(dispatcher.approvals.waiting, dispatcher.queue_depth)
         runs = RunStore(journal)
         dispatcher.ended_runs = runs.ended
@@ -210,7 +223,8 @@ def _server(
     config: ServeConfig, dispatcher: Dispatcher, runs: RunStore, interceptor: AuthInterceptor
 ) -> tuple[grpc.aio.Server, Any]:  # Any: health.aio.HealthServicer, see below
     server = grpc.aio.server(
-        interceptors=[interceptor],
+        # The guard runs inside authentication: a stranger's garbage stays UNAUTHENTICATED.
+        interceptors=[interceptor, RequestGuard()],
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE),
             ("grpc.max_send_message_length", MAX_MESSAGE),
@@ -218,7 +232,8 @@ def _server(
         ],
     )
     pb_grpc.add_ExecutorServicer_to_server(ExecutorService(dispatcher), server)
-    pb_grpc.add_ApprovalsServicer_to_server(ApprovalsService(dispatcher.approvals), server)
+    approvals = ApprovalsService(dispatcher.approvals, lambda: dispatcher.policy)
+    pb_grpc.add_ApprovalsServicer_to_server(approvals, server)
     rpb_grpc.add_RunsServicer_to_server(RunsService(runs, dispatcher), server)
     # grpc-stubs type only the sync grpc_health.v1.health, not its `aio` module.
     health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]

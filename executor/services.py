@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -16,23 +16,32 @@ import grpc
 from execgate.v1 import executor_pb2 as pb
 from execgate.v1 import executor_pb2_grpc as pb_grpc
 
-from . import clock, wire
+from . import clock, wire, wirecheck
 from .approve import ApprovalError, Approvals, Refused
 from .authenticate import caller
 from .calls import CallRequest
 from .dispatch import Dispatcher
+from .errors import MalformedRequest
 from .events import Event, EventKind
+from .fanout import Lagging
 from .identity import Role
 from .inflight import SHARED_RUN, CancelOrder, NotYours
+from .policy import Policy
 from .policy.explain import explain
 from .policy.model import memberships
+from .scope import scope_of
 from .validate import MAX_ID_CHARS
+from .wirecheck import PageTokens
 
 log = logging.getLogger("execgate.server")
 
 MAX_BATCH = 1000
 # Who may explain another identity's calls (ExplainPolicy): those who read or decide them.
 _EXPLAINS_ANYONE = frozenset({Role.OPERATOR, Role.APPROVER, Role.ADMIN})
+# Longest cancel `reason` and `requester` taken (characters). They are kept in memory
+# while the run is barred (inflight.RunBar), in every stopped call's timeline and in
+# the journal, so a Cancel carrying megabytes of them is refused, naming the field.
+MAX_REASON_CHARS = 1024
 # Who may cancel anyone's calls; an agent cancels only its own.
 CANCELS_ANY = frozenset({Role.OPERATOR, Role.ADMIN})
 DEFAULT_RUN = SHARED_RUN
@@ -75,6 +84,7 @@ async def _abort_unsent(context: grpc.aio.ServicerContext[Any, Any], unsent: lis
 class ExecutorService(pb_grpc.ExecutorServicer):
     def __init__(self, dispatcher: Dispatcher) -> None:
         self.dispatcher = dispatcher
+        self.pages = PageTokens()
 
     async def ListTools(
         self,
@@ -177,12 +187,15 @@ class ExecutorService(pb_grpc.ExecutorServicer):
     ) -> tuple[str, str, list[CallRequest]]:
         """The request's calls as the dispatcher takes them; aborts a malformed envelope."""
         if len(request.calls) > MAX_BATCH:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
+            raise MalformedRequest(
+                "too_large",
+                "calls",
                 f"calls: {len(request.calls)} calls; a batch holds at most {MAX_BATCH}",
             )
         if len(request.batch_id) > MAX_ID_CHARS:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "batch_id: too long")
+            raise MalformedRequest(
+                "too_large", "batch_id", f"batch_id: longer than {MAX_ID_CHARS} characters"
+            )
         run_id = request.run_id or DEFAULT_RUN
         batch_id = request.batch_id or self.dispatcher.new_id("batch")
         calls = [
@@ -203,13 +216,16 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         context: grpc.aio.ServicerContext[pb.CancelRequest, pb.CancelResponse],
     ) -> pb.CancelResponse:
         if not (request.run_id or request.call_id or request.batch_id):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "name a run_id, a call_id or a batch_id to cancel"
+            raise MalformedRequest(
+                "missing", "call_id", "name a run_id, a call_id or a batch_id to cancel"
             )
         at = clock.now()  # the moment of the request, before anything else happens
-        grace = request.grace.ToNanoseconds() / 1e9 if request.HasField("grace") else None
-        if grace is not None and grace < 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "grace: must not be negative")
+        for name in ("reason", "requester"):
+            if len(getattr(request, name)) > MAX_REASON_CHARS:
+                raise MalformedRequest(
+                    "too_large", name, f"{name}: longer than {MAX_REASON_CHARS} characters"
+                )
+        grace = wirecheck.duration(request.grace, "grace") if request.HasField("grace") else None
         # A call id is unique within its run (default: the implicit run); a batch or a
         # run is a target by itself, so a batch in any run is reached without its run.
         run_id = request.run_id or (DEFAULT_RUN if request.call_id else "")
@@ -242,39 +258,49 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         if rec is None:
             # A parked call is journaled as its approval until it is decided.
             parked = await self.dispatcher.approvals.parked(run_id, request.call_id)
-            if parked is not None:
+            if parked is not None and self._readable(parked.requester, run_id):
                 tool = self.dispatcher.tools.get(parked.tool)
                 # The tool's own answer: the call is validated again when it is decided.
                 return wire.parked_record(parked, may_write=tool is None or tool.spec.may_write)
+        # Another agent's call is answered as a missing one: its existence is not ours to tell.
+        if rec is None or not self._readable(rec.agent, rec.run_id):
             await context.abort(
                 grpc.StatusCode.NOT_FOUND, f"no call {request.call_id!r} in run {run_id!r}"
             )
         return wire.record(rec)
+
+    def _readable(self, agent: str, run_id: str) -> bool:
+        """A call the caller may read: its own (or in scope), or in a run it owns."""
+        scope = scope_of(caller(), self.dispatcher.policy)
+        owner = self.dispatcher.run_owners.get(run_id)
+        return scope.allows(agent) or (owner is not None and scope.allows(owner))
 
     async def ListCalls(
         self,
         request: pb.ListCallsRequest,
         context: grpc.aio.ServicerContext[pb.ListCallsRequest, pb.ListCallsResponse],
     ) -> pb.ListCallsResponse:
-        before = 0
-        if request.page_token:
-            if not request.page_token.isdigit():
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "page_token: not ours")
-            before = int(request.page_token)
+        query = _query(request, caller().name)
+        before = self.pages.open(request.page_token, query) if request.page_token else 0
         if request.limit < 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "limit: must not be negative")
+            raise MalformedRequest("out_of_range", "limit", "limit: must not be negative")
         limit = min(request.limit or 100, 1000)
-        flt = wire.call_filter(request, run_id=request.run_id, limit=limit, before_seq=before)
+        scope = scope_of(caller(), self.dispatcher.policy)
+        flt = wire.call_filter(
+            request, run_id=request.run_id, limit=limit, before_seq=before, agents=scope.agents
+        )
         records, next_seq = await self.dispatcher.journal.list(flt)
         return pb.ListCallsResponse(
             calls=[wire.record(r) for r in records],
-            next_page_token=str(next_seq) if next_seq else "",
+            next_page_token=self.pages.issue(next_seq, query) if next_seq else "",
         )
 
 
 class ApprovalsService(pb_grpc.ApprovalsServicer):
-    def __init__(self, approvals: Approvals) -> None:
+    def __init__(self, approvals: Approvals, policy: Callable[[], Policy]) -> None:
         self.approvals = approvals
+        # The policy in force (hot reloaded): its `reads:` widens what agents see.
+        self.policy = policy
 
     async def ListPending(
         self,
@@ -290,16 +316,22 @@ class ApprovalsService(pb_grpc.ApprovalsServicer):
         context: grpc.aio.ServicerContext[pb.ListApprovalsRequest, pb.ListPendingResponse],
     ) -> pb.ListPendingResponse:
         found = await self.approvals.of_run(request.run_id)
-        return pb.ListPendingResponse(approvals=[wire.approval(a) for a in found])
+        scope = scope_of(caller(), self.policy(), approvals=True)
+        return pb.ListPendingResponse(
+            approvals=[wire.approval(a) for a in found if scope.allows(a.requester)]
+        )
 
     async def Watch(
         self,
         request: pb.WatchApprovalsRequest,
         context: grpc.aio.ServicerContext[pb.WatchApprovalsRequest, pb.Approval],
     ) -> AsyncIterator[pb.Approval]:
-        async with contextlib.aclosing(self.approvals.watch()) as changes:
-            async for approval in changes:
-                yield wire.approval(approval)
+        try:
+            async with contextlib.aclosing(self.approvals.watch()) as changes:
+                async for approval in changes:
+                    yield wire.approval(approval)
+        except Lagging as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{exc}; watch again")
 
     async def Decide(
         self,
@@ -326,4 +358,15 @@ def _requester(claimed: str) -> str:
 
 
 def _deadline(request: pb.ExecuteRequest) -> float | None:
-    return request.deadline.ToNanoseconds() / 1e9 if request.HasField("deadline") else None
+    return (
+        wirecheck.timestamp(request.deadline, "deadline") if request.HasField("deadline") else None
+    )
+
+
+def _query(request: pb.ListCallsRequest, who: str) -> bytes:
+    """What a page token is bound to: the filter (not the page size) and the caller."""
+    shape = pb.ListCallsRequest()
+    shape.CopyFrom(request)
+    shape.ClearField("page_token")
+    shape.ClearField("limit")
+    return who.encode() + b"\0" + shape.SerializeToString(deterministic=True)

@@ -21,14 +21,18 @@ from execgate.client.loop.states import State, Transition
 from execgate.v1 import runs_pb2 as rpb
 from execgate.v1 import runs_pb2_grpc as rpb_grpc
 
-from . import wire
+from . import wire, wirecheck
 from .authenticate import caller
 from .dispatch import Dispatcher
+from .errors import MalformedRequest
+from .fanout import Lagging
 from .inflight import CancelOrder, NotYours
 from .journal import CallFilter
+from .requests import CLASS_KEY, FIELD_KEY
 from .run_record import CancelAsk, Run
 from .runs import Closing, Refusal, RunRefused, RunStore, Update
-from .services import CANCELS_ANY
+from .scope import scope_of
+from .services import CANCELS_ANY, MAX_REASON_CHARS
 
 _CODE = {
     Refusal.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
@@ -37,6 +41,8 @@ _CODE = {
     Refusal.MALFORMED: grpc.StatusCode.INVALID_ARGUMENT,
 }
 MAX_CALLS_SHOWN = 1000
+# What ListRuns `states` may hold: the loop's states, and "active" (every non-terminal one).
+RUN_STATES = frozenset({"active", *(s.value for s in State)})
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -47,7 +53,11 @@ class RunsService(rpb_grpc.RunsServicer):
         self.dispatcher = dispatcher
 
     async def StartRun(self, request: rpb.StartRunRequest, context: Context) -> rpb.Run:
-        limits = {k: getattr(request.limits, k) for k in LIMIT_KEYS if getattr(request.limits, k)}
+        limits = {
+            k: wirecheck.non_negative(getattr(request.limits, k), f"limits.{k}")
+            for k in LIMIT_KEYS
+            if getattr(request.limits, k)
+        }
         asked = Run(
             run_id=request.run_id,
             goal=request.goal,
@@ -64,17 +74,18 @@ class RunsService(rpb_grpc.RunsServicer):
 
     async def AppendEvents(self, request: rpb.AppendEventsRequest, context: Context) -> rpb.Run:
         try:
-            events = [_transition(request.run_id, e) for e in request.events]
+            events = [_transition(request.run_id, i, e) for i, e in enumerate(request.events)]
             return run_msg(await self.store.append(request.run_id, events, caller().name))
         except RunRefused as exc:
             await _abort(context, exc)
 
     async def GetRun(self, request: rpb.GetRunRequest, context: Context) -> rpb.RunDetail:
         try:
-            run = await self.store.get(request.run_id)
+            run = await self._visible(request.run_id)
         except RunRefused as exc:
             await _abort(context, exc)
         events = await self.store.events(run.run_id)
+        # Every call of a run the caller may see (its owner's, and refusals of others').
         calls, _ = await self.dispatcher.journal.list(
             CallFilter(run_id=run.run_id, limit=MAX_CALLS_SHOWN)
         )
@@ -87,10 +98,26 @@ class RunsService(rpb_grpc.RunsServicer):
     async def ListRuns(
         self, request: rpb.ListRunsRequest, context: Context
     ) -> rpb.ListRunsResponse:
-        runs = await self.store.find(request.states, request.owner, request.limit)
+        states = wirecheck.known_strings(request.states, RUN_STATES, "states")
+        if request.limit < 0:
+            raise MalformedRequest("out_of_range", "limit", "limit: must not be negative")
+        scope = scope_of(caller(), self.dispatcher.policy)
+        runs = await self.store.find(states, request.owner, request.limit, scope.agents)
         return rpb.ListRunsResponse(runs=[run_msg(r) for r in runs])
 
+    async def _visible(self, run_id: str) -> Run:
+        """The run, if the caller's scope holds its owner; else NOT_FOUND, as for a run
+        that does not exist (scope.py)."""
+        run = await self.store.get(run_id)
+        if not scope_of(caller(), self.dispatcher.policy).allows(run.owner):
+            raise RunRefused(Refusal.NOT_FOUND, f"no run {run_id!r}", "run_id")
+        return run
+
     async def CancelRun(self, request: rpb.CancelRunRequest, context: Context) -> rpb.Run:
+        if len(request.reason) > MAX_REASON_CHARS:
+            raise MalformedRequest(
+                "too_large", "reason", f"reason: longer than {MAX_REASON_CHARS} characters"
+            )
         who = caller()
         ask = CancelAsk(who.name, request.reason or "cancelled", time.time())
         try:
@@ -123,7 +150,7 @@ class RunsService(rpb_grpc.RunsServicer):
         self, request: rpb.WatchRunRequest, context: Context
     ) -> AsyncIterator[rpb.RunUpdate]:
         try:
-            await self.store.get(request.run_id)
+            await self._visible(request.run_id)
         except RunRefused as exc:
             await _abort(context, exc)
         updates = self.store.watch(request.run_id, request.after_seq)
@@ -133,24 +160,36 @@ class RunsService(rpb_grpc.RunsServicer):
                     yield update_msg(update)
         except Closing as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except Lagging as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
 
 
 async def _abort(context: Context, exc: RunRefused) -> NoReturn:
     code = _CODE.get(exc.kind, grpc.StatusCode.FAILED_PRECONDITION)
     where = f"{exc.field}: " if exc.field and not exc.message.startswith(exc.field) else ""
-    await context.abort(code, f"{exc.kind.value}: {where}{exc.message}")
+    trailers = ((CLASS_KEY, exc.kind.value), (FIELD_KEY, exc.field))
+    await context.abort(code, f"{exc.kind.value}: {where}{exc.message}", trailing_metadata=trailers)
     raise AssertionError("context.abort returned")
 
 
-def _transition(run_id: str, e: rpb.RunEvent) -> Transition:
+def _transition(run_id: str, i: int, e: rpb.RunEvent) -> Transition:
+    at = wirecheck.timestamp(e.at, f"events[{i}].at") if e.HasField("at") else time.time()
+    too_deep = MalformedRequest(
+        "too_deep",
+        f"events[{i}].data_json",
+        f"events[{i}].data_json: nested deeper than {wirecheck.MAX_JSON_DEPTH} levels",
+    )
     try:
         data = json.loads(e.data_json or "{}")
         from_state, to_state = State(e.from_state), State(e.to_state)
+    except RecursionError:
+        raise too_deep from None
     except ValueError as exc:
         raise RunRefused(Refusal.MALFORMED, f"event seq {e.seq}: {exc}", "events") from None
+    if wirecheck.nested_deeper(data):
+        raise too_deep
     if not isinstance(data, dict):
         raise RunRefused(Refusal.MALFORMED, f"event seq {e.seq}: data_json not an object", "events")
-    at = wire.seconds(e.at) if e.HasField("at") else time.time()
     return Transition(run_id, e.seq, at, from_state, to_state, e.reason, data)
 
 

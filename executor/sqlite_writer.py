@@ -54,6 +54,12 @@ class _Job:
     reply: Reply | None
     # For asyncio callers: skip the job if the caller already gave up.
     waiter: asyncio.Future[Any] | None = None
+    # Failures of a fire-and-forget job that are an expected answer (logged at DEBUG).
+    expected: tuple[type[BaseException], ...] = ()
+
+    def log_failure(self, error: BaseException) -> None:
+        level = logging.DEBUG if isinstance(error, self.expected) else logging.ERROR
+        log.log(level, "journal write failed: %s", error)
 
 
 class SqliteWriter:
@@ -89,17 +95,25 @@ class SqliteWriter:
         self._put(_Job(fn, durable, reply, waiter))
         return await waiter
 
-    def submit_nowait(self, fn: Callable[[sqlite3.Connection], Any], *, durable: bool) -> None:
-        """Write without waiting for the result; a failure is only logged."""
+    def submit_nowait(
+        self,
+        fn: Callable[[sqlite3.Connection], Any],
+        *,
+        durable: bool,
+        expected: tuple[type[BaseException], ...] = (),
+    ) -> None:
+        """Write without waiting for the result; a failure is only logged (an
+        `expected` one, a normal answer such as a taken call id, at DEBUG)."""
+        job = _Job(fn, durable, None, expected=expected)
         if not durable and self._try_inline():
             try:
                 self._inline(fn)
             except Exception as exc:
-                log.error("journal write failed: %s", exc)
+                job.log_failure(exc)
             finally:
                 self._conn_lock.release()
             return
-        self._put(_Job(fn, durable, None))
+        self._put(job)
 
     def submit_sync(self, fn: Callable[[sqlite3.Connection], T], *, durable: bool) -> T:
         done = threading.Event()
@@ -204,7 +218,7 @@ class SqliteWriter:
         for job, value, error in results:
             if job.reply is None:
                 if error is not None:
-                    log.error("journal write failed: %s", error)
+                    job.log_failure(error)
                 continue
             try:
                 job.reply(value, error)

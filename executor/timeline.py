@@ -32,6 +32,10 @@ class Stop:
     rule: str
     at: float
     evidence: Mapping[str, object]
+    # A completion's backing ("verified by NAME: finding", "unverified"; "" for other ends
+    # and for runs recorded before completions said), and what a reader should know.
+    backing: str = ""
+    caveats: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,6 +107,8 @@ def time_by_state(events: Iterable[Transition]) -> tuple[StateTime, ...]:
     """Seconds the run spent in each state it entered, in order of first entry."""
     spent: dict[str, list[float]] = {}
     ordered = list(events)
+    if not ordered:  # a run only calls used has no transitions
+        return ()
     for e, after in zip(ordered, [*ordered[1:], None], strict=True):
         if e.to_state in TERMINAL:
             continue
@@ -123,4 +129,15 @@ def _stop(events: tuple[Transition, ...], origin: float) -> Stop | None:
         rule=str(last.data.get("rule", "")),
         at=last.at - origin,
         evidence=evidence if isinstance(evidence, dict) else {},
+        backing=_backing(last.data.get("verification")),
+        caveats=tuple(str(c) for c in last.data.get("caveats", ()) if isinstance(c, str)),
     )
+
+
+def _backing(check: object) -> str:
+    if not isinstance(check, dict):
+        return ""
+    if not check.get("verified"):
+        return "unverified: no verifier ran"
+    finding = f": {check['finding']}" if check.get("finding") else ""
+    return f"verified by {check.get('verifier')}{finding}"

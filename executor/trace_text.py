@@ -5,6 +5,8 @@ Shared by the terminal view (`cli_trace`) and the HTML page (`trace_html`).
 
 from __future__ import annotations
 
+import datetime
+
 from .timeline import Trace
 from .timeline_calls import Row, Segment
 
@@ -66,6 +68,8 @@ def states(t: Trace) -> str:
 
 
 def stop_line(t: Trace) -> str:
+    if t.stop is None and t.state == "no run record":
+        return "no run record: calls made under this run id without the Runs service"
     if t.stop is None:
         return f"not ended: state {t.state}" + (f"; cancel asked: {t.cancel}" if t.cancel else "")
     s = t.stop
@@ -74,6 +78,14 @@ def stop_line(t: Trace) -> str:
         line += f" (rule {s.rule}"
         line += f": {', '.join(f'{k} {v}' for k, v in s.evidence.items())})" if s.evidence else ")"
     return line + (f"; cancel asked: {t.cancel}" if t.cancel else "")
+
+
+def when_zoned(seconds: float) -> str:
+    """Local time with its zone, to the millisecond: `2026-12-02 03:21:48.212 UTC+00:00`."""
+    moment = datetime.datetime.fromtimestamp(seconds).astimezone()
+    offset = moment.strftime("%z")
+    clock = moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return f"{clock} UTC{offset[:3]}:{offset[3:]}"
 
 
 def dur(seconds: float) -> str:

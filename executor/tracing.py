@@ -14,7 +14,9 @@ happened, and the hot path pays nothing until the end:
        events: cancel_requested, signal_sent, grace_expired, force_terminated, stopped
 
 Exporting never slows or fails a call: both exporters sit behind batch processors
-(their own threads, bounded queues that drop when full).
+(their own threads, bounded queues that drop when full: MAX_QUEUED_SPANS). Every
+attribute value is cut to MAX_ATTRIBUTE_CHARS (paths, cancel reasons and other
+client-chosen text), so a queued span's size is bounded too.
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.propagate import extract
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from .otelenv import disabled, otlp_exporter, otlp_protocol
+from . import otelenv
+from .otelenv import disabled
 from .outcomes import Mark, Outcome, Phase
 from .outcomes import Status as OutcomeStatus
 from .trace_journal import JournalSpanExporter
@@ -48,6 +50,12 @@ LADDER = (
     Phase.STOPPED,
 )
 _OK = (OutcomeStatus.SUCCESS, OutcomeStatus.PARTIAL)
+# Spans waiting for each exporter; more are dropped (the SDK logs it). A call makes
+# 2-5 spans: a second of a busy daemon's calls. OTEL_BSP_MAX_QUEUE_SIZE wins.
+MAX_QUEUED_SPANS = 8192
+# Longest attribute value (span and event) kept; longer values are cut.
+# OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT wins.
+MAX_ATTRIBUTE_CHARS = 1024
 
 
 @dataclass(slots=True)
@@ -168,23 +176,25 @@ def setup(journal: Any, instance: str) -> Tracing:
     OTEL_SDK_DISABLED=true turns both off."""
     if disabled():
         return Tracing(None)
-    resource = Resource.create({"service.name": "execgate", "service.instance.id": instance})
-    provider = TracerProvider(resource=resource)
+    limit = None if "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT" in os.environ else MAX_ATTRIBUTE_CHARS
+    provider = TracerProvider(
+        resource=otelenv.resource(instance), span_limits=SpanLimits(max_attribute_length=limit)
+    )
     provider.add_span_processor(_batched(JournalSpanExporter(journal)))
-    otlp = otlp_exporter("traces")
-    if otlp is not None:
-        provider.add_span_processor(_batched(otlp))
-        log.info("traces: journal and OTLP (%s)", otlp_protocol("traces"))
+    for name, exporter in otelenv.exporters("traces"):
+        provider.add_span_processor(_batched(exporter))
+        how = f"otlp, {otelenv.otlp_protocol('traces')}" if name == "otlp" else name
+        log.info("traces: journal and %s", how)
     return Tracing(provider)
 
 
 def _batched(exporter: SpanExporter) -> BatchSpanProcessor:
-    """A batch processor sized for a daemon: a call makes 2-5 spans, and a busy daemon
-    a thousand calls a second. OTEL_BSP_* variables, when set, win."""
+    """A batch processor sized for a daemon (MAX_QUEUED_SPANS). OTEL_BSP_* variables,
+    when set, win."""
     env = os.environ
     return BatchSpanProcessor(
         exporter,
-        max_queue_size=None if "OTEL_BSP_MAX_QUEUE_SIZE" in env else 32768,
+        max_queue_size=None if "OTEL_BSP_MAX_QUEUE_SIZE" in env else MAX_QUEUED_SPANS,
         schedule_delay_millis=None if "OTEL_BSP_SCHEDULE_DELAY" in env else 500,
         max_export_batch_size=None if "OTEL_BSP_MAX_EXPORT_BATCH_SIZE" in env else 2048,
     )

@@ -22,6 +22,8 @@ from .outcomes import ErrorClass, Status
 from .paths import Workspace
 from .resources import AnalysedTool, analyse
 from .tools import Limits, ResourceKind, Tool
+from .tools.base import CheckedTool
+from .wirecheck import MAX_JSON_DEPTH, nested_deeper
 
 MAX_ID_CHARS = 256
 
@@ -67,6 +69,8 @@ class Validator:
             self._check_schema(req.tool, args)
         except RecursionError as exc:  # the error message reprs the offending value
             raise invalid("arguments_json is nested too deeply", "arguments_json") from exc
+        if isinstance(tool, CheckedTool):
+            tool.check(args)
         paths = self._resolve_paths(tool, args)
         if isinstance(tool, AnalysedTool):
             effects = await asyncio.to_thread(analyse, tool, args, paths, self.workspace)
@@ -129,10 +133,14 @@ def parse_arguments(text: str, max_bytes: int) -> dict[str, Any]:
         value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise invalid(f"arguments_json is not valid JSON: {exc}", "arguments_json") from exc
-    except (ValueError, RecursionError) as exc:
+    except RecursionError as exc:
+        raise invalid(_TOO_DEEP, "arguments_json") from exc
+    except ValueError as exc:
         raise invalid(f"arguments_json is not acceptable JSON: {exc}", "arguments_json") from exc
     if not isinstance(value, dict):
         raise invalid("arguments_json must be a JSON object", "arguments_json")
+    if nested_deeper(value):
+        raise invalid(_TOO_DEEP, "arguments_json")
     if "\\u" not in text:  # no escapes: the text was valid UTF-8, so is the value
         return value
     try:
@@ -147,6 +155,9 @@ def parse_arguments(text: str, max_bytes: int) -> dict[str, Any]:
     except RecursionError as exc:
         raise invalid("arguments_json is nested too deeply", "arguments_json") from exc
     return value
+
+
+_TOO_DEEP = f"arguments_json is nested deeper than {MAX_JSON_DEPTH} levels"
 
 
 def _hash_or_reject(tool: str, args: dict[str, Any]) -> str:

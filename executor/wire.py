@@ -9,6 +9,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from execgate.v1 import executor_pb2 as pb
 
+from . import wirecheck
 from .approve import Approval, ApprovalState
 from .calls import CallRequest
 from .events import Event, EventKind, PlanRow
@@ -62,7 +63,11 @@ def tool_spec(spec: ToolSpec) -> pb.ToolSpec:
 def call_request(
     msg: pb.ToolCall, *, run_id: str, batch_id: str, index: int, call_id: str
 ) -> CallRequest:
-    timeout = msg.timeout.ToNanoseconds() / 1e9 if msg.HasField("timeout") else None
+    timeout = (
+        wirecheck.duration(msg.timeout, f"calls[{index}].timeout")
+        if msg.HasField("timeout")
+        else None
+    )
     return CallRequest(
         run_id=run_id,
         call_id=call_id,
@@ -185,16 +190,27 @@ def parked_record(a: Approval, *, may_write: bool) -> pb.CallRecord:
 
 
 def call_filter(
-    req: pb.ListCallsRequest, *, run_id: str, limit: int, before_seq: int
+    req: pb.ListCallsRequest,
+    *,
+    run_id: str,
+    limit: int,
+    before_seq: int,
+    agents: tuple[str, ...] | None = None,
 ) -> CallFilter:
+    """The filter of a ListCalls request; an unknown status or a time out of range is a
+    MalformedRequest naming the field (never a filter silently dropped)."""
     return CallFilter(
         run_id=run_id,
-        statuses=tuple(_STATUS_BACK[s] for s in req.statuses if s in _STATUS_BACK),
+        statuses=wirecheck.enum_values(req.statuses, _STATUS_BACK, "statuses"),
         tool=req.tool,
-        since=seconds(req.since) if req.HasField("since") else None,
-        until=seconds(req.until) if req.HasField("until") else None,
+        since=wirecheck.timestamp(req.since, "since") if req.HasField("since") else None,
+        until=wirecheck.timestamp(req.until, "until") if req.HasField("until") else None,
+        finished_since=wirecheck.timestamp(req.finished_since, "finished_since")
+        if req.HasField("finished_since")
+        else None,
         limit=limit,
         before_seq=before_seq,
+        agents=agents,
     )
 
 

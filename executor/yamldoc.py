@@ -16,20 +16,25 @@ from .errors import LocatedError
 class YamlDoc:
     def __init__(self, text: str, source: str, error: type[LocatedError]) -> None:
         self.source = source
-        self.loader = yaml.SafeLoader(text)
         self._error = error
+        try:
+            self.loader = yaml.SafeLoader(text)
+        except yaml.YAMLError as exc:  # a control character: the reader refuses at once
+            raise self._located(exc) from exc
 
     def root(self) -> yaml.Node | None:
         """The document's node; the error class's error (with line) for invalid YAML."""
         try:
             node: yaml.Node | None = self.loader.get_single_node()
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            line, column = (mark.line + 1, mark.column + 1) if mark else (0, 0)
-            raise self._error(
-                f"not valid YAML: {exc}", path=self.source, line=line, column=column
-            ) from exc
+            raise self._located(exc) from exc
         return node
+
+    def _located(self, exc: yaml.YAMLError) -> LocatedError:
+        mark = getattr(exc, "problem_mark", None)
+        line, column = (mark.line + 1, mark.column + 1) if mark else (0, 0)
+        what = " ".join(str(exc).split())  # one line: a log line or a CLI error
+        return self._error(f"not valid YAML: {what}", path=self.source, line=line, column=column)
 
     def error(self, node: yaml.Node | None, message: str) -> LocatedError:
         if node is None:
@@ -38,7 +43,18 @@ class YamlDoc:
         return self._error(message, path=self.source, line=mark.line + 1, column=mark.column + 1)
 
     def value(self, node: yaml.Node) -> Any:
-        return self.loader.construct_object(node, deep=True)
+        try:
+            return self.loader.construct_object(node, deep=True)
+        # A tag SafeLoader refuses (YAMLError), or one whose constructor fails on the
+        # value (`!!int deny`, `!!timestamp 2020-13-45`: ValueError and kin).
+        except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
+            mark = node.start_mark
+            raise self._error(
+                f"not a usable YAML value: {' '.join(str(exc).split())[:300]}",
+                path=self.source,
+                line=mark.line + 1,
+                column=mark.column + 1,
+            ) from exc
 
     def string(self, node: yaml.Node, where: str) -> str:
         value = self.value(node)

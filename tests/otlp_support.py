@@ -27,6 +27,8 @@ class ReceivedSpan:
     attributes: dict[str, Any]
     events: tuple[tuple[str, int, dict[str, Any]], ...]
     status_code: int
+    # The resource the span came with (service.name, service.instance.id, ...).
+    resource: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -118,6 +120,7 @@ def _spans(resource_spans: Any) -> list[ReceivedSpan]:
                         (e.name, e.time_unix_nano, _attrs(e.attributes)) for e in s.events
                     ),
                     status_code=s.status.code,
+                    resource=resource,
                 )
             )
     return out

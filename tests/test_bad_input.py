@@ -733,6 +733,7 @@ def test_batch_over_1000_calls_is_a_request_error(eg: Client) -> None:
         eg.execute(calls)
     assert info.value.code == "INVALID_ARGUMENT"
     assert "1000" in info.value.details
+    assert (info.value.error_class, info.value.field) == ("too_large", "calls")
     # Nothing of the refused batch ran.
     assert not any(
         r.arguments_json == '{"echo": "1000"}' for r in eg.list_calls(tool="noop", limit=1000)

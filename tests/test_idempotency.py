@@ -253,3 +253,19 @@ def test_keys_are_not_scoped_to_a_run(daemon: Daemon, client: Client) -> None:
     assert other.replay_of == "a"
     assert lines(counter) == 1
     assert client.get_call("b", run_id="run-b").replay_of == "a"
+
+
+def test_replays_and_taken_call_ids_are_not_logged_as_errors(
+    daemon: Daemon, client: Client
+) -> None:
+    # A client resending its batch is an expected answer, not a daemon fault: no ERROR line.
+    (daemon.workspace / "seen.txt").write_text("x")
+    read = Call(tool="read_file", arguments={"path": "seen.txt"}, call_id="resent")
+    keyed = Call(
+        tool="read_file", arguments={"path": "seen.txt"}, call_id="keyed", idempotency_key="k"
+    )
+    outcomes = [client.execute([c], run_id="r-log")[0] for c in (read, read, keyed, keyed)]
+    assert [o.status for o in outcomes][:2] == [Status.SUCCESS, Status.REJECTED]
+    assert outcomes[1].error_class == "duplicate_call_id"
+    assert outcomes[3].status is Status.SUCCESS  # the very same keyed call: a replay
+    assert " ERROR " not in daemon.log(), daemon.log()

@@ -19,7 +19,7 @@ from execgate.client.loop.observe import DAEMON_HINTS, REFUSAL_HINTS, Refusal
 from execgate.client.loop.states import State
 from execgate.client.models.base import Message, ToolCall, Turn, Usage
 from execgate.client.models.scripted import ScriptedModel
-from tests.daemon import Daemon
+from tests.daemon import Daemon, give
 from tests.loop_support import (
     ASK_POLICY,
     Background,
@@ -188,6 +188,7 @@ def test_repeated_failure_escalates_as_no_progress(eg: Client) -> None:
 
 def test_two_calls_of_one_turn_writing_one_file_do_not_overlap(plain: Daemon, eg: Client) -> None:
     (plain.workspace / "counter").write_text("0\n")
+    give(plain.workspace / "counter")  # the commands run as the workspace's owner
     model = S(
         [
             S.calls(

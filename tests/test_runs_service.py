@@ -420,12 +420,14 @@ def test_list_runs_filters_by_state_and_owner_newest_first(bot: Client, bob: Cli
 
     active = {r.run_id: r for r in bot.runs.find(states=["active"])}
     assert live_id in active
-    assert bobs_id in active
+    assert bobs_id not in active  # an agent lists its own runs (scope.py)
     assert ended_id not in active
     assert all(not r.terminal for r in active.values())
     assert active[live_id].state is State.REQUESTING_MODEL
+    assert bobs_id in {r.run_id for r in bob.runs.find(states=["active"])}
 
-    bots = bob.runs.find(owner="bot")
+    assert bob.runs.find(owner="bot") == []
+    bots = bot.runs.find(owner="bot")
     assert {r.owner for r in bots} == {"bot"}
     assert {live_id, ended_id} <= {r.run_id for r in bots}
     created = [r.created_at for r in bots]
@@ -434,7 +436,8 @@ def test_list_runs_filters_by_state_and_owner_newest_first(bot: Client, bob: Cli
     failed = [r.run_id for r in bot.runs.find(states=["failed"], owner="bot")]
     assert ended_id in failed
     assert live_id not in failed
-    bobs = bot.runs.find(owner="bob", states=["active"])
+    assert bot.runs.find(owner="bob", states=["active"]) == []
+    bobs = bob.runs.find(owner="bob", states=["active"])
     assert bobs_id in {r.run_id for r in bobs}
     assert {r.owner for r in bobs} == {"bob"}
     assert len(bot.runs.find(limit=2)) == 2

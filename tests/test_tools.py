@@ -527,12 +527,12 @@ def test_search_case_insensitive(eg: Client, tree: Area) -> None:
     assert exact.text.splitlines() == [f"{tree.rel}/src/a.py:2:     return FOO"]
 
 
-def test_search_invalid_regex_fails(eg: Client, tree: Area) -> None:
-    # The pattern is compiled inside the tool, so this is FAILURE (not REJECTED).
+def test_search_invalid_regex_is_rejected(eg: Client, tree: Area) -> None:
+    # The pattern is compiled (after its cost is bounded) at validation: REJECTED.
     out = check(
         eg,
         run(eg, "search", pattern="(unclosed", path=tree.rel),
-        Status.FAILURE,
+        Status.REJECTED,
         "invalid_argument",
         "arguments.pattern",
     )

@@ -222,11 +222,16 @@ def test_kills_since(traced: Traced) -> None:
     assert "30s, 15m, 1h or 2d" in bad.stderr
 
 
-def test_kills_table(traced: Traced) -> None:
-    table = ok(execgate(traced, "kills", "--run", traced.run_id, columns=160))
+@pytest.mark.parametrize("columns", [160, 80])
+def test_kills_table(traced: Traced, columns: int) -> None:
+    table = ok(execgate(traced, "kills", "--run", traced.run_id, columns=columns))
+    assert max(len(line) for line in table.splitlines()) <= columns
     assert "forced terminations: 1" in table
-    assert "traced-run/s4c1" in table
-    assert "timeout after 1.5s" in table
+    # Kept whole at any width: the call, its run, its status and its survivors.
+    for kept in ("s4c1", "traced-run", "unknown_outcome"):
+        assert kept in table
+    assert re.search(r"survivors\W+0\b|│ +0 │", table), table
+    assert "timeout after 1.5s" in table.replace("\n", " ") or columns < 100
     assert re.search(rf"SIGKILL \+{DUR}", table), table
     assert "s5c1" not in table
 
@@ -302,9 +307,13 @@ def test_long_names_control_characters_and_a_running_call_fit_100_columns() -> N
     lines = [line.plain for line in render(trace(hand_made_run(calls, ended=False)), 100)]
     assert all(cell_len(line) <= 100 for line in lines), [cell_len(x) for x in lines]
     assert not [line for line in lines if "\x1b" in line]
-    [row] = [line for line in lines if line.startswith(long_id[:13] + "…")]
-    assert "▲" in row  # requested and killed 20 ms apart: one cell, both marks kept
-    assert "✖" in row
+    # The id is never cut: too long to leave the bar room, the call takes two lines.
+    at = next(i for i, line in enumerate(lines) if line.startswith(long_id + "  "))
+    bar = lines[at + 1]
+    assert bar.startswith("    │")
+    assert bar.endswith("│ failure/not_found")
+    # requested and killed 20 ms apart: one cell, both marks kept, in time order
+    assert bar.index("▲") < bar.index("✖")
     assert any("still running" in line for line in lines)
     assert lines[-1] == "not ended: state requesting_model"
 
@@ -312,3 +321,16 @@ def test_long_names_control_characters_and_a_running_call_fit_100_columns() -> N
 def test_the_stop_rule_and_its_evidence_are_named() -> None:
     lines = [line.plain for line in render(trace(hand_made_run([hand_made_call("c1")])), 100)]
     assert lines[-1] == "stop: failed at +1.000s — stopped (rule max_consecutive_errors: count 3)"
+
+
+def test_a_kill_in_the_last_cell_keeps_the_cancel_mark_first() -> None:
+    """At 80 columns the bar is narrow: a kill 20 ms after its request, at the run's
+    end, falls in the request's (last) cell; the marks stay in time order."""
+    from execgate.executor.cli_trace import cells
+    from execgate.executor.timeline_calls import call_row
+
+    row = call_row(hand_made_call("k", LADDER), T0)
+    for width in (10, 17, 33):
+        bar = "".join(glyph for glyph, _ in cells(row, 0.42, width))
+        assert len(bar) == width
+        assert bar.index("▲") < bar.index("✖") == width - 1, bar

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -235,3 +236,57 @@ def test_a_screenshot_of_the_page_shows_more_than_a_blank_page(
         assert struct.unpack(">II", data[16:24]) == (1400, 800)
         sizes[name] = len(data)
     assert sizes["trace"] > 5 * sizes["blank"], sizes
+
+
+# ---------------------------------------------------------------- what an operator reads
+
+
+def test_the_start_time_and_the_time_zone_are_on_the_page(page: Path) -> None:
+    root = Tree(page.read_text()).root
+    [started] = [e for e in root.walk() if e.attrs.get("id") == "started"]
+    assert started.text.startswith("started ")
+    assert re.search(r"times shown in UTC[+-]\d\d:\d\d", started.text)
+    [moment] = [e for e in started.walk() if e.tag == "time"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} UTC[+-]\d\d:\d\d", moment.text)
+    iso = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d"
+    assert re.fullmatch(iso, moment.attrs["datetime"])
+
+
+def test_the_outcome_and_the_label_are_never_cut(page: Path) -> None:
+    text = page.read_text()
+    assert "text-overflow:ellipsis" not in text
+    [widths] = re.findall(r'id="gantt" style="--label:(\d+)ch;--outcome:(\d+)ch"', text)
+    assert int(widths[1]) >= len("unknown_outcome/timeout")
+    assert int(widths[0]) >= len("s4c1 run_command · bot")
+
+
+def test_the_approval_id_and_approver_are_on_the_bar_tooltip(traced: Traced, page: Path) -> None:
+    parked = rows(Tree(page.read_text()).root)["s3c1"]
+    expected = f"approval {traced.approval_id} (rule publish: publishing needs a human): "
+    expected += "approved by alice"
+    assert expected in parked.attrs["title"]
+    [segment] = list(parked.find("seg-approval_wait"))
+    assert expected in segment.attrs["title"]
+
+
+def test_the_kill_marker_names_the_survivors(page: Path) -> None:
+    killed = rows(Tree(page.read_text()).root)["s4c1"]
+    [force] = list(killed.find("marker-force"))
+    assert re.search(
+        r"force kill \+\d+\.\d{3}s after \d+ms grace: .*; survivors 0$", force.attrs["title"]
+    )
+
+
+def test_the_legend_says_what_each_colour_and_mark_means(page: Path) -> None:
+    root = Tree(page.read_text()).root
+    [legend] = [e for e in root.walk() if e.attrs.get("id") == "legend"]
+    text = legend.all_text()
+    for meaning in (
+        "queued: accepted, not yet scheduled",
+        "approval wait: parked by an ask rule",
+        "lock wait: behind a conflicting call",
+        "stopping: from the cancel request until the call stopped",
+        "cancel requested (a cancel, a timeout or the daemon's shutdown)",
+        "force kill (SIGKILL once the grace ran out)",
+    ):
+        assert meaning in text

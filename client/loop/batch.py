@@ -3,7 +3,8 @@ loop did not see (a client that died mid-batch).
 
 Every call carries a call id fixed by the loop before it is sent and an
 idempotency key derived from it, so a call is never run twice: a resumed loop
-first asks the journal (GetCall) what became of it, waits for one still running,
+first asks the journal (GetCall) what became of it, waits for one still running
+on the Execute stream (re-sent with its id and key, it joins the running call),
 and re-sends only a call the daemon has no record of (it never got it) -- with
 the same id and key, which the daemon would refuse or answer from its journal if
 it had run after all.
@@ -15,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from ..errors import CallNotFound
+from ..errors import CallNotFound, RequestError
 from ..types import Call, Event, EventKind, Outcome, Status
 from .record import Planned
 
@@ -65,17 +66,56 @@ def reconcile(
     received is sent now, once."""
     outcomes: dict[str, Outcome] = {}
     unsent: list[Planned] = []
+    joinable: list[Planned] = []
     # A call parked for approval has no journal row until decided, yet the daemon has it.
     parked = {a.call_id for a in client.approvals_of_run(run_id)}
     for p in planned:
         try:
-            found = _settled(client, run_id, p.call_id, wait_s, known=p.call_id in parked)
+            record = client.get_call(p.call_id, run_id=run_id)
         except CallNotFound:
-            unsent.append(p)
-            continue
-        outcomes[p.call_id] = found
+            if p.call_id not in parked:
+                unsent.append(p)
+                continue
+            record = None
+        if record is not None and record.outcome is not None:
+            outcomes[p.call_id] = record.outcome
+        elif record is not None and record.policy is not None and record.policy.effect == "allow":
+            joinable.append(p)
+        else:
+            outcomes[p.call_id] = _settled(client, run_id, p.call_id, wait_s, known=True)
+    if joinable:
+        outcomes.update(_join(client, run_id, joinable, wait_s))
     if unsent:
         outcomes.update(run_batch(client, run_id, unsent, deadline=deadline, on_event=_ignore))
+    return outcomes
+
+
+def _join(
+    client: Client, run_id: str, planned: Sequence[Planned], wait_s: float
+) -> dict[str, Outcome]:
+    """Wait on the Execute stream for calls still running: each is re-sent with its id
+    and idempotency key, so it joins its in-flight owner (or, had it ended meanwhile,
+    gets the journal's outcome) -- it never runs twice. Only for calls the policy allowed
+    outright: a re-sent `ask` call that ended meanwhile would ask for a new approval, so
+    those are looked up in the journal instead (`_settled`). A call not settled within
+    `wait_s` is UNKNOWN_OUTCOME; the wait stops nothing at the daemon."""
+    seen: dict[str, Outcome] = {}
+    calls = [to_call(run_id, p) for p in planned]
+    try:
+        for event in client.stream(calls, run_id=run_id, timeout=wait_s):
+            if event.kind is EventKind.FINISHED and event.outcome is not None:
+                seen[event.call_id] = event.outcome
+    except RequestError as exc:
+        if exc.code != "DEADLINE_EXCEEDED":
+            raise
+    outcomes: dict[str, Outcome] = {}
+    for p in planned:
+        found = seen.get(p.call_id)
+        if found is not None and found.error_class == "duplicate_call_id":
+            # Not joinable after all (it ended and was re-sent in the same instant):
+            # the journal has its outcome.
+            found = _settled(client, run_id, p.call_id, wait_s, known=True)
+        outcomes[p.call_id] = found or still_running(p.call_id, wait_s)
     return outcomes
 
 

@@ -13,46 +13,33 @@ run only if the verifier (if any) accepts it and no call of the run is pending.
 
 from __future__ import annotations
 
-import copy
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from opentelemetry.trace import StatusCode
-
-from ..errors import RunRefused
-from ..models.base import Message, Model, ModelTool, Turn
-from ..models.errors import ModelError
-from ..types import Event, EventKind, Outcome
-from .batch import pending_calls, reconcile, run_batch
-from .gate import check_calls
+from ..models.base import Message, Model, ModelTool
+from ..types import Event
 from .record import (
     Conversation,
-    Planned,
-    Rebuilt,
-    Refused,
-    actions,
     rebuild,
-    sent,
-    stopped_calls,
-    turn_json,
 )
 from .results import (
     DEFAULT_LIMITS,
     TRACER,
     LoopResult,
-    SoFar,
-    Verdict,
     Verifier,
     close_span,
     monotonic_start,
     result_of,
     stop_kwargs,
-    usage_attributes,
 )
-from .states import TERMINAL, Machine, State, Transition
-from .stops import Cancelled, Stop, StopRules
+from .retry import Retry
+from .states import TERMINAL, Machine, Transition
+from .step import Step
+from .stops import StopRules
 from .tally import Tally
+
+# Bounds whose crossing request may have bought the final answer: the answer is taken.
+PAID_FOR = ("max_tokens", "max_cost")
 
 if TYPE_CHECKING:  # the client package imports the loop: no cycle at run time
     from .._sync import Client
@@ -71,6 +58,7 @@ class Loop:
             (counted by the stop rules); "fail" ends the run `failed`.
         tools: the daemon tools offered to the model (None: all of them).
         reconcile_wait_s: on resume, how long to wait for a call still running.
+        retry: how transient model errors (429, 5xx, connection) are retried.
         on_transition, on_event: called with each transition once it is persisted, and
             with each event of the run's tool calls (for transcripts and UIs).
     """
@@ -89,6 +77,7 @@ class Loop:
         result_cap: int = 4000,
         reconcile_wait_s: float = 60.0,
         config_version: str = "",
+        retry: Retry | None = None,
         on_transition: Callable[[Transition], None] | None = None,
         on_event: Callable[[Event], None] | None = None,
     ) -> None:
@@ -103,6 +92,7 @@ class Loop:
         self.result_cap = result_cap
         self.reconcile_wait_s = reconcile_wait_s
         self.config_version = config_version
+        self.retry = retry if retry is not None else Retry()
         # Watchers (a UI, a transcript): each transition once persisted, each call event.
         self.on_transition = on_transition
         self.on_event = on_event
@@ -127,7 +117,7 @@ class Loop:
             labels={"client": "python"},
         )
         machine = Machine(info.run_id)
-        step = _Step(self, info, machine, _fresh(goal, info), self.stops, self.limits)
+        step = Step(self, info, machine, _fresh(goal, info), self.stops, self.limits)
         return step.go()
 
     def resume(self, run_id: str) -> LoopResult:
@@ -152,7 +142,7 @@ class Loop:
         # The run keeps the bounds it was started with (unless this Loop brings rules).
         limits = self.limits if self._own_stops else detail.run.limits
         stops = self.stops if self._own_stops else StopRules.default(**stop_kwargs(limits))
-        step = _Step(self, detail.run, machine, rebuilt.conversation, stops, limits)
+        step = Step(self, detail.run, machine, rebuilt.conversation, stops, limits)
         return step.go(rebuilt)
 
     def offered(self) -> list[ModelTool]:
@@ -165,243 +155,6 @@ class Loop:
                 if wanted is None or s.name in wanted
             ]
         return self._tools
-
-
-class _Step:
-    """One run in progress: the machine, the conversation, and the daemon's view."""
-
-    def __init__(
-        self,
-        loop: Loop,
-        info: RunInfo,
-        machine: Machine,
-        conv: Conversation,
-        stops: StopRules,
-        limits: Mapping[str, Any],
-    ) -> None:
-        self.loop = loop
-        self.client = loop.client
-        self.info = info
-        self.run_id = info.run_id
-        self.machine = machine
-        # Transitions made but not yet appended (see `_move`'s `hold`), and the machine
-        # as the daemon last accepted it.
-        self._held: list[Transition] = []
-        self._synced = copy.copy(machine)
-        self.conv = conv
-        self.stops = stops
-        # Calls of the batch parked for approval, until they start or end.
-        self._parked: set[str] = set()
-        deadline_s = limits.get("deadline_seconds")
-        self.deadline = info.created_at + deadline_s if deadline_s else None
-
-    def go(self, rebuilt: Rebuilt | None = None) -> LoopResult:
-        if rebuilt is not None and (ended := self._continue(rebuilt)) is not None:
-            return ended
-        if self.machine.state is State.CREATED:
-            self._move(State.REQUESTING_MODEL, "run started")
-        while True:
-            ended = self._cycle()
-            if ended is not None:
-                return ended
-
-    def _cycle(self) -> LoopResult | None:
-        """One model request and what follows from it."""
-        if (stop := self._stop()) is not None:
-            return self._end(stop)
-        with TRACER.start_as_current_span("execgate.model_request") as span:
-            span.set_attribute("gen_ai.request.model", getattr(self.loop.model, "name", ""))
-            try:
-                turn = self.loop.model.respond(
-                    self.conv.messages, self.loop.offered(), system=self.loop.system
-                )
-            except ModelError as exc:
-                span.set_status(StatusCode.ERROR, type(exc).__name__)
-                return self._fail("model_error", f"the model failed: {exc}", {"error": str(exc)})
-            span.set_attributes(usage_attributes(turn))
-        self.conv.add_turn(turn)
-        # A final answer's move is appended at once: its reply may carry a cancel
-        # request, which must win over completing. Calls' moves wait for the next one.
-        self._move(State.VALIDATING, "model replied", turn_json(turn), hold=not turn.final)
-        return self._validate(turn)
-
-    def _validate(self, turn: Turn) -> LoopResult | None:
-        # A bound the model request just crossed (tokens, cost), the clock or a cancel
-        # ends the run before its calls are sent or its answer is taken: reaching a
-        # bound is never `completed`. max_steps counts model requests: checked before
-        # the next one.
-        if (stop := self._stop(skip=("max_steps",))) is not None:
-            return self._end(stop, unrun=turn)
-        if turn.final:
-            return self._answer(turn.text)
-        offered = {t.name for t in self.loop.offered()}
-        planned, refused = check_calls(turn, offered, self.conv, self.client, self.run_id)
-        if not planned:
-            data = {"refused": [r.to_json() for r in refused]}
-            self._move(State.REQUESTING_MODEL, "every proposed call was refused", data)
-            self.conv.add_results(turn, refused, {}, self.loop.result_cap)
-            return None
-        data = {"calls": [p.to_json() for p in planned], "refused": [r.to_json() for r in refused]}
-        self._move(State.RUNNING_TOOLS, f"{len(planned)} call(s) sent", data)
-        with TRACER.start_as_current_span("execgate.tool_batch") as span:
-            span.set_attribute("execgate.batch.calls", len(planned))
-            outcomes = run_batch(
-                self.client, self.run_id, planned, deadline=self.deadline, on_event=self._on_event
-            )
-        self._batch_done(turn, planned, refused, outcomes)
-        return None  # the stop rules look at the batch before the next model request
-
-    def _batch_done(
-        self,
-        turn: Turn,
-        planned: Sequence[Planned],
-        refused: Sequence[Refused],
-        outcomes: Mapping[str, Outcome],
-    ) -> None:
-        ran = sent(planned, outcomes)
-        self.conv.add_results(turn, refused, ran, self.loop.result_cap)
-        self._parked.clear()
-        if self.machine.state is State.AWAITING_APPROVAL:
-            self._move(State.RUNNING_TOOLS, "approvals settled")
-        results = [
-            {"call_id": p.call_id, "status": o.status.value, "error_class": o.error_class}
-            for p, o in ran.values()
-        ]
-        self._move(State.REQUESTING_MODEL, "batch finished", {"results": results})
-
-    def _on_event(self, event: Event) -> None:
-        """Approval parking moves the machine (running_tools <-> awaiting_approval)."""
-        if self.loop.on_event is not None:
-            self.loop.on_event(event)
-        if event.kind is EventKind.AWAITING_APPROVAL:
-            self._parked.add(event.call_id)
-            if self.machine.state is State.RUNNING_TOOLS:
-                data = {"call_id": event.call_id, "approval_id": event.approval_id}
-                self._move(State.AWAITING_APPROVAL, f"rule {event.rule_id}: {event.reason}", data)
-        elif (
-            event.kind in (EventKind.STARTED, EventKind.FINISHED) and event.call_id in self._parked
-        ):
-            self._parked.discard(event.call_id)
-            if not self._parked and self.machine.state is State.AWAITING_APPROVAL:
-                self._move(State.RUNNING_TOOLS, f"{event.call_id} {event.kind.value}")
-
-    def _answer(self, answer: str) -> LoopResult | None:
-        verdict = self._verify(answer)
-        if verdict.accepted:
-            pending = pending_calls(self.client, self.run_id)
-            if not pending:
-                data = {"answer": answer, "figures": self._figures(), "actions": actions(self.conv)}
-                return self._terminal(State.COMPLETED, "final answer accepted", data, answer=answer)
-            verdict = Verdict(False, f"calls still pending: {', '.join(pending)}")
-        if self.loop.on_rejected_answer == "fail":
-            return self._fail("verifier", verdict.finding, {"answer": answer})
-        self._move(State.REQUESTING_MODEL, "answer not accepted", {"finding": verdict.finding})
-        self.conv.add_finding(verdict.finding)
-        return None
-
-    def _verify(self, answer: str) -> Verdict:
-        if self.loop.verifier is None:
-            return Verdict(True)
-        calls = tuple((p.tool, p.arguments, o) for p, o in self.conv.done)
-        return self.loop.verifier(SoFar(self.info.goal, answer, calls))
-
-    # -- resume ---------------------------------------------------------------------
-
-    def _continue(self, rebuilt: Rebuilt) -> LoopResult | None:
-        """Pick up a recorded run where it stood."""
-        state = self.machine.state
-        if state is State.WAITING:
-            assert self.machine.suspended_from is not None
-            self._move(self.machine.suspended_from, "resumed")  # RESUME_INTO
-            state = self.machine.state
-        if state is State.VALIDATING and rebuilt.turn is not None:
-            return self._validate(rebuilt.turn)
-        if state in (State.RUNNING_TOOLS, State.AWAITING_APPROVAL) and rebuilt.turn is not None:
-            outcomes = reconcile(
-                self.client,
-                self.run_id,
-                rebuilt.planned,
-                wait_s=self.loop.reconcile_wait_s,
-                deadline=self.deadline,
-            )
-            self._batch_done(rebuilt.turn, rebuilt.planned, rebuilt.refused, outcomes)
-        return None
-
-    # -- moving and ending ---------------------------------------------------------
-
-    def _move(
-        self, to: State, reason: str, data: Mapping[str, Any] | None = None, *, hold: bool = False
-    ) -> None:
-        """Advance and persist before anything else happens; note any cancel request.
-
-        `hold`: the next step is local (validating a turn touches nothing outside), so the
-        move is appended together with the one that follows it -- before any call is sent
-        or the run ends. A client dying in between loses the model's turn, never an action:
-        resume asks the model again. One fsync'd append per step saved.
-        """
-        self._held.append(self.machine.advance(to, reason, data))
-        if hold:
-            return
-        moved, self._held = self._held, []
-        try:
-            self.info = self.client.runs.append(self.run_id, moved)
-        except RunRefused:
-            self.machine = copy.copy(self._synced)  # back to what the daemon has
-            raise
-        self._synced = copy.copy(self.machine)
-        for each in moved:
-            if self.loop.on_transition is not None:
-                self.loop.on_transition(each)
-        if self.info.cancel is not None:
-            c = self.info.cancel
-            self.conv.tally.request_cancel(c.requester, c.reason, c.at)
-
-    def _stop(self, skip: tuple[str, ...] = ()) -> Stop | None:
-        return self.stops.first(self.conv.tally, time.monotonic(), skip=skip)
-
-    def _end(self, stop: Stop, unrun: Turn | None = None) -> LoopResult:
-        data: dict[str, Any] = {
-            "rule": stop.rule,
-            "figures": stop.figures,
-            "evidence": stop.evidence,
-            "last_action": self.conv.tally.last_action,
-        }
-        if unrun is not None and unrun.tool_calls:  # proposed, never sent
-            data["not_run"] = [{"name": c.name, "arguments": c.arguments} for c in unrun.tool_calls]
-        if stop.state is State.CANCELLED:
-            data["stopped_calls"] = stopped_calls(self.conv)
-            data["rolled_back"] = False  # stopping undoes nothing a call already did
-        return self._terminal(stop.state, stop.reason, data, rule=stop.rule)
-
-    def _fail(self, rule: str, reason: str, extra: Mapping[str, Any]) -> LoopResult:
-        data = {"rule": rule, "figures": self._figures(), **extra}
-        data["last_action"] = self.conv.tally.last_action
-        return self._terminal(State.FAILED, reason, data, rule=rule)
-
-    def _terminal(
-        self, state: State, reason: str, data: dict[str, Any], *, rule: str = "", answer: str = ""
-    ) -> LoopResult:
-        try:
-            self._move(state, reason, data)
-        except RunRefused as exc:
-            # Someone asked the run to stop after our last append: that wins.
-            if exc.kind != "cancel_requested" or state is State.CANCELLED:
-                raise
-            return self._cancelled_meanwhile()
-        evidence = data.get("evidence", {})
-        figures = data.get("figures", self._figures())
-        return LoopResult(self.run_id, state, reason, rule, answer, figures, evidence)
-
-    def _cancelled_meanwhile(self) -> LoopResult:
-        ask = self.client.runs.get(self.run_id).run.cancel
-        assert ask is not None  # the daemon refused `completed` because of it
-        self.conv.tally.request_cancel(ask.requester, ask.reason, ask.at)
-        stop = Cancelled().check(self.conv.tally, time.monotonic())
-        assert stop is not None
-        return self._end(stop)
-
-    def _figures(self) -> dict[str, Any]:
-        return self.conv.tally.figures(time.monotonic())
 
 
 def _fresh(goal: str, info: RunInfo) -> Conversation:

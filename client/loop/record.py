@@ -11,7 +11,8 @@ The loop writes every fact it needs to continue into its transitions' `data`:
     validating -> running_tools      {"calls": [{call_id, index, model_id, tool, arguments}],
                                       "refused": [{index, model_id, tool, arguments,
                                       error_class, reason}]}
-    validating -> requesting_model   {"refused": [...]} or {"finding": verifier's finding}
+    validating -> requesting_model   {"refused": [...]}, {"finding": verifier's finding} or
+                                      {"paused": true} (a pause_turn, continued)
     running_tools -> requesting_model {"results": [{call_id, status, error_class}]}
 
 Raw tool results stay in the daemon's journal (the run's calls): a rebuilt
@@ -225,7 +226,9 @@ def _replay(state: Rebuilt, moved: Transition, outcomes: Mapping[str, Outcome], 
     elif moved.from_state is State.VALIDATING and moved.to_state is State.RUNNING_TOOLS:
         state.planned, state.refused = planned_from(moved.data)
     elif moved.from_state is State.VALIDATING and moved.to_state is State.REQUESTING_MODEL:
-        if "finding" in moved.data:
+        if moved.data.get("paused"):
+            pass  # a paused turn is continued: the model is asked again as it stands
+        elif "finding" in moved.data:
             conv.add_finding(str(moved.data["finding"]))
         elif state.turn is not None:
             _, refused = planned_from(moved.data)

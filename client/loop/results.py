@@ -12,6 +12,7 @@ from opentelemetry.trace import StatusCode
 
 from ..models.base import Turn
 from ..types import Outcome
+from .backing import Verification
 from .states import State, Transition
 
 # StopRules.default's bounds, recorded with the run when no limits override them.
@@ -48,10 +49,18 @@ class LoopResult:
     answer: str = ""
     figures: dict[str, Any] = field(default_factory=dict)
     evidence: dict[str, Any] = field(default_factory=dict)
+    # On `completed`: whether a verifier backed the answer (None on other ends).
+    verification: Verification | None = None
+    # On `completed`: what a reader should know (failed calls, unknown outcomes).
+    caveats: tuple[str, ...] = ()
 
     @property
     def completed(self) -> bool:
         return self.state is State.COMPLETED
+
+    @property
+    def verified(self) -> bool:
+        return self.verification is not None and self.verification.verified
 
 
 TRACER = trace.get_tracer("execgate.client.loop")
@@ -105,13 +114,19 @@ def stop_kwargs(limits: Mapping[str, Any]) -> dict[str, Any]:
 
 def result_of(run_id: str, events: Sequence[Transition]) -> LoopResult:
     last = events[-1]
-    data = last.data
+    return result_from(run_id, last.to_state, last.reason, last.data)
+
+
+def result_from(run_id: str, state: State, reason: str, data: Mapping[str, Any]) -> LoopResult:
+    """The result a terminal transition's data describes."""
     return LoopResult(
         run_id,
-        last.to_state,
-        last.reason,
+        state,
+        reason,
         str(data.get("rule", "")),
         str(data.get("answer", "")),
         dict(data.get("figures", {})),
         dict(data.get("evidence", {})),
+        Verification.from_json(data.get("verification")),
+        tuple(str(c) for c in data.get("caveats", ())),
     )

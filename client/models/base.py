@@ -7,6 +7,7 @@ types to one provider's wire format and back; nothing provider-shaped leaks out 
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -83,6 +84,51 @@ class Pricing:
         return Usage(input_tokens, output_tokens, self.cost(input_tokens, output_tokens))
 
 
+class Ending(enum.StrEnum):
+    """Why a turn stopped, in the project's terms (the provider's words: `Turn.stop_reason`).
+
+    Only `END` can end a run `completed`; every other kind has its own path in the loop
+    (docs/loop.md, "Why a turn stopped").
+    """
+
+    # The model ended its turn itself: "stop", "end_turn", "stop_sequence".
+    END = "end"
+    # It stopped to have tools run: "tool_calls", "tool_use", "function_call".
+    TOOL_USE = "tool_use"
+    # It paused a long turn and should be asked to go on: Anthropic's "pause_turn".
+    PAUSED = "paused"
+    # Cut off by a length bound: "length", "max_tokens", "model_context_window_exceeded".
+    TRUNCATED = "truncated"
+    # The provider refused or filtered it: "refusal", "content_filter".
+    REFUSED = "refused"
+    # A reason this client does not know: never taken for an answer.
+    UNKNOWN = "unknown"
+
+
+# The providers' reasons, lower-cased. "" (a server that says nothing) counts as END: the
+# turn's calls, if any, decide what it is.
+ENDINGS: dict[str, Ending] = {
+    "": Ending.END,
+    "stop": Ending.END,
+    "end_turn": Ending.END,
+    "stop_sequence": Ending.END,
+    "tool_calls": Ending.TOOL_USE,
+    "tool_use": Ending.TOOL_USE,
+    "function_call": Ending.TOOL_USE,
+    "pause_turn": Ending.PAUSED,
+    "length": Ending.TRUNCATED,
+    "max_tokens": Ending.TRUNCATED,
+    "model_context_window_exceeded": Ending.TRUNCATED,
+    "refusal": Ending.REFUSED,
+    "content_filter": Ending.REFUSED,
+}
+
+
+def ending_of(stop_reason: str) -> Ending:
+    """The kind of a provider's stop reason; `UNKNOWN` for one not in `ENDINGS`."""
+    return ENDINGS.get(stop_reason.strip().lower(), Ending.UNKNOWN)
+
+
 @dataclass(frozen=True, slots=True)
 class Turn:
     """One response of a model."""
@@ -94,9 +140,14 @@ class Turn:
     stop_reason: str = ""
 
     @property
+    def ending(self) -> Ending:
+        return ending_of(self.stop_reason)
+
+    @property
     def final(self) -> bool:
-        """A final answer: no calls proposed. Still a proposal; the loop verifies it."""
-        return not self.tool_calls
+        """A final answer: no calls proposed and the model ended the turn itself. Still
+        a proposal; the loop verifies it."""
+        return not self.tool_calls and self.ending is Ending.END
 
 
 class Model(Protocol):

@@ -157,6 +157,10 @@ def _turn(doc: dict[str, Any], model: str, pricing: Pricing) -> Turn:
     if not isinstance(raw_calls, list):
         raise ModelBadResponse(model, "message.tool_calls is not a list")
     usage = _parse.optional_dict(doc, "usage")
+    stop_reason = str(choice.get("finish_reason") or "")
+    refusal = message.get("refusal")
+    if isinstance(refusal, str) and refusal:  # a refusal says "stop", yet is no answer
+        content, stop_reason = refusal, "refusal"
     return Turn(
         text=content or "",
         tool_calls=tuple(_tool_call(c, i, model) for i, c in enumerate(raw_calls)),
@@ -164,7 +168,7 @@ def _turn(doc: dict[str, Any], model: str, pricing: Pricing) -> Turn:
             _parse.token_count(usage, "prompt_tokens"),
             _parse.token_count(usage, "completion_tokens"),
         ),
-        stop_reason=str(choice.get("finish_reason") or ""),
+        stop_reason=stop_reason,
     )
 
 

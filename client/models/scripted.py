@@ -6,14 +6,15 @@
     ])
 
 A step is a `Turn`, or a callable given the messages that returns one (to react to the
-results the loop sent back). Calls without an id get "call_1", "call_2", ... unique across
-the script. Past the last step, `respond` raises `ScriptExhausted`.
+results the loop sent back). The script is any iterable, read one step per `respond` (an
+endless `itertools.repeat(...)` is fine). Calls without an id get "call_1", "call_2", ...
+unique across the script. Past the last step, `respond` raises `ScriptExhausted`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .base import Message, ModelTool, Pricing, ToolCall, Turn, Usage
@@ -30,18 +31,20 @@ class ScriptedModel:
     """Plays `script` one step per `respond`; records what it was asked."""
 
     def __init__(
-        self, script: Sequence[Step], *, name: str = "scripted", pricing: Pricing = _FREE
+        self, script: Iterable[Step], *, name: str = "scripted", pricing: Pricing = _FREE
     ) -> None:
         """Args:
-        script: the steps, in order.
+        script: the steps, in order; read lazily, one per `respond`.
         name: the model's name (in errors, and for the loop's records).
         pricing: when not zero, each turn's cost is computed from its tokens; when zero,
             the step's own `usage.cost` is kept.
         """
         self.name = name
         self.pricing = pricing
-        self._script = tuple(script)
-        self._next = 0
+        self._script = iter(script)
+        # Steps played so far; `remaining` is known only for a sized script.
+        self._played = 0
+        self._size = len(script) if isinstance(script, Sequence) else None
         self._ids_used: set[str] = set()
         self._id_counter = 0
         # One entry per respond() call, in order: the messages, tools and system prompt seen.
@@ -60,14 +63,15 @@ class ScriptedModel:
         )
 
     @staticmethod
-    def answer(text: str, *, usage: Usage = _NO_USAGE) -> Turn:
-        """A final turn: text and no calls."""
-        return Turn(text=text, tool_calls=(), usage=usage, stop_reason="stop")
+    def answer(text: str, *, usage: Usage = _NO_USAGE, stop_reason: str = "stop") -> Turn:
+        """A turn with text and no calls: a final answer unless `stop_reason` says the
+        turn was cut off ("length"), refused ("refusal") or paused ("pause_turn")."""
+        return Turn(text=text, tool_calls=(), usage=usage, stop_reason=stop_reason)
 
     @property
-    def remaining(self) -> int:
-        """Steps not yet played."""
-        return len(self._script) - self._next
+    def remaining(self) -> int | None:
+        """Steps not yet played; None when the script is not a sized sequence."""
+        return None if self._size is None else self._size - self._played
 
     def respond(
         self, messages: Sequence[Message], tools: Sequence[ModelTool], *, system: str = ""
@@ -75,10 +79,10 @@ class ScriptedModel:
         self.requests.append(tuple(messages))
         self.tools_offered.append(tuple(tools))
         self.systems.append(system)
-        if self._next >= len(self._script):
-            raise ScriptExhausted(self.name, len(self._script))
-        step = self._script[self._next]
-        self._next += 1
+        step = next(self._script, None)
+        if step is None:
+            raise ScriptExhausted(self.name, self._played)
+        self._played += 1
         turn = step if isinstance(step, Turn) else step(tuple(messages))
         return self._finish(turn)
 

@@ -14,6 +14,7 @@ from ..errors import PolicyError, ToolError
 from ..outcomes import ErrorClass, Status
 from .load import load_text, read_file
 from .model import Decision, Effect, PolicyInput, Rule, decide, path_glob
+from .reads import ReadGrant, readable
 from .runrules import CallLimits, LimitRule, SandboxRule, limits_for
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "Policy",
     "PolicyError",
     "PolicyInput",
+    "ReadGrant",
     "Rule",
     "SandboxRule",
     "default_policy_path",
@@ -43,6 +45,8 @@ class Policy:
     limits: tuple[LimitRule, ...] = ()
     # `hard_links:` path globs where a file with several hard links is not refused.
     hard_links: tuple[str, ...] = ()
+    # `reads:` grants: whose journal records agents read beyond their own.
+    reads: tuple[ReadGrant, ...] = ()
 
     def decide(self, call: PolicyInput) -> Decision:
         return decide(self.rules, self.default, self.revision, call)
@@ -75,10 +79,16 @@ class Policy:
         workspace-relative) be read or replaced? Only where `hard_links:` says so."""
         return any(path_glob(rel, pattern) for pattern in self.hard_links)
 
+    def readable(self, agent: str, memberships: frozenset[str] = frozenset()) -> tuple[str, ...]:
+        """Whose records (names or * ? globs) `reads:` lets this agent read."""
+        return readable(self.reads, agent, memberships)
+
 
 def parse_policy(text: str, source: str) -> Policy:
     p = load_text(text, source)
-    return Policy(p.default, p.rules, p.revision, source, p.sandbox, p.limits, p.hard_links)
+    return Policy(
+        p.default, p.rules, p.revision, source, p.sandbox, p.limits, p.hard_links, p.reads
+    )
 
 
 def load_policy(path: str | Path) -> Policy:

@@ -18,15 +18,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import regex
 import yaml
 
 from ..errors import LocatedError, PolicyError
+from ..regexbound import check_pattern
 from ..yamldoc import YamlDoc as _Doc
 from .model import Condition, Effect, PolicyInput, Rule, memberships
+from .reads import ReadGrant, read_grant
 from .runrules import LimitRule, SandboxRule, limit_rule, sandbox_rule
 from .schema import duplicate_keys, raise_all, schema_errors
 
-FILE_KEYS = {"version", "default", "mode", "rules", "sandbox", "limits", "hard_links"}
+FILE_KEYS = {
+    "version", "default", "mode", "rules", "sandbox", "limits", "hard_links", "reads",
+}  # fmt: skip
 RULE_KEYS = {
     "id",
     "effect",
@@ -47,6 +52,8 @@ MATCHERS = ("agents", "tools", "paths", "tables", "hosts", "argv_prefix", "when"
 EXAMPLE_KEYS = {"tool", "agent", "groups", "roles", "paths", "tables", "hosts", "argv", "args"}
 CONDITION_OPS = ("equals", "in", "matches")
 DEFAULT_TTL = 3600.0
+# A `when: matches` regex runs on every call's argument: bounded at load.
+MAX_MATCHES_CHARS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +65,8 @@ class Parsed:
     revision: str
     # Path globs under which hard-linked regular files are used like any other.
     hard_links: tuple[str, ...] = ()
+    # `reads:` grants: whose records agents may read beyond their own.
+    reads: tuple[ReadGrant, ...] = ()
 
 
 def load_text(text: str, source: str) -> Parsed:
@@ -90,8 +99,9 @@ def load_text(text: str, source: str) -> Parsed:
     sandbox = each("sandbox", lambda n, where: sandbox_rule(doc, n, where))
     limits = each("limits", lambda n, where: limit_rule(doc, n, where))
     hard_links = doc.strings(top["hard_links"], "hard_links") if "hard_links" in top else ()
+    reads = each("reads", lambda n, where: read_grant(doc, n, where))
     raise_all(sorted(errors, key=_position))
-    revision = hashlib.sha256(text.encode()).hexdigest()
+    revision = hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
     return Parsed(
         default,
         tuple(r for _, r in rules),
@@ -99,6 +109,7 @@ def load_text(text: str, source: str) -> Parsed:
         tuple(r for _, r in limits),
         revision,
         hard_links,
+        tuple(r for _, r in reads),
     )
 
 
@@ -227,9 +238,13 @@ def _conditions(doc: _Doc, node: yaml.Node | None, where: str) -> tuple[Conditio
         if ops[0] == "in" and not isinstance(value, list):
             raise doc.error(keys["in"], f"{here}.in: must be a list")
         if ops[0] == "matches":
+            why = check_pattern(value, MAX_MATCHES_CHARS) if isinstance(value, str) else None
+            if why is not None:
+                raise doc.error(keys["matches"], f"{here}.matches: {why}")
             try:
                 re.compile(value)
-            except (re.error, TypeError) as exc:
+                regex.compile(value)  # what runs it (model.Condition: with a time limit)
+            except (re.error, regex.error, TypeError, OverflowError, RecursionError) as exc:
                 raise doc.error(keys["matches"], f"{here}.matches: not a regex: {exc}") from None
         out.append(Condition(arg, ops[0], value))
     return tuple(out)

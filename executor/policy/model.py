@@ -16,10 +16,11 @@ reported, never enforced.
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import regex
 
 from .globs import glob_match
 
@@ -50,6 +51,23 @@ class PolicyInput:
     args: Mapping[str, Any] = field(default_factory=dict)
 
 
+# A `when: matches` regex runs on an argument the model chose: a pattern that backtracks
+# badly must not hold the daemon. Past this the policy cannot decide, and the call is
+# refused (fail closed), naming the argument.
+MATCH_SECONDS = 0.05
+
+
+class Undecided(Exception):
+    """A condition could not be evaluated in time: the call cannot be allowed."""
+
+    def __init__(self, arg: str, pattern: str) -> None:
+        super().__init__(
+            f"the policy could not decide: its `matches` regex {pattern[:60]!r} took longer "
+            f"than {MATCH_SECONDS:g}s on arguments.{arg}"
+        )
+        self.arg = arg
+
+
 @dataclass(frozen=True, slots=True)
 class Condition:
     """`when:` -- one condition on an argument: equals, in, or matches (a regex)."""
@@ -66,7 +84,12 @@ class Condition:
             return bool(actual == self.value)
         if self.op == "in":
             return actual in self.value
-        return isinstance(actual, str) and re.fullmatch(self.value, actual) is not None
+        if not isinstance(actual, str):
+            return False
+        try:
+            return regex.fullmatch(self.value, actual, timeout=MATCH_SECONDS) is not None
+        except TimeoutError:
+            raise Undecided(self.arg, self.value) from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,12 +12,12 @@ Both are hot-reloaded with the rest of the file, except that a changed
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TypeVar
 
 import yaml
 
+from .. import ranges
 from ..yamldoc import YamlDoc
 from .globs import glob_match
 from .model import agent_matches
@@ -32,7 +32,14 @@ CONFINEMENT_KEYS = {
     "open_files": ("open_files", 1),
     "processes": ("processes", 1),
 }
-LIMIT_VALUES = ("timeout_s", "grace_s", "output_cap_kb", "file_cap_kb")
+# Policy limit name -> its range (ranges.py), in the policy's units.
+LIMIT_RANGES = {
+    "timeout_s": ranges.TIMEOUT,
+    "grace_s": ranges.GRACE,
+    "output_cap_kb": ranges.OUTPUT_CAP_KB,
+    "file_cap_kb": ranges.FILE_CAP_KB,
+}
+LIMIT_VALUES = tuple(LIMIT_RANGES)
 LIMIT_KEYS = {"tools", "agents", *LIMIT_VALUES}
 N = TypeVar("N", int, float)
 
@@ -116,17 +123,21 @@ def sandbox_rule(doc: YamlDoc, node: yaml.Node, where: str) -> SandboxRule:
     )
     parsed = []
     for name, value_node in limits.items():
-        value = doc.value(value_node)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise doc.error(value_node, f"{where}.limits.{name}: must be a positive integer")
         field, unit = CONFINEMENT_KEYS[name]
-        parsed.append((field, value * unit))
+        value = _in_range(
+            doc, value_node, f"{where}.limits.{name}", ranges.confinement_range(field, unit)
+        )
+        parsed.append((field, int(value) * unit))
     return SandboxRule(_scope(doc, node, keys, where), backend, network, tuple(parsed))
 
 
 def limit_rule(doc: YamlDoc, node: yaml.Node, where: str) -> LimitRule:
     keys = doc.mapping(node, where, LIMIT_KEYS)
-    values = {k: _positive(doc, keys[k], f"{where}.{k}") for k in LIMIT_VALUES if k in keys}
+    values = {
+        k: float(_in_range(doc, keys[k], f"{where}.{k}", r))
+        for k, r in LIMIT_RANGES.items()
+        if k in keys
+    }
     if not values:
         raise doc.error(node, f"{where}: sets no limit ({', '.join(LIMIT_VALUES)})")
     cap, file_cap = values.get("output_cap_kb"), values.get("file_cap_kb")
@@ -147,11 +158,11 @@ def _scope(doc: YamlDoc, node: yaml.Node, keys: dict[str, yaml.Node], where: str
     return Scope(tools, agents)
 
 
-def _positive(doc: YamlDoc, node: yaml.Node, where: str) -> float:
-    value = doc.value(node)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-        raise doc.error(node, f"{where}: must be a positive number")
-    return float(value)
+def _in_range(doc: YamlDoc, node: yaml.Node, where: str, allowed: ranges.Range) -> float:
+    try:
+        return allowed.check(where, doc.value(node))
+    except ranges.SettingError as exc:
+        raise doc.error(node, str(exc)) from None
 
 
 def _least(a: N | None, b: N | None) -> N | None:

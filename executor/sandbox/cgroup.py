@@ -148,7 +148,7 @@ class CgroupRoot:
     def cleanup_stale(self) -> int:
         """Kill and remove leaves left by an earlier daemon with the same id."""
         removed = 0
-        leaves = {p.name for h in self.hierarchies for p in h.base.iterdir() if p.is_dir()}
+        leaves = {p.name for h in self.hierarchies for p in _subdirs(h.base)}
         for token in leaves:
             dirs = tuple(h.base / token for h in self.hierarchies if (h.base / token).is_dir())
             group = CallCgroup(dirs)
@@ -164,6 +164,9 @@ class CallCgroup:
         self.dirs = dirs
         # A memory limit was set here (then the address-space rlimit is not needed).
         self.limits_memory = False
+        # pids.max was set here: the per-call process limit (RLIMIT_NPROC counts every
+        # process of the uid, so calls sharing a run-as user would share it).
+        self.limits_pids = False
 
     def join_command(self) -> str:
         """Shell text that moves the running shell into every leaf (before it execs)."""
@@ -183,8 +186,9 @@ class CallCgroup:
             if names is None:
                 names = known[d.parent] = tuple(n for n in values if (d / n).exists())
             for name in names:
-                if _write(d / name, str(values[name])) and name in _MEMORY_LIMITS:
-                    self.limits_memory = True
+                if _write(d / name, str(values[name])):
+                    self.limits_memory |= name in _MEMORY_LIMITS
+                    self.limits_pids |= name == "pids.max"
 
     def procs(self) -> set[int]:
         members: set[int] = set()
@@ -248,6 +252,14 @@ class CallCgroup:
             else:
                 log.warning("cgroup %s still has members; left in place", d)
         return removed
+
+
+def _subdirs(base: Path) -> list[Path]:
+    """The leaves under `base`; none if it is gone (an earlier daemon removed it just now)."""
+    try:
+        return [p for p in base.iterdir() if p.is_dir()]
+    except FileNotFoundError:
+        return []
 
 
 def _write(path: Path, text: str) -> bool:

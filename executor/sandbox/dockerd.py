@@ -24,9 +24,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-import docker  # type: ignore[import-untyped]
 from docker.errors import APIError, DockerException, ImageNotFound  # type: ignore[import-untyped]
 from docker.types import LogConfig, Ulimit  # type: ignore[import-untyped]
+
+import docker  # type: ignore[import-untyped]
 
 from .base import MARKER_ENV, Captured, Exit, Launch, SandboxError
 
@@ -254,6 +255,25 @@ def container_user(workspace: Path) -> str:
     except OSError as exc:
         raise SandboxError(f"workspace {workspace}: {exc.strerror}") from exc
     return f"{st.st_uid}:{st.st_gid}" if st.st_uid != 0 else NOBODY
+
+
+def workspace_note(workspace: Path) -> str | None:
+    """Why commands in containers cannot write the workspace, if they cannot.
+
+    Containers never run as root (root in the container is root on the bind mount), so a
+    root-owned workspace is read-only to them unless its mode lets `nobody` write.
+    """
+    try:
+        st = os.stat(workspace)
+    except OSError:
+        return None  # the workspace check at startup names this
+    if st.st_uid != 0 or st.st_mode & 0o002:
+        return None
+    return (
+        f"the workspace {workspace} is owned by root, and commands in containers run as "
+        f"{NOBODY} (never as root), so they cannot write it; chown it to the user that "
+        "should own what commands write (containers then run as that user)"
+    )
 
 
 def exit_of(code: int, oom: bool, signalled: bool) -> Exit:

@@ -1,10 +1,13 @@
 """The `process` backend: own session and process group, rlimits, cgroup leaves where allowed.
 
 Weakest of the three: no namespaces, so the command sees the host file system
-with the daemon's permissions (path confinement is the tools' own) and the
-network. Force termination kills the process group, then the cgroup leaf (which
-also holds setsid-escaped grandchildren), then sweeps /proc for the call's marker
--- a process that both left the session and cleared its environment on a host
+and the network (path confinement is the tools' own). It never holds root's
+powers (privileges.py): under a root daemon it runs as an unprivileged user, and
+always with no-new-privileges and no capabilities.
+
+Force termination kills the process group, then the cgroup leaf (which also
+holds setsid-escaped grandchildren), then sweeps /proc for the call's marker --
+a process that both left the session and cleared its environment on a host
 without usable cgroups is the one thing this backend cannot find.
 """
 
@@ -20,6 +23,7 @@ from . import procscan
 from .base import MARKER_ENV, Captured, Exit, Launch, Probe, SandboxError
 from .cgroup import CallCgroup, CgroupRoot
 from .pidwatch import PidWatch
+from .privileges import Privileges
 from .spawn import DASH, PRLIMIT, Pipes, launcher, spawn
 from .stopping import off_loop
 
@@ -171,12 +175,16 @@ class HostRunning:
 class ProcessSandbox:
     name = "process"
 
-    def __init__(self, cgroups: CgroupRoot | None = None) -> None:
+    def __init__(
+        self, cgroups: CgroupRoot | None = None, privileges: Privileges | None = None
+    ) -> None:
         self.cgroups = cgroups
+        # What the spawn chain drops before the command (setpriv): never root's powers.
+        self.privileges = privileges or Privileges(None)
 
     async def start(self, launch: Launch) -> HostRunning:
         group = await asyncio.to_thread(self._prepare, launch, ("/",))
-        argv = [*launcher(launch.confinement, group), *launch.argv]
+        argv = [*launcher(launch.confinement, group), *self.privileges.prefix(), *launch.argv]
         env = {**launch.env, MARKER_ENV: launch.marker}
         try:
             proc = await spawn(argv, cwd=launch.cwd, env=env, stdin=launch.stdin)
@@ -208,9 +216,14 @@ class ProcessSandbox:
     def probe(self) -> Probe:
         if DASH is None and not os.access(PRLIMIT, os.X_OK):
             return Probe(self.name, False, "neither dash nor prlimit (util-linux): no rlimits")
+        missing = self.privileges.available()
+        if missing:
+            return Probe(self.name, False, missing)
         how = "dash ulimit" if DASH is not None else "prlimit"
         tree = self.cgroups.describe() if self.cgroups else "cgroups not used"
-        return Probe(self.name, True, f"session + rlimits ({how}); {tree}")
+        return Probe(
+            self.name, True, f"session + rlimits ({how}); {tree}; {self.privileges.describe()}"
+        )
 
     async def cleanup_stale(self) -> int:
         return await asyncio.to_thread(self.cgroups.cleanup_stale) if self.cgroups else 0

@@ -18,9 +18,11 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..policy import SandboxRule
+from ..ranges import fit_confinement
 from .base import Confinement, Probe, Sandbox
 from .bwrap import BwrapSandbox
 from .cgroup import CgroupRoot, remove_root
+from .privileges import Privileges, check_workspace, resolve
 from .process import ProcessSandbox
 
 log = logging.getLogger("execgate.sandbox")
@@ -39,6 +41,11 @@ class SandboxConfig:
     docker_mode: str = "per-call"
     # Per-call cgroup leaves where the daemon may create them.
     cgroups: bool = True
+    # --run-as USER[:GROUP] for the process backend under a root daemon ("": the
+    # workspace's owner unless root, else nobody); see privileges.py.
+    run_as: str = ""
+    # The daemon's workspace (the default run-as user is its owner).
+    workspace: Path = Path("workspace")
 
 
 # Policy.sandbox_for: (tool, agent, memberships) -> the first sandbox rule covering it.
@@ -101,13 +108,14 @@ def build(
     wanted_by_policy: set[str],
     rule_for: RuleFor,
 ) -> Sandboxes:
+    privs = resolve(config.run_as, config.workspace)
     cgroups = CgroupRoot(ident) if config.cgroups else None
     if cgroups is not None and not cgroups.available:
         cgroups = None
     default = _default(config, cgroups)
     backends: dict[str, Sandbox] = {}
     for name in sorted({default, *wanted_by_policy}):
-        backend = _make(name, config, ident, cgroups)
+        backend = _make(name, config, ident, cgroups, privs)
         probe = backend.probe()
         if not probe.ok:
             who = "--sandbox" if name == default else "the policy"
@@ -116,15 +124,21 @@ def build(
             )
         backends[name] = backend
         log.info("sandbox %s: %s", name, probe.detail)
+        if name == "process" and (warning := check_workspace(privs, config.workspace)):
+            log.warning("sandbox process: %s", warning)
     log.info("default sandbox: %s", default)
-    return Sandboxes(backends, default, rule_for, config.confinement, cgroups)
+    base, lowered = fit_confinement(config.confinement)
+    for note in lowered:
+        log.warning("sandbox limit lowered: %s", note)
+    return Sandboxes(backends, default, rule_for, base, cgroups)
 
 
 def probe_all(config: SandboxConfig, ident: str) -> tuple[list[Probe], str]:
     """Every backend's probe and the default `auto` picks here (for `execgate doctor`)."""
+    privs = resolve(config.run_as, config.workspace)
     cgroups = CgroupRoot(ident) if config.cgroups else None
     try:
-        probes = [_make(n, config, ident, cgroups).probe() for n in BACKENDS]
+        probes = [_make(n, config, ident, cgroups, privs).probe() for n in BACKENDS]
         return probes, _default(config, cgroups)
     finally:
         if cgroups is not None:
@@ -134,9 +148,15 @@ def probe_all(config: SandboxConfig, ident: str) -> tuple[list[Probe], str]:
 BACKENDS = ("process", "bwrap", "docker")
 
 
-def _make(name: str, config: SandboxConfig, ident: str, cgroups: CgroupRoot | None) -> Sandbox:
+def _make(
+    name: str,
+    config: SandboxConfig,
+    ident: str,
+    cgroups: CgroupRoot | None,
+    privs: Privileges | None = None,
+) -> Sandbox:
     if name == "process":
-        return ProcessSandbox(cgroups)
+        return ProcessSandbox(cgroups, privs)
     if name == "bwrap":
         return BwrapSandbox(cgroups, config.ro_paths)
     from .docker import DockerSandbox  # the docker SDK is imported only when asked for

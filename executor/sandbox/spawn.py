@@ -7,6 +7,8 @@ with `ulimit` (soft = hard) and execs the command. Without dash, a POSIX `sh`
 joins the leaves and util-linux `prlimit` sets the limits (one more exec: ulimit's
 flags and units differ between shells, so only dash's are relied on). Each link
 of the chain execs the next, so the pid we hold is the command's own (or bwrap's).
+The process backend adds one more link before the command: `setpriv`, which
+drops the daemon's uid, groups and capabilities (privileges.py).
 """
 
 from __future__ import annotations
@@ -36,27 +38,26 @@ def launcher(conf: Confinement, group: CallCgroup | None) -> list[str]:
     steps.append(f"ulimit -t {conf.cpu_seconds}")
     if group is None or not group.limits_memory:
         steps.append(f"ulimit -v {conf.memory_bytes // 1024}")
-    steps += [
-        f"ulimit -f {conf.file_size_bytes // 512}",
-        f"ulimit -n {conf.open_files}",
-        f"ulimit -p {conf.processes}",
-        'exec "$@"',
-    ]
+    steps += [f"ulimit -f {conf.file_size_bytes // 512}", f"ulimit -n {conf.open_files}"]
+    if group is None or not group.limits_pids:
+        steps.append(f"ulimit -p {conf.processes}")
+    steps.append('exec "$@"')
     return [DASH, "-c", "; ".join(steps), "sh"]
 
 
 def rlimit_prefix(conf: Confinement, group: CallCgroup | None = None) -> list[str]:
     """`prlimit` setting soft = hard limits, then `--` and the command."""
     memory = [] if group is not None and group.limits_memory else [f"--as={conf.memory_bytes}"]
+    # Per real uid, not per call, and not enforced for root: the cgroup's pids.max
+    # is the per-call limit where cgroups are available.
+    nproc = [] if group is not None and group.limits_pids else [f"--nproc={conf.processes}"]
     return [
         PRLIMIT,
         f"--cpu={conf.cpu_seconds}",
         *memory,
         f"--fsize={conf.file_size_bytes}",
         f"--nofile={conf.open_files}",
-        # Per real uid, not per call, and not enforced for root: the cgroup's pids.max
-        # is the per-call limit where cgroups are available.
-        f"--nproc={conf.processes}",
+        *nproc,
         "--",
     ]
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ..cancel import CancelScope
 from ..outcomes import ErrorClass, Evidence, Mark, StopMode
@@ -156,3 +156,13 @@ def schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
         "required": required,
         "additionalProperties": False,
     }
+
+
+@runtime_checkable
+class CheckedTool(Protocol):
+    """A tool with checks of its arguments beyond its JSON Schema (a regex's cost, say),
+    run by validation: a refusal is REJECTED before anything is journaled as started."""
+
+    def check(self, args: dict[str, Any]) -> None:
+        """Raise a REJECTED ToolError (`errors.invalid`) naming the field."""
+        ...

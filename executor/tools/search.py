@@ -17,11 +17,13 @@ from typing import Any, BinaryIO
 
 import regex
 
-from ..errors import ToolError
+from ..errors import ToolError, invalid
 from ..outcomes import ErrorClass, Evidence, Phase, StopMode, mark
+from ..regexbound import check_pattern
 from .base import Mode, ResourceKind, ResourceTemplate, ToolContext, ToolOutput, ToolSpec, schema
 
 MAX_FILE_BYTES = 8 * 1024 * 1024
+MAX_PATTERN_CHARS = 4096
 MAX_LINE_CHARS = 500
 LINE_SECONDS = 1.0
 SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", "node_modules"})
@@ -36,7 +38,7 @@ class Search:
         ),
         input_schema=schema(
             {
-                "pattern": {"type": "string", "minLength": 1, "maxLength": 4096},
+                "pattern": {"type": "string", "minLength": 1, "maxLength": MAX_PATTERN_CHARS},
                 "path": {"type": "string", "minLength": 1, "default": "."},
                 "glob": {
                     "type": "string",
@@ -52,16 +54,16 @@ class Search:
         resources=(ResourceTemplate(ResourceKind.TREE, "path", Mode.READ),),
     )
 
+    def check(self, args: dict[str, Any]) -> None:
+        """The pattern's cost is bounded before it is compiled (regexbound), and it
+        must compile: both REJECTED at validation, naming `arguments.pattern`."""
+        why = check_pattern(args["pattern"], MAX_PATTERN_CHARS)
+        if why is not None:
+            raise invalid(f"arguments.pattern: {why}", "arguments.pattern")
+        _compile(args)
+
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
-        flags = regex.IGNORECASE if args.get("case_insensitive") else 0
-        try:
-            compiled = regex.compile(args["pattern"], flags)
-        except regex.error as exc:
-            raise ToolError(
-                ErrorClass.INVALID_ARGUMENT,
-                f"pattern is not a valid regex: {exc}",
-                field="arguments.pattern",
-            ) from exc
+        compiled = _compile(args)  # checked at validation; the module caches it
         root = ctx.workspace.resolve(args.get("path", "."), "arguments.path")
         deadline = time.monotonic() + ctx.timeout
         try:
@@ -114,6 +116,14 @@ class Search:
             evidence=Evidence(path=str(root)),
             truncated=hit_limit,
         )
+
+
+def _compile(args: dict[str, Any]) -> regex.Pattern[str]:
+    flags = regex.IGNORECASE if args.get("case_insensitive") else 0
+    try:
+        return regex.compile(args["pattern"], flags)
+    except (regex.error, OverflowError, RecursionError, ValueError) as exc:
+        raise invalid(f"pattern is not a valid regex: {exc}", "arguments.pattern") from exc
 
 
 class _Walk:

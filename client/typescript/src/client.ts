@@ -40,6 +40,9 @@ export interface ExecuteOptions {
 export interface StreamOptions extends ExecuteOptions {
   // false: FINISHED events only (no queued/waiting/started progress).
   readonly progress?: boolean;
+  // Seconds this client waits for the stream (RequestError DEADLINE_EXCEEDED after);
+  // unlike `deadline` it stops nothing at the daemon.
+  readonly timeout?: number;
 }
 
 export interface OneCallOptions {
@@ -115,7 +118,9 @@ export class Client {
     options: StreamOptions = {},
   ): AsyncGenerator<Event, void, undefined> {
     const request = wire.executeRequest(calls, this.batch(options), options.progress === false);
-    return this.rpc.stream((md) => this.stub.execute(request, md), wire.event);
+    const wait = options.timeout;
+    const callOptions = wait === undefined ? {} : { deadline: new Date(Date.now() + wait * 1000) };
+    return this.rpc.stream((md) => this.stub.execute(request, md, callOptions), wire.event);
   }
 
   /** Run a batch (one model turn); the outcomes in the order the calls were given. */

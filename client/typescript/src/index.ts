@@ -92,12 +92,24 @@ export {
   fingerprint,
   Tally,
 } from "./loop/tally.js";
+export { type Path, pathOf, UNVERIFIED, type Verification } from "./loop/backing.js";
+export { type Attempt, type RetryOptions, retryable } from "./loop/retry.js";
+export { type AnthropicOptions, AnthropicMessagesModel } from "./models/anthropic.js";
+export { type Pricing } from "./models/http.js";
+export { type OpenAIOptions, OpenAIChatModel } from "./models/openai.js";
 export {
+  type Ending,
+  ENDINGS,
+  endingOf,
   isFinal,
   type Message,
   type Model,
+  ModelBadResponse,
   ModelError,
+  ModelRateLimited,
+  ModelRequestRejected,
   type ModelTool,
+  ModelUnavailable,
   ScriptExhausted,
   type ToolCall,
   type ToolResult,

@@ -254,6 +254,7 @@ print(json.dumps([[fingerprint(v) for v in vs], canonical_arguments(vs[0]), cano
 
 test("the package's public surface", () => {
   assert.deepEqual(Object.keys(client).sort(), [
+    "AnthropicMessagesModel",
     "ApprovalNotPending",
     "Approvals",
     "CallNotFound",
@@ -264,6 +265,7 @@ test("the package's public surface", () => {
     "DEFAULT_LIMITS",
     "DaemonUnavailable",
     "Deadline",
+    "ENDINGS",
     "ExecgateClientError",
     "IllegalTransition",
     "Loop",
@@ -273,8 +275,13 @@ test("the package's public surface", () => {
     "MaxCost",
     "MaxSteps",
     "MaxTokens",
+    "ModelBadResponse",
     "ModelError",
+    "ModelRateLimited",
+    "ModelRequestRejected",
+    "ModelUnavailable",
     "NoProgress",
+    "OpenAIChatModel",
     "Outcome",
     "PRIORITY",
     "PermissionDenied",
@@ -293,18 +300,22 @@ test("the package's public surface", () => {
     "TERMINAL",
     "TRANSITIONS",
     "Tally",
+    "UNVERIFIED",
     "Unauthenticated",
     "bound",
     "canonicalArguments",
     "checkTransition",
+    "endingOf",
     "fingerprint",
     "hintFor",
     "isCancelNotice",
     "isFinal",
     "observe",
+    "pathOf",
     "render",
     "resolveAddress",
     "resolveToken",
+    "retryable",
   ]);
 });
 

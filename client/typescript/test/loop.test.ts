@@ -151,7 +151,13 @@ describe("the minimal loop's scenarios", () => {
     });
     const done = last(detail.events).data as Data;
     assert.equal(done["answer"], result.answer);
-    assert.deepEqual(Object.keys(done).sort(), ["actions", "answer", "figures"]);
+    assert.deepEqual(Object.keys(done).sort(), [
+      "actions",
+      "answer",
+      "caveats",
+      "figures",
+      "verification",
+    ]);
     assert.deepEqual(done["actions"], [
       {
         call_id: "s1c1",

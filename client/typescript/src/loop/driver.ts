@@ -11,26 +11,16 @@
  */
 
 import type { Client } from "../client.js";
-import { isFinal, type Model, ModelError, type ModelTool, type Turn } from "../models/base.js";
-import type { RunInfo, RunLimits } from "../runs.js";
+import type { Model, ModelTool } from "../models/base.js";
+import type { RunLimits } from "../runs.js";
 import type { Event, Outcome } from "../types.js";
-import { runBatch } from "./batch.js";
-import { checkCalls } from "./gate.js";
-import {
-  actions,
-  Conversation,
-  type Planned,
-  plannedJson,
-  type Refused,
-  refusedJson,
-  sent,
-  stoppedCalls,
-  turnJson,
-} from "./record.js";
-import { DEFAULT_LIMITS, type LoopResult, type Verdict, type Verifier } from "./results.js";
-import { Machine, type State, type Transition } from "./states.js";
-import { type Stop, StopRules } from "./stops.js";
-import { type Figures, monotonic, Tally } from "./tally.js";
+import { Conversation, rebuild } from "./record.js";
+import { DEFAULT_LIMITS, type LoopResult, type Verifier } from "./results.js";
+import type { RetryOptions } from "./retry.js";
+import { Machine, TERMINAL, type Transition } from "./states.js";
+import { resultOf, RunInProgress } from "./step.js";
+import { StopRules } from "./stops.js";
+import { monotonic, Tally } from "./tally.js";
 
 export interface LoopOptions {
   // The stop rules; default StopRules.default(limits).
@@ -47,6 +37,10 @@ export interface LoopOptions {
   // Characters of each tool result the model sees.
   readonly resultCap?: number;
   readonly configVersion?: string;
+  // On resume, how long to wait for a call still running (seconds, default 60).
+  readonly reconcileWaitS?: number;
+  // How transient model errors (429, 5xx, connection) are retried.
+  readonly retry?: RetryOptions;
   // Called with each transition once persisted, and each event of the run's calls.
   readonly onTransition?: (moved: Transition) => void | Promise<void>;
   readonly onEvent?: (event: Event) => void | Promise<void>;
@@ -78,7 +72,25 @@ export class Loop {
     });
     const tally = new Tally(monotonicStart(info.createdAt));
     const conv = new Conversation([{ role: "user", text: goal }], tally);
-    return new RunInProgress(this, info, conv).go();
+    return new RunInProgress(this, info, conv, new Machine(info.runId), this.stops).go();
+  }
+
+  /** Continue a recorded run from its transitions and its calls in the journal. */
+  async resume(runId: string): Promise<LoopResult> {
+    const detail = await this.client.runs.get(runId);
+    const machine = Machine.replay(runId, detail.events);
+    if (TERMINAL.has(machine.state)) return resultOf(runId, detail.events);
+    const outcomes = new Map<string, Outcome>();
+    for (const c of detail.calls) if (c.outcome !== undefined) outcomes.set(c.callId, c.outcome);
+    const tally = new Tally(monotonicStart(detail.run.createdAt));
+    const ask = detail.run.cancel;
+    if (ask !== undefined) tally.requestCancel(ask.requester, ask.reason, ask.at);
+    const cap = this.options.resultCap ?? 4000;
+    const rebuilt = rebuild(detail.run.goal, detail.events, outcomes, tally, cap);
+    // The run keeps the bounds it was started with (unless this Loop brings rules).
+    const stops = this.options.stops ?? StopRules.default(detail.run.limits);
+    const run = new RunInProgress(this, detail.run, rebuilt.conversation, machine, stops);
+    return run.go(rebuilt);
   }
 
   /** The tools offered to the model (listed from the daemon once). */
@@ -97,234 +109,4 @@ export class Loop {
 /** The run's start on the monotonic clock (the deadline counts from its creation). */
 function monotonicStart(createdAt: number): number {
   return monotonic() - Math.max(Date.now() / 1000 - createdAt, 0);
-}
-
-type Data = Readonly<Record<string, unknown>>;
-
-/** One run in progress: the machine, the conversation, and the daemon's view. */
-class RunInProgress {
-  private readonly machine: Machine;
-  private readonly runId: string;
-  // Transitions made but not yet appended (see `move`'s `hold`).
-  private held: Transition[] = [];
-  // Calls of the batch parked for approval, until they start or end.
-  private readonly parked = new Set<string>();
-  // Epoch seconds, passed to Execute: the daemon stops calls still running then.
-  private readonly deadline: number | undefined;
-
-  constructor(
-    private readonly loop: Loop,
-    private info: RunInfo,
-    private readonly conv: Conversation,
-  ) {
-    this.runId = info.runId;
-    this.machine = new Machine(info.runId);
-    const seconds = loop.limits.deadlineSeconds;
-    this.deadline = seconds ? info.createdAt + seconds : undefined;
-  }
-
-  private get cap(): number {
-    return this.loop.options.resultCap ?? 4000;
-  }
-
-  async go(): Promise<LoopResult> {
-    await this.move("requesting_model", "run started");
-    for (;;) {
-      const ended = await this.cycle();
-      if (ended !== undefined) return ended;
-    }
-  }
-
-  /** One model request and what follows from it. */
-  private async cycle(): Promise<LoopResult | undefined> {
-    const stop = this.stop();
-    if (stop !== undefined) return this.end(stop);
-    let turn: Turn;
-    try {
-      const tools = await this.loop.offered();
-      turn = await this.loop.model.respond(this.conv.messages, tools, {
-        system: this.loop.options.system ?? "",
-      });
-    } catch (err) {
-      if (!(err instanceof ModelError)) throw err;
-      return this.fail("model_error", `the model failed: ${err.message}`, { error: err.message });
-    }
-    this.conv.addTurn(turn);
-    // A final answer's move is appended at once: its reply may carry a cancel request,
-    // which must win over completing. Calls' moves wait for the next one.
-    await this.move("validating", "model replied", turnJson(turn), !isFinal(turn));
-    return this.validate(turn);
-  }
-
-  private async validate(turn: Turn): Promise<LoopResult | undefined> {
-    // A bound the model request just crossed (tokens, cost), the clock or a cancel ends
-    // the run before its calls are sent or its answer taken. max_steps counts model
-    // requests: it is checked before the next one.
-    const stop = this.stop(["max_steps"]);
-    if (stop !== undefined) return this.end(stop, turn);
-    if (isFinal(turn)) return this.answer(turn.text);
-    const offered = new Set((await this.loop.offered()).map((t) => t.name));
-    const { planned, refused } = await checkCalls(
-      turn,
-      offered,
-      this.conv,
-      this.loop.client,
-      this.runId,
-    );
-    if (planned.length === 0) {
-      const data = { refused: refused.map(refusedJson) };
-      await this.move("requesting_model", "every proposed call was refused", data);
-      this.conv.addResults(turn, refused, new Map(), this.cap);
-      return undefined;
-    }
-    const data = { calls: planned.map(plannedJson), refused: refused.map(refusedJson) };
-    await this.move("running_tools", `${planned.length} call(s) sent`, data);
-    const outcomes = await runBatch(this.loop.client, this.runId, planned, this.deadline, (e) =>
-      this.onEvent(e),
-    );
-    await this.batchDone(turn, planned, refused, outcomes);
-    return undefined; // the stop rules look at the batch before the next model request
-  }
-
-  private async batchDone(
-    turn: Turn,
-    planned: readonly Planned[],
-    refused: readonly Refused[],
-    outcomes: ReadonlyMap<string, Outcome>,
-  ): Promise<void> {
-    const ran = sent(planned, outcomes);
-    this.conv.addResults(turn, refused, ran, this.cap);
-    this.parked.clear();
-    if (this.machine.state === "awaiting_approval") {
-      await this.move("running_tools", "approvals settled");
-    }
-    const results = [...ran.values()].map(([p, o]) => ({
-      call_id: p.callId,
-      status: o.status,
-      error_class: o.errorClass,
-    }));
-    await this.move("requesting_model", "batch finished", { results });
-  }
-
-  /** Approval parking moves the machine (running_tools <-> awaiting_approval). */
-  private async onEvent(event: Event): Promise<void> {
-    await this.loop.options.onEvent?.(event);
-    if (event.kind === "awaiting_approval") {
-      this.parked.add(event.callId);
-      if (this.machine.state === "running_tools") {
-        const data = { call_id: event.callId, approval_id: event.approvalId };
-        await this.move("awaiting_approval", `rule ${event.ruleId}: ${event.reason}`, data);
-      }
-    } else if (
-      (event.kind === "started" || event.kind === "finished") &&
-      this.parked.delete(event.callId) &&
-      this.parked.size === 0 &&
-      this.machine.state === "awaiting_approval"
-    ) {
-      await this.move("running_tools", `${event.callId} ${event.kind}`);
-    }
-  }
-
-  private async answer(answer: string): Promise<LoopResult | undefined> {
-    let verdict = await this.verify(answer);
-    if (verdict.accepted) {
-      const detail = await this.loop.client.runs.get(this.runId);
-      const pending = detail.calls.filter((c) => c.running).map((c) => c.callId);
-      if (pending.length === 0) {
-        const data = { answer, figures: this.figures(), actions: actions(this.conv) };
-        return this.terminal("completed", "final answer accepted", data, "", answer);
-      }
-      verdict = { accepted: false, finding: `calls still pending: ${pending.join(", ")}` };
-    }
-    const finding = verdict.finding ?? "";
-    if (this.loop.options.onRejectedAnswer === "fail") {
-      return this.fail("verifier", finding, { answer });
-    }
-    await this.move("requesting_model", "answer not accepted", { finding });
-    this.conv.addFinding(finding);
-    return undefined;
-  }
-
-  private async verify(answer: string): Promise<Verdict> {
-    const verifier = this.loop.options.verifier;
-    if (verifier === undefined) return { accepted: true };
-    const calls = this.conv.done.map(([p, o]) => [p.tool, p.arguments, o] as const);
-    return verifier({ goal: this.info.goal, answer, calls });
-  }
-
-  // -- moving and ending -------------------------------------------------------------
-
-  /**
-   * Advance and persist before anything else happens; note any cancel request. `hold`:
-   * the next step is local (validating a turn touches nothing outside), so the move is
-   * appended together with the one that follows it -- before any call is sent or the
-   * run ends. A client dying in between loses the model's turn, never an action.
-   */
-  private async move(to: State, reason: string, data: Data = {}, hold = false): Promise<void> {
-    this.held.push(this.machine.advance(to, reason, data));
-    if (hold) return;
-    const moved = this.held;
-    this.held = [];
-    this.info = await this.loop.client.runs.append(this.runId, moved);
-    for (const each of moved) await this.loop.options.onTransition?.(each);
-    const cancel = this.info.cancel;
-    if (cancel !== undefined)
-      this.conv.tally.requestCancel(cancel.requester, cancel.reason, cancel.at);
-  }
-
-  private stop(skip: readonly string[] = []): Stop | undefined {
-    return this.loop.stops.first(this.conv.tally, monotonic(), skip);
-  }
-
-  private end(stop: Stop, unrun?: Turn): Promise<LoopResult> {
-    const data: Record<string, unknown> = {
-      rule: stop.rule,
-      figures: stop.figures,
-      evidence: stop.evidence,
-      last_action: this.conv.tally.lastAction,
-    };
-    if (unrun !== undefined && unrun.toolCalls.length > 0) {
-      // Proposed, never sent.
-      data["not_run"] = unrun.toolCalls.map((c) => ({ name: c.name, arguments: c.arguments }));
-    }
-    if (stop.state === "cancelled") {
-      data["stopped_calls"] = stoppedCalls(this.conv);
-      data["rolled_back"] = false; // stopping undoes nothing a call already did
-    }
-    return this.terminal(stop.state, stop.reason, data, stop.rule);
-  }
-
-  private fail(rule: string, reason: string, extra: Data): Promise<LoopResult> {
-    const data = {
-      rule,
-      figures: this.figures(),
-      ...extra,
-      last_action: this.conv.tally.lastAction,
-    };
-    return this.terminal("failed", reason, data, rule);
-  }
-
-  private async terminal(
-    state: State,
-    reason: string,
-    data: Data,
-    rule = "",
-    answer = "",
-  ): Promise<LoopResult> {
-    await this.move(state, reason, data);
-    return {
-      runId: this.runId,
-      state,
-      reason,
-      rule,
-      answer,
-      figures: (data["figures"] as Figures | undefined) ?? this.figures(),
-      evidence: (data["evidence"] as Data | undefined) ?? {},
-      completed: state === "completed",
-    };
-  }
-
-  private figures(): Figures {
-    return this.conv.tally.figures(monotonic());
-  }
 }

@@ -9,7 +9,7 @@
  *     validating -> running_tools       {"calls": [{call_id, index, model_id, tool,
  *                                       arguments}], "refused": [{index, model_id, tool,
  *                                       arguments, error_class, reason}]}
- *     validating -> requesting_model    {"refused": [...]} or {"finding": ...}
+ *     validating -> requesting_model    {"refused": [...]}, {"finding": ...} or {"paused": true}
  *     running_tools -> requesting_model {"results": [{call_id, status, error_class}]}
  *     terminal (a stop)                 {"rule", "figures", "evidence", "last_action", ...}
  *     validating -> completed           {"answer", "figures", "actions"}
@@ -18,9 +18,10 @@
  * calls by position, since a provider may repeat or omit its own ids.
  */
 
-import type { Message, ToolResult, Turn } from "../models/base.js";
+import type { Message, ToolCall, ToolResult, Turn } from "../models/base.js";
 import { Outcome } from "../types.js";
 import { type Observation, notRun, observe, render } from "./observe.js";
+import type { Transition } from "./states.js";
 import { canonicalArguments, fingerprint, type Tally } from "./tally.js";
 
 /** A proposed call the loop sends to the daemon. */
@@ -196,4 +197,102 @@ export function missing(callId: string): Outcome {
     stoppedHow: "unspecified",
     replayOf: "",
   });
+}
+
+// -- rebuilding a recorded run (resume) ------------------------------------------------
+
+type Json = Record<string, unknown>;
+
+export function turnFrom(data: Readonly<Json>): Turn {
+  const raw = data["turn"] as Json;
+  const usage = data["usage"] as Json;
+  const calls = (raw["calls"] as Json[]).map((c): ToolCall => ({
+    id: String(c["id"]),
+    name: String(c["name"]),
+    arguments: c["arguments"] as Json,
+  }));
+  return {
+    text: String(raw["text"] ?? ""),
+    toolCalls: calls,
+    usage: {
+      inputTokens: Number(usage["input_tokens"] ?? 0),
+      outputTokens: Number(usage["output_tokens"] ?? 0),
+      cost: Number(usage["cost"] ?? 0),
+    },
+    stopReason: String(raw["stop_reason"] ?? ""),
+  };
+}
+
+export function plannedFrom(data: Readonly<Json>): { planned: Planned[]; refused: Refused[] } {
+  const planned = ((data["calls"] as Json[] | undefined) ?? []).map((c) => ({
+    callId: String(c["call_id"]),
+    index: Number(c["index"]),
+    modelId: String(c["model_id"]),
+    tool: String(c["tool"]),
+    arguments: c["arguments"] as Json,
+  }));
+  const refused = ((data["refused"] as Json[] | undefined) ?? []).map((r) => ({
+    index: Number(r["index"]),
+    modelId: String(r["model_id"]),
+    tool: String(r["tool"]),
+    arguments: r["arguments"],
+    errorClass: String(r["error_class"]),
+    reason: String(r["reason"]),
+  }));
+  return { planned, refused };
+}
+
+/** Where a recorded run stands: its conversation, and the step it was in. */
+export interface Rebuilt {
+  readonly conversation: Conversation;
+  // The last model turn and its planned calls, while validated or running.
+  turn: Turn | undefined;
+  planned: Planned[];
+  refused: Refused[];
+}
+
+/**
+ * Replay recorded transitions into a conversation (client/loop/record.py `rebuild`);
+ * `outcomes`: the run's recorded call outcomes by call id.
+ */
+export function rebuild(
+  goal: string,
+  events: readonly Transition[],
+  outcomes: ReadonlyMap<string, Outcome>,
+  tally: Tally,
+  cap: number,
+): Rebuilt {
+  const state: Rebuilt = {
+    conversation: new Conversation([{ role: "user", text: goal }], tally),
+    turn: undefined,
+    planned: [],
+    refused: [],
+  };
+  const conv = state.conversation;
+  for (const moved of events) {
+    const { fromState: from, toState: to, data } = moved;
+    if (from === "requesting_model" && to === "validating") {
+      state.turn = turnFrom(data);
+      state.planned = [];
+      state.refused = [];
+      conv.addTurn(state.turn);
+    } else if (from === "validating" && to === "running_tools") {
+      ({ planned: state.planned, refused: state.refused } = plannedFrom(data));
+    } else if (from === "validating" && to === "requesting_model") {
+      if (data["paused"]) {
+        // a paused turn is continued: the model is asked again as it stands
+      } else if ("finding" in data) {
+        conv.addFinding(String(data["finding"]));
+      } else if (state.turn !== undefined) {
+        conv.addResults(state.turn, plannedFrom(data).refused, new Map(), cap);
+      }
+      state.turn = undefined;
+    } else if (to === "requesting_model" && state.turn !== undefined) {
+      conv.addResults(state.turn, state.refused, sent(state.planned, outcomes), cap);
+      state.turn = undefined;
+      state.planned = [];
+      state.refused = [];
+    }
+  }
+  return state;
 }

@@ -2,6 +2,7 @@
 
 import type { RunLimits } from "../runs.js";
 import type { Outcome } from "../types.js";
+import type { Verification } from "./backing.js";
 import type { State } from "./states.js";
 
 /** The bounds recorded with a run when the caller sets none (the Python loop's). */
@@ -37,4 +38,8 @@ export interface LoopResult {
   readonly figures: Readonly<Record<string, unknown>>;
   readonly evidence: Readonly<Record<string, unknown>>;
   readonly completed: boolean;
+  // On completed: whether a verifier backed the answer (undefined on other ends).
+  readonly verification: Verification | undefined;
+  // On completed: what a reader should know (failed calls, unknown outcomes).
+  readonly caveats: readonly string[];
 }

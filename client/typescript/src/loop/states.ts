@@ -131,6 +131,32 @@ export class Machine {
     }
   }
 
+  /**
+   * Rebuild a run from its recorded transitions, checking each: seq without gaps, each
+   * starting where the previous one ended, each edge legal (`IllegalTransition` if not).
+   */
+  static replay(runId: string, transitions: readonly Transition[]): Machine {
+    const machine = new Machine(runId);
+    for (const moved of transitions) {
+      if (
+        moved.runId !== runId ||
+        moved.seq !== machine.next ||
+        moved.fromState !== machine.current
+      ) {
+        throw new IllegalTransition(
+          moved.fromState,
+          moved.toState,
+          `record ${moved.seq} of run ${moved.runId} does not follow seq ${machine.next - 1} (${machine.current})`,
+        );
+      }
+      machine.check(moved.toState);
+      machine.suspendedFrom = moved.toState === "waiting" ? machine.current : undefined;
+      machine.current = moved.toState;
+      machine.next += 1;
+    }
+    return machine;
+  }
+
   /** Move to `to` and return the record to persist; on an illegal move nothing changes. */
   advance(to: State, reason: string, data: Readonly<Record<string, unknown>> = {}): Transition {
     this.check(to);

@@ -55,8 +55,38 @@ export interface Turn {
   readonly stopReason: string;
 }
 
+/**
+ * Why a turn stopped, in the project's terms (client/models/base.py `Ending`): only
+ * "end" can end a run completed; every other kind has its own path (docs/loop.md).
+ */
+export type Ending = "end" | "tool_use" | "paused" | "truncated" | "refused" | "unknown";
+
+/** The providers' stop reasons, lower-cased; "" (a server that says nothing) is "end". */
+export const ENDINGS: Readonly<Record<string, Ending>> = Object.freeze({
+  "": "end",
+  stop: "end",
+  end_turn: "end",
+  stop_sequence: "end",
+  tool_calls: "tool_use",
+  tool_use: "tool_use",
+  function_call: "tool_use",
+  pause_turn: "paused",
+  length: "truncated",
+  max_tokens: "truncated",
+  model_context_window_exceeded: "truncated",
+  refusal: "refused",
+  content_filter: "refused",
+});
+
+/** The kind of a provider's stop reason; "unknown" for one not in ENDINGS. */
+export function endingOf(stopReason: string): Ending {
+  const key = stopReason.trim().toLowerCase();
+  return Object.hasOwn(ENDINGS, key) ? (ENDINGS[key] as Ending) : "unknown";
+}
+
+/** A final answer: no calls, and the model ended the turn itself. */
 export function isFinal(turn: Turn): boolean {
-  return turn.toolCalls.length === 0;
+  return turn.toolCalls.length === 0 && endingOf(turn.stopReason) === "end";
 }
 
 /** What the loop needs of a model: a name and one method. */
@@ -79,6 +109,58 @@ export class ModelError extends ExecgateClientError {
     options?: ErrorOptions,
   ) {
     super(`model '${model}': ${message}`, options);
+  }
+}
+
+/** Nothing answered usefully: connection refused, timeout, 408, 5xx (529 too); retry later. */
+export class ModelUnavailable extends ModelError {
+  override name = "ModelUnavailable";
+  constructor(
+    model: string,
+    readonly reason: string,
+    readonly status?: number,
+    options?: ErrorOptions,
+  ) {
+    super(model, `unavailable: ${reason}`, options);
+  }
+}
+
+/** 429; `retryAfter` seconds when the provider said. */
+export class ModelRateLimited extends ModelError {
+  override name = "ModelRateLimited";
+  readonly status = 429;
+  constructor(
+    model: string,
+    readonly retryAfter: number | undefined,
+    readonly providerMessage = "",
+  ) {
+    const wait = retryAfter !== undefined ? `retry after ${retryAfter}s` : "no retry-after";
+    super(model, `rate limited (429, ${wait})` + (providerMessage ? `: ${providerMessage}` : ""));
+  }
+}
+
+/** Any other 4xx: the request is wrong (key, model, schema); retrying will not help. */
+export class ModelRequestRejected extends ModelError {
+  override name = "ModelRequestRejected";
+  constructor(
+    model: string,
+    readonly status: number,
+    readonly providerMessage: string,
+    readonly errorType = "",
+  ) {
+    const kind = errorType ? ` ${errorType}` : "";
+    super(model, `request rejected (HTTP ${status}${kind}): ${providerMessage}`);
+  }
+}
+
+/** A 2xx whose body cannot be used. */
+export class ModelBadResponse extends ModelError {
+  override name = "ModelBadResponse";
+  constructor(
+    model: string,
+    readonly what: string,
+  ) {
+    super(model, `bad response: ${what}`);
   }
 }
 

@@ -32,16 +32,20 @@ export class ScriptedModel implements Model {
   // One entry per respond(), in order: the messages and the tools it was given.
   readonly requests: (readonly Message[])[] = [];
   readonly toolsOffered: (readonly ModelTool[])[] = [];
-  private readonly script: readonly Step[];
-  private next = 0;
+  private readonly script: Iterator<Step>;
+  // Steps played; `remaining` is known only for an array script.
+  private played = 0;
+  private readonly size: number | undefined;
   private readonly idsUsed = new Set<string>();
   private idCounter = 0;
 
   constructor(
-    script: readonly Step[],
+    script: Iterable<Step>,
     readonly name = "scripted",
   ) {
-    this.script = [...script];
+    // Read lazily, one step per respond(): an endless generator is fine.
+    this.script = script[Symbol.iterator]();
+    this.size = Array.isArray(script) ? script.length : undefined;
   }
 
   /** A turn proposing these calls; ids are assigned when played. */
@@ -55,21 +59,23 @@ export class ScriptedModel implements Model {
   }
 
   /** A final turn: text and no calls. */
-  static answer(text: string, usage: Usage = NO_USAGE): Turn {
-    return { text, toolCalls: [], usage, stopReason: "stop" };
+  /** A turn with text and no calls: an answer unless `stopReason` says otherwise. */
+  static answer(text: string, usage: Usage = NO_USAGE, stopReason = "stop"): Turn {
+    return { text, toolCalls: [], usage, stopReason };
   }
 
-  /** Steps not yet played. */
-  get remaining(): number {
-    return this.script.length - this.next;
+  /** Steps not yet played; undefined when the script is not an array. */
+  get remaining(): number | undefined {
+    return this.size === undefined ? undefined : this.size - this.played;
   }
 
   async respond(messages: readonly Message[], tools: readonly ModelTool[]): Promise<Turn> {
     this.requests.push([...messages]);
     this.toolsOffered.push([...tools]);
-    const step = this.script[this.next];
-    if (step === undefined) throw new ScriptExhausted(this.name, this.script.length);
-    this.next += 1;
+    const next = this.script.next();
+    if (next.done === true) throw new ScriptExhausted(this.name, this.played);
+    const step = next.value;
+    this.played += 1;
     const turn = typeof step === "function" ? await step([...messages]) : step;
     return { ...turn, toolCalls: turn.toolCalls.map((c) => this.withId(c)) };
   }

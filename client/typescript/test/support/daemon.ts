@@ -6,7 +6,15 @@
 
 import { type ChildProcess, spawn } from "node:child_process";
 import { createHash } from "node:crypto";
-import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import {
+  chmodSync,
+  chownSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  rmSync,
+  writeFileSync,
+} from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -58,6 +66,18 @@ export interface DaemonOptions {
 
 const READY = /execgate listening on (.*?) \(workspace/;
 
+// The user a root daemon's process sandbox runs commands as (the workspace's owner if that
+// is not root, else nobody): as in tests/daemon.py, a root test run gives it the workspace,
+// group 0 and group-writable (bwrap's capability-less root writes it too).
+const RUN_AS_UID = 65534;
+
+function reachableWorkspace(root: string, workspace: string): void {
+  if (process.getuid?.() !== 0) return;
+  chownSync(workspace, RUN_AS_UID, 0);
+  chmodSync(workspace, 0o2775);
+  chmodSync(root, 0o711); // mkdtemp makes it 0700: the run-as user must pass through
+}
+
 export class Daemon {
   readonly workspace: string;
   readonly stateDir: string;
@@ -77,6 +97,7 @@ export class Daemon {
   static async start(options: DaemonOptions = {}): Promise<Daemon> {
     const d = new Daemon(mkdtempSync(join(tmpdir(), "execgate-ts-")));
     mkdirSync(d.workspace);
+    reachableWorkspace(d.root, d.workspace);
     const args = [
       "serve",
       "--workspace",
