@@ -29,7 +29,7 @@ class AsyncClient:
     ) -> None:
         self.address = wire.resolve_address(address)
         self.run_id = run_id
-        self._metadata = _transport.call_metadata(_transport.resolve_token(token))
+        self._metadata = _transport.call_metadata(_transport.resolve_token(token, self.address))
         self._channel = _transport.aio_channel(self.address, tls)
         self._stub = pb_grpc.ExecutorStub(self._channel)
         self._approvals = pb_grpc.ApprovalsStub(self._channel)

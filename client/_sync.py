@@ -25,8 +25,9 @@ class Client:
             `unix:var/execgate.sock` (what `make run` listens on).
         run_id: the run calls belong to unless a call says otherwise ("" = the
             daemon's implicit run "default").
-        token: the bearer token of this client's identity; default $EXECGATE_TOKEN.
-            A daemon without an identities file needs none.
+        token: the bearer token of this client's identity; default $EXECGATE_TOKEN,
+            else, on a Unix socket, the `tokens/agent.token` beside it (what `make
+            run` makes). A daemon without an identities file needs none.
         tls: certificates for a daemon's mTLS TCP listener; None: plaintext (the
             Unix socket, or a TCP listener without TLS).
     """
@@ -41,7 +42,7 @@ class Client:
     ) -> None:
         self.address = wire.resolve_address(address)
         self.run_id = run_id
-        self._metadata = _transport.call_metadata(_transport.resolve_token(token))
+        self._metadata = _transport.call_metadata(_transport.resolve_token(token, self.address))
         self._channel = _transport.sync_channel(self.address, tls)
         self._stub = pb_grpc.ExecutorStub(self._channel)
         self._approvals = pb_grpc.ApprovalsStub(self._channel)

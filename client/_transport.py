@@ -45,10 +45,23 @@ class TlsConfig:
         return [*CHANNEL_OPTIONS, *extra]
 
 
-def resolve_token(token: str | None) -> str:
-    """`token`, else $EXECGATE_TOKEN, else "" (none: fine on a daemon without identities)."""
+def resolve_token(token: str | None, address: str = "") -> str:
+    """`token`, else $EXECGATE_TOKEN, else the agent token a local daemon keeps beside
+    its Unix socket (`make run`: var/tokens/agent.token, owner-only), else "" (none:
+    fine on a daemon without identities)."""
     chosen = os.environ.get(TOKEN_ENV, "") if token is None else token
+    if token is None and not chosen and address.startswith("unix:"):
+        chosen = _local_agent_token(address.removeprefix("unix:"))
     return chosen.strip()
+
+
+def _local_agent_token(socket: str) -> str:
+    path = os.path.join(os.path.dirname(socket), "tokens", "agent.token")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 def call_metadata(token: str) -> tuple[tuple[str, str], ...]:

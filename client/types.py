@@ -156,6 +156,11 @@ class CallRecord:
     raw_result: str = ""
     # The policy decision the call got; None if it was refused before one was made.
     policy: PolicyDecision | None = None
+    # Set while a policy `ask` rule holds the call (not started, no outcome yet): the
+    # approval it waits for, when that expires, and who may decide it.
+    awaiting_approval: str = ""
+    approval_expires_at: float | None = None
+    approvers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

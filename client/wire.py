@@ -254,6 +254,13 @@ def record(msg: pb.CallRecord) -> CallRecord:
         replay_of=msg.replay_of_call_id,
         raw_result=msg.raw_result,
         policy=_policy(msg.policy) if msg.HasField("policy") else None,
+        awaiting_approval=msg.approval_id,
+        approval_expires_at=(
+            msg.approval_expires_at.ToNanoseconds() / 1e9
+            if msg.HasField("approval_expires_at")
+            else None
+        ),
+        approvers=tuple(msg.approvers),
     )
 
 

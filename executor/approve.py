@@ -246,6 +246,13 @@ class Approvals:
         rows = await self._select("WHERE id = ?", (approval_id,))
         return rows[0] if rows else None
 
+    async def parked(self, run_id: str, call_id: str) -> Approval | None:
+        """The pending approval call `call_id` of `run_id` waits for, if it is parked."""
+        rows = await self._select(
+            "WHERE run_id = ? AND call_id = ? AND state = 'pending'", (run_id, call_id)
+        )
+        return rows[0] if rows else None
+
     async def pending(self) -> list[Approval]:
         return await self._select("WHERE state = 'pending' ORDER BY created_at", ())
 

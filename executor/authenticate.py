@@ -55,6 +55,9 @@ ACCESS: Mapping[str, frozenset[Role]] = {
     _EXECUTOR + "Execute": _RUNS,
     _EXECUTOR + "ExecuteBatch": _RUNS,
     _EXECUTOR + "Explain": _RUNS,
+    # The policy's decision for a described call: agents for their own calls, and those
+    # who read or decide calls for anyone's (services.ExecutorService.ExplainPolicy).
+    _EXECUTOR + "ExplainPolicy": _RUNS | _SEES_APPROVALS,
     _EXECUTOR + "GetCall": _READS,
     _EXECUTOR + "ListCalls": _READS,
     _EXECUTOR + "Cancel": _READS,

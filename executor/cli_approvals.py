@@ -44,7 +44,7 @@ def add_commands(
 
 
 def _list(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with _client(args, identity="operator") as client:
         pending = client.approvals_pending()
     if args.json:
         _print_json([_jsonable(a) for a in pending])
@@ -80,7 +80,7 @@ def _list(args: argparse.Namespace) -> int:
 
 def _watch(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
-    with _client(args) as client:
+    with _client(args, identity="operator") as client:
         for a in client.watch_approvals():
             if args.json:
                 print(json.dumps(_jsonable(a), ensure_ascii=False), flush=True)
@@ -90,13 +90,13 @@ def _watch(args: argparse.Namespace) -> int:
 
 
 def _approve(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with _client(args, identity="operator") as client:
         decided = client.approve(cli_lookup.approval(client, args.approval_id), args.comment)
     return _show(args, decided)
 
 
 def _deny(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with _client(args, identity="operator") as client:
         decided = client.deny(cli_lookup.approval(client, args.approval_id), args.comment)
     return _show(args, decided)
 

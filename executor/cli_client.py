@@ -29,6 +29,7 @@ from execgate.client.wire import resolve_address
 
 from . import cli_lookup, cli_options, cli_show
 from .cli_table import Col, print_table
+from .local_identities import cli_token
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -118,8 +119,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     cli_kills.add_commands(sub, common)
 
 
-def _client(args: argparse.Namespace, *, run_id: str = "") -> Client:
-    return Client(args.addr, run_id=run_id, token=args.token, tls=_tls(args))
+def _client(args: argparse.Namespace, *, run_id: str = "", identity: str = "agent") -> Client:
+    """A client as --token, $EXECGATE_TOKEN, or else the local `identity`'s token beside
+    the daemon's socket (`make run`'s, see local_identities): `agent` makes calls,
+    `operator` decides approvals."""
+    token = args.token
+    if token is None:
+        token = cli_token(resolve_address(args.addr), identity)
+    return Client(args.addr, run_id=run_id, token=token, tls=_tls(args))
 
 
 def _tls(args: argparse.Namespace) -> TlsConfig | None:

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from . import local_identities
 from .config import TlsFiles
 from .errors import ConfigError
 from .identity import NAME_PATTERN, Role, hash_token, new_token
@@ -20,6 +21,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="identities file (YAML): who may call, with which roles; required for TCP. "
         "Without it only the Unix socket listens and its callers are `local`",
     )
+    p.add_argument(
+        "--local-identities",
+        action="store_true",
+        help="serve with an `agent` and an `operator` identity made once under the state "
+        "directory (identities.yaml, tokens/*.token, owner-only); what `make run` does",
+    )
     p.add_argument("--tls-cert", type=Path, default=None, metavar="PEM", help="server cert")
     p.add_argument("--tls-key", type=Path, default=None, metavar="PEM", help="its private key")
     p.add_argument(
@@ -30,6 +37,15 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="CA of the client certificates; with --tls-cert/--tls-key, TCP listeners "
         "are mTLS (client certificates required)",
     )
+
+
+def identities_file(args: argparse.Namespace) -> Path | None:
+    """--identities, or the local identities (made if need be) for --local-identities."""
+    if not args.local_identities:
+        return Path(args.identities) if args.identities is not None else None
+    if args.identities is not None:
+        raise ConfigError("--identities and --local-identities: give one of them")
+    return local_identities.ensure(args.state_dir).file
 
 
 def tls_files(args: argparse.Namespace) -> TlsFiles | None:

@@ -20,6 +20,7 @@ from execgate.client import (
     CallRecord,
     Client,
     ExecgateClientError,
+    PermissionDenied,
     RunDetail,
     RunInfo,
     RunNotFound,
@@ -83,8 +84,13 @@ def call(client: Client, call_id: str, run_id: str = "", *, raw: bool = False) -
 
 
 def approval(client: Client, approval_id: str) -> str:
-    """The pending approval's full id for `approval_id` or a unique prefix of it."""
-    pending = [a.approval_id for a in client.approvals_pending()]
+    """The pending approval's full id for `approval_id` or a unique prefix of it. A caller
+    who may not list approvals gets its id as given: the decision itself is then refused
+    with its own message (who may decide), not the listing's."""
+    try:
+        pending = [a.approval_id for a in client.approvals_pending()]
+    except PermissionDenied:
+        return approval_id
     return one("approval", approval_id, pending) or approval_id
 
 

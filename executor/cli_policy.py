@@ -1,20 +1,31 @@
 """`execgate policy check | explain | test`: for the people who write policy files.
 
-None of these needs a daemon: they read the files and decide as the daemon would.
+`check` and `test` read files and decide as the daemon would. `explain` asks the
+running daemon about the policy it enforces (the ExplainPolicy RPC), or reads a file
+given with --policy; it exits 1 when the call would be denied.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+import grpc
 import yaml
 
+from execgate.client._transport import call_metadata, resolve_token, sync_channel
+from execgate.client.wire import resolve_address, translate
+from execgate.v1 import executor_pb2 as pb
+from execgate.v1 import executor_pb2_grpc as pb_grpc
+
+from . import wire
+from .cli_client import _tls
 from .errors import PolicyError
+from .local_identities import cli_token
 from .policy import Policy, PolicyInput, default_policy_path, load_policy
+from .policy.explain import Explanation, canonical, explain
 from .policy.model import memberships
 
 TEST_CASE_KEYS = {"name", "input", "expect", "rules"}
@@ -22,20 +33,30 @@ INPUT_KEYS = {"tool", "agent", "groups", "roles", "paths", "tables", "hosts", "a
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("policy", help="check, explain and test policy files (no daemon needed)")
+    p = sub.add_parser("policy", help="check, explain and test policies")
     cmds = p.add_subparsers(dest="policy_command", metavar="COMMAND", required=True)
 
-    c = cmds.add_parser("check", help="validate policy files; file:line:column on errors")
+    c = cmds.add_parser("check", help="validate policy files; every error, at file:line:column")
     c.add_argument("files", nargs="+", type=Path)
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(handler=_check)
 
     e = cmds.add_parser(
-        "explain", help="the decision for one call, and why each rule did (not) match"
+        "explain",
+        help="the decision for one call, and why each rule did (not) match; exit 1 if denied",
     )
-    e.add_argument("--policy", type=Path, default=None, help="default: the shipped policy")
+    e.add_argument(
+        "--policy",
+        type=Path,
+        default=None,
+        help="explain against this file (default: ask the daemon, against the policy it runs)",
+    )
     e.add_argument("--tool", required=True, help="the tool the call names")
-    e.add_argument("--agent", default="local", help="the calling identity")
+    e.add_argument(
+        "--agent",
+        default="",
+        help="the calling identity (default: local with --policy; else yourself)",
+    )
     e.add_argument("--group", action="append", default=[], help="a group the agent is in")
     e.add_argument("--role", action="append", default=[], help="a role the agent holds")
     e.add_argument(
@@ -51,6 +72,17 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     e.add_argument("--table", action="append", default=[], help="a table the call touches")
     e.add_argument("--host", action="append", default=[], help="a host the call reaches")
     e.add_argument("--json", action="store_true", help="machine-readable output")
+    e.add_argument(
+        "--addr", help="daemon address (default: $EXECGATE_ADDR or unix:var/execgate.sock)"
+    )
+    e.add_argument(
+        "--token",
+        default=None,
+        help="bearer token (default: $EXECGATE_TOKEN, else make run's operator token)",
+    )
+    e.add_argument("--tls-ca", type=Path, metavar="PEM", help="CA of the daemon's cert")
+    e.add_argument("--tls-cert", type=Path, metavar="PEM", help="your client certificate")
+    e.add_argument("--tls-key", type=Path, metavar="PEM", help="its private key")
     e.set_defaults(handler=_explain)
 
     t = cmds.add_parser(
@@ -68,9 +100,13 @@ def _check(args: argparse.Namespace) -> int:
         try:
             policy = load_policy(path)
         except PolicyError as exc:
-            report.append({"file": str(path), "ok": False, "errors": [str(exc)]})
+            errors = getattr(exc, "errors", (exc,))
+            report.append({"file": str(path), "ok": False, "errors": [str(e) for e in errors]})
             if not args.json:
-                print(f"FAIL {exc}")
+                for err in errors:
+                    print(f"FAIL {err}")
+                if len(errors) > 1:
+                    print(f"     {path}: {len(errors)} errors")
             bad += 1
             continue
         report.append(
@@ -90,67 +126,53 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    policy = load_policy(args.policy or default_policy_path())
+    """The decision for one described call; exit 1 when it is denied."""
     values = dict(_pair(a) for a in args.arg)
-    argv = values.get("argv")
-    call = PolicyInput(
-        tool=args.tool,
-        agent=args.agent,
-        memberships=memberships(args.group, args.role),
-        paths=tuple(_canonical(p) for p in args.path),
-        tables=tuple(args.table),
-        hosts=tuple(args.host),
-        argv=tuple(str(a) for a in argv) if isinstance(argv, list) else None,
-        args=values,
-    )
-    decision = policy.decide(call)
-    rows = [(r.id, r.effect.value, r.shadow, r.mismatches(call)) for r in policy.rules]
-    runs = _how_it_runs(policy, call)
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "effect": decision.effect.value,
-                    "rules": list(decision.rule_ids),
-                    "reason": decision.reason,
-                    "revision": decision.revision,
-                    "shadow": [[rid, eff.value] for rid, eff in decision.shadow],
-                    "each_rule": [
-                        {"id": i, "effect": e, "shadow": s, "not_matched_by": list(m)}
-                        for i, e, s, m in rows
-                    ],
-                    "runs_with": runs,
-                },
-                indent=2,
-            )
+    if args.policy is not None:
+        argv = values.get("argv")
+        call = PolicyInput(
+            tool=args.tool,
+            agent=args.agent or "local",
+            memberships=memberships(args.group, args.role),
+            paths=tuple(canonical(p) for p in args.path),
+            tables=tuple(args.table),
+            hosts=tuple(args.host),
+            argv=tuple(str(a) for a in argv) if isinstance(argv, list) else None,
+            args=values,
         )
-        return 0
-    by = ", ".join(decision.rule_ids) or "default"
-    print(f"decision: {decision.effect.value} ({by}): {decision.reason}")
-    for rid, effect, shadow, failed in rows:
-        mode = " [shadow]" if shadow else ""
-        verdict = "matches" if not failed else "does not match: " + ", ".join(failed)
-        print(f"  {rid} ({effect}{mode}) {verdict}")
-    if decision.ask is not None:
-        who = ", ".join(decision.ask.approvers)
-        print(f"approval: needed from {who}, expires after {decision.ask.ttl:g}s")
-    print("runs with: " + ", ".join(f"{k} {v}" for k, v in runs.items()))
-    print(f"policy {policy.source} revision {decision.revision[:12]}")
-    return 0
+        found = explain(load_policy(args.policy), call)
+    else:
+        found = _explain_remote(args, values)
+    if args.json:
+        print(json.dumps(found.to_json(), indent=2))
+    else:
+        print("\n".join(found.lines()))
+    return 1 if found.denied else 0
 
 
-def _how_it_runs(policy: Policy, call: PolicyInput) -> dict[str, Any]:
-    """The sandbox and limits the policy sets for the call ("daemon default": unset)."""
-    rule = policy.sandbox_for(call.tool, call.agent, call.memberships)
-    limits = policy.limits_for(call)
-    unset = "daemon default"
-    return {
-        "sandbox": rule.backend if rule is not None else "default",
-        "network": rule.network if rule is not None else False,
-        "timeout_s": limits.timeout if limits.timeout is not None else unset,
-        "grace_s": limits.grace if limits.grace is not None else unset,
-        "output_cap_bytes": limits.output_cap if limits.output_cap is not None else unset,
-    }
+def _explain_remote(args: argparse.Namespace, values: dict[str, Any]) -> Explanation:
+    """Asked of the daemon (ExplainPolicy), against the policy it enforces now."""
+    request = pb.ExplainPolicyRequest(
+        tool=args.tool,
+        agent=args.agent or "",
+        groups=args.group,
+        roles=args.role,
+        paths=args.path,
+        tables=args.table,
+        hosts=args.host,
+        arguments_json=json.dumps(values),
+    )
+    address = resolve_address(args.addr)
+    token = args.token if args.token is not None else cli_token(address, "operator")
+    metadata = call_metadata(resolve_token(token))
+    with sync_channel(address, _tls(args)) as channel:
+        try:
+            reply = pb_grpc.ExecutorStub(channel).ExplainPolicy(
+                request, metadata=metadata, timeout=30
+            )
+        except grpc.RpcError as exc:
+            raise translate(exc, address) from exc
+    return wire.explanation_from(reply)
 
 
 def _pair(text: str) -> tuple[str, Any]:
@@ -161,12 +183,6 @@ def _pair(text: str) -> tuple[str, Any]:
         return key, json.loads(raw)
     except json.JSONDecodeError:
         return key, raw
-
-
-def _canonical(path: str) -> str:
-    """Workspace-relative, normalised as the daemon does (`..` and `.` folded)."""
-    norm = os.path.normpath(path).lstrip("/")
-    return norm or "."
 
 
 def _test(args: argparse.Namespace) -> int:
@@ -216,7 +232,7 @@ def _run_case(policy: Policy, case: Any, where: str) -> tuple[bool, str]:
         tool=raw["tool"],
         agent=raw.get("agent", "local"),
         memberships=memberships(raw.get("groups", []), raw.get("roles", [])),
-        paths=tuple(_canonical(p) for p in raw.get("paths", [])),
+        paths=tuple(canonical(p) for p in raw.get("paths", [])),
         tables=tuple(raw.get("tables", [])),
         hosts=tuple(raw.get("hosts", [])),
         argv=tuple(argv) if isinstance(argv, list) else None,

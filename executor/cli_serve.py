@@ -8,7 +8,7 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from . import cli_identity, cli_sandbox, malloc
+from . import cli_identity, cli_sandbox, local_identities, malloc
 from .config import ServeConfig, parse_listener
 from .tools import Limits
 
@@ -116,7 +116,7 @@ def _serve(args: argparse.Namespace) -> int:
         reflection=args.reflection,
         test_tools=args.test_tools,
         allow_remote=args.allow_remote,
-        identities=args.identities,
+        identities=cli_identity.identities_file(args),
         tls=cli_identity.tls_files(args),
         locks=args.locks,
         lock_dir=args.lock_dir,
@@ -129,6 +129,13 @@ def _serve(args: argparse.Namespace) -> int:
             f"(workspace {config.workspace.resolve()}, journal {config.state_dir.resolve()})",
             flush=True,
         )
+        if args.local_identities:
+            tokens = local_identities.tokens_dir(config.state_dir).resolve()
+            print(
+                f"identities: agent and operator, tokens in {tokens} "
+                "(the CLI uses them: `execgate call` as agent, `execgate approvals` as operator)",
+                flush=True,
+            )
 
     from .server import serve
 

@@ -6,6 +6,7 @@ Also the one-line outcome that `execgate call` prints: every outcome names its r
 
 from __future__ import annotations
 
+import datetime
 import sys
 
 from rich.console import Console
@@ -56,6 +57,16 @@ def print_record(console: Console, record: CallRecord, *, raw: bool = False) -> 
         field("idempotency key", record.idempotency_key)
     field("policy", policy_line(record))
     o = record.outcome
+    if record.awaiting_approval:
+        who = ", ".join(record.approvers) or "an approver"
+        at = datetime.datetime.fromtimestamp(record.approval_expires_at or 0.0)
+        expires = at.strftime("%Y-%m-%d %H:%M:%S")
+        field(
+            "state",
+            f"waiting for approval {record.awaiting_approval} (decided by {who}; "
+            f"expires {expires})",
+        )
+        return
     if o is None:
         field("state", "running")
         return

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 # The packages only the daemon extra brings; a missing one means a thin install.
 DAEMON_ONLY = frozenset(
-    {"yaml", "jsonschema", "regex", "rich", "psutil", "docker", "filelock", "sqlglot"}
+    {"yaml", "jsonschema", "regex", "rich", "psutil", "docker", "filelock", "sqlglot", "wcmatch"}
     | {"grpc_health", "grpc_reflection", "opentelemetry"}
 )
 

@@ -6,6 +6,7 @@
     ├── ConfigError               bad daemon configuration (CLI flags, paths)
     │   └── IdentityError         an identities file that cannot be loaded (file:line:column)
     ├── PolicyError               a policy file that cannot be loaded
+    │   └── PolicyErrors          every error of one file (`.errors`), read as the first
     └── MalformedRequest          an RPC's request the daemon cannot use at all
         (carries the class and the offending field; answered INVALID_ARGUMENT)
 
@@ -20,6 +21,8 @@ metadata (`execgate-error-class`, `execgate-field`) and in the details
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from .outcomes import ErrorClass, Status
 
@@ -84,6 +87,16 @@ class LocatedError(ExecgateError):
 
 class PolicyError(LocatedError):
     """A policy file that cannot be used."""
+
+
+class PolicyErrors(PolicyError):
+    """Every error of one policy file, in file order; located where the first one is."""
+
+    def __init__(self, errors: Sequence[LocatedError]) -> None:
+        first = errors[0]
+        Exception.__init__(self, "\n".join(str(e) for e in errors))
+        self.path, self.line, self.column = first.path, first.line, first.column
+        self.errors: tuple[LocatedError, ...] = tuple(errors)
 
 
 class IdentityError(LocatedError, ConfigError):

@@ -27,6 +27,8 @@ from .fanout import Lagging
 from .identity import Role
 from .inflight import SHARED_RUN, CancelOrder, NotYours
 from .policy import Policy
+from .policy.explain import explain
+from .policy.model import memberships
 from .scope import scope_of
 from .validate import MAX_ID_CHARS
 from .wirecheck import PageTokens
@@ -34,6 +36,8 @@ from .wirecheck import PageTokens
 log = logging.getLogger("execgate.server")
 
 MAX_BATCH = 1000
+# Who may explain another identity's calls (ExplainPolicy): those who read or decide them.
+_EXPLAINS_ANYONE = frozenset({Role.OPERATOR, Role.APPROVER, Role.ADMIN})
 # Longest cancel `reason` and `requester` taken (characters). They are kept in memory
 # while the run is barred (inflight.RunBar), in every stopped call's timeline and in
 # the journal, so a Cancel carrying megabytes of them is refused, naming the field.
@@ -153,6 +157,31 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         root = str(self.dispatcher.workspace.root)
         return pb.ExplainResponse(calls=[wire.call_plan(r, root) for r in rows])
 
+    async def ExplainPolicy(
+        self,
+        request: pb.ExplainPolicyRequest,
+        context: grpc.aio.ServicerContext[pb.ExplainPolicyRequest, pb.ExplainPolicyResponse],
+    ) -> pb.ExplainPolicyResponse:
+        who = caller()
+        others = bool(request.agent and request.agent != who.name)
+        if (others or request.groups or request.roles) and not who.holds_any(_EXPLAINS_ANYONE):
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{who.name} explains only its own calls (agent, groups and roles are its "
+                "identity's); explaining another's needs operator, approver or admin",
+            )
+        if not request.tool or len(request.tool) > MAX_ID_CHARS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "tool: required, a tool name")
+        if max(len(request.paths), len(request.tables), len(request.hosts)) > MAX_BATCH:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "paths: too many")
+        given = others or bool(request.groups or request.roles)
+        member_of = memberships(request.groups, request.roles) if given else who.memberships()
+        try:
+            call = wire.policy_input(request, request.agent or who.name, member_of)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return wire.explanation(explain(self.dispatcher.policy, call))
+
     async def _batch(
         self, request: pb.ExecuteRequest, context: grpc.aio.ServicerContext[pb.ExecuteRequest, Any]
     ) -> tuple[str, str, list[CallRequest]]:
@@ -226,6 +255,13 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         rec = await self.dispatcher.journal.get(
             run_id, request.call_id, include_raw=request.include_raw
         )
+        if rec is None:
+            # A parked call is journaled as its approval until it is decided.
+            parked = await self.dispatcher.approvals.parked(run_id, request.call_id)
+            if parked is not None and self._readable(parked.requester, run_id):
+                tool = self.dispatcher.tools.get(parked.tool)
+                # The tool's own answer: the call is validated again when it is decided.
+                return wire.parked_record(parked, may_write=tool is None or tool.spec.may_write)
         # Another agent's call is answered as a missing one: its existence is not ours to tell.
         if rec is None or not self._readable(rec.agent, rec.run_id):
             await context.abort(

@@ -16,6 +16,8 @@ from .events import Event, EventKind, PlanRow
 from .journal import CallFilter, CallRecord
 from .locks import LockMode
 from .outcomes import ErrorClass, Outcome, Phase, Status, StopMode
+from .policy import PolicyInput
+from .policy.explain import Explanation, RuleVerdict, canonical
 from .tools import Mode, ToolSpec
 
 # protoc's .pyi types an enum field as the enum class but its `Value()` as a plain int.
@@ -167,6 +169,26 @@ def record(r: CallRecord) -> pb.CallRecord:
     return msg
 
 
+def parked_record(a: Approval, *, may_write: bool) -> pb.CallRecord:
+    """A call a policy `ask` rule holds: journaled as an approval, not yet as a call."""
+    return pb.CallRecord(
+        run_id=a.run_id,
+        call_id=a.call_id,
+        batch_id=a.batch_id,
+        tool=a.tool,
+        arguments_json=a.arguments_json,
+        idempotency_key=a.idempotency_key,
+        agent=a.requester,
+        state=pb.CALL_STATE_AWAITING_APPROVAL,
+        may_write=may_write,
+        created_at=timestamp(a.created_at),
+        policy=pb.PolicyDecision(effect="ask", rule_ids=[a.rule_id], approvers=a.approvers),
+        approval_id=a.id,
+        approval_expires_at=timestamp(a.expires_at),
+        approvers=a.approvers,
+    )
+
+
 def call_filter(
     req: pb.ListCallsRequest,
     *,
@@ -242,3 +264,73 @@ def approval(a: Approval) -> pb.Approval:
     if a.decided_at is not None:
         msg.decided_at.CopyFrom(timestamp(a.decided_at))
     return msg
+
+
+def explanation(e: Explanation) -> pb.ExplainPolicyResponse:
+    return pb.ExplainPolicyResponse(
+        decision=pb.PolicyDecision(
+            effect=e.effect,
+            rule_ids=e.rule_ids,
+            revision=e.revision,
+            shadow=[f"{rid}:{eff}" for rid, eff in e.shadow],
+            approvers=e.approvers,
+        ),
+        reason=e.reason,
+        rules=[
+            pb.RuleVerdict(
+                rule_id=r.rule_id, effect=r.effect, shadow=r.shadow, not_matched_by=r.not_matched_by
+            )
+            for r in e.rules
+        ],
+        approval_ttl_seconds=e.ttl or 0.0,
+        runs_with_json=json.dumps(e.runs_with),
+        source=e.source,
+    )
+
+
+def explanation_from(msg: pb.ExplainPolicyResponse) -> Explanation:
+    """The daemon's answer as the CLI renders it (the inverse of `explanation`)."""
+    d = msg.decision
+    return Explanation(
+        effect=d.effect,
+        rule_ids=tuple(d.rule_ids),
+        reason=msg.reason,
+        revision=d.revision,
+        shadow=tuple(_split_shadow(s) for s in d.shadow),
+        rules=tuple(
+            RuleVerdict(r.rule_id, r.effect, r.shadow, tuple(r.not_matched_by)) for r in msg.rules
+        ),
+        approvers=tuple(d.approvers),
+        ttl=msg.approval_ttl_seconds or None,
+        runs_with=json.loads(msg.runs_with_json or "{}"),
+        source=msg.source,
+    )
+
+
+def _split_shadow(text: str) -> tuple[str, str]:
+    rid, _, effect = text.rpartition(":")
+    return rid, effect
+
+
+def policy_input(
+    req: pb.ExplainPolicyRequest, agent: str, member_of: frozenset[str]
+) -> PolicyInput:
+    """The described call of an ExplainPolicy, for `agent` with `member_of`; ValueError
+    naming the field for arguments that are not a JSON object."""
+    try:
+        args = json.loads(req.arguments_json) if req.arguments_json else {}
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"arguments_json: not JSON: {exc}") from None
+    if not isinstance(args, dict):
+        raise ValueError("arguments_json: must be a JSON object")
+    argv = args.get("argv")
+    return PolicyInput(
+        tool=req.tool,
+        agent=agent,
+        memberships=member_of,
+        paths=tuple(canonical(p) for p in req.paths),
+        tables=tuple(req.tables),
+        hosts=tuple(req.hosts),
+        argv=tuple(str(a) for a in argv) if isinstance(argv, list) else None,
+        args=args,
+    )

@@ -116,6 +116,9 @@ EXPECTED = {
     "GetCall": READS,
     "ListCalls": READS,
     "Cancel": READS,
+    # Agents for their own calls, operators and approvers for anyone's (the described
+    # call below is the caller's own, so every known identity gets an answer).
+    "ExplainPolicy": {"alice", "olga", "abby", "root"},
 }
 # (label, metadata, who succeeds as): strangers first, then each known identity.
 CREDENTIALS: list[tuple[str, tuple[tuple[str, str], ...], str]] = [
@@ -164,6 +167,9 @@ def _rpc(stub: pb_grpc.ExecutorStub, rpc: str, tag: str, md: Any) -> Callable[[]
         # A call of the run, not the run: barring a whole run also needs its ownership
         # (tests/test_cancel_ownership.py), which is not what this matrix is about.
         "Cancel": lambda: stub.Cancel(pb.CancelRequest(run_id=tag, call_id="c"), metadata=md),
+        "ExplainPolicy": lambda: stub.ExplainPolicy(
+            pb.ExplainPolicyRequest(tool="write_file", paths=[f"matrix/{tag}.txt"]), metadata=md
+        ),
     }
     return calls[rpc]
 

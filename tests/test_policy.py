@@ -230,11 +230,13 @@ def test_require_refuses_deny_as_rejected_policy_denied_and_returns_ask() -> Non
         # Case-sensitive.
         ("*.PEM", "x.pem", False),
         ("secret/", "SECRET/x", False),
-        # Everything else is literal, regex and fnmatch metacharacters included.
+        # `[...]` is a character class (the shell's glob, policy.globs); `\\[` a literal.
+        ("[ab].txt", "a.txt", True),
+        ("[ab].txt", "[ab].txt", False),
+        ("\\[ab].txt", "[ab].txt", True),
+        # Everything else is literal, regex metacharacters and braces included.
         ("a.b", "axb", False),
         ("a.b", "a.b", True),
-        ("[ab].txt", "a.txt", False),
-        ("[ab].txt", "[ab].txt", True),
         ("a+b", "aab", False),
         ("a+b", "a+b", True),
         ("(x)|y", "y", False),

@@ -63,12 +63,14 @@ def test_check_refuses_a_file_whose_example_fails(
 def test_explain_says_why_each_rule_did_or_did_not_match(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out = run(capsys, "explain", "--tool", "read_file", "--path", "config/../.env")
-    assert code == 0
+    shipped = ("explain", "--policy", str(default_policy_path()))
+    code, out = run(capsys, *shipped, "--tool", "read_file", "--path", "config/../.env")
+    assert code == 1  # a deny exits 1 (docs/policy.md)
     assert out.splitlines()[0].startswith("decision: deny (secrets)")
     assert "  secrets (deny) matches" in out
     assert "  workspace-writes (allow) does not match: tools" in out
-    code, out = run(capsys, "explain", "--tool", "run_command", "--arg", 'argv=["ls"]', "--json")
+    code, out = run(capsys, *shipped, "--tool", "run_command", "--arg", 'argv=["ls"]', "--json")
+    assert code == 0
     decision = json.loads(out)
     assert decision["effect"] == "allow"
     assert decision["rules"] == ["workspace-commands"]

@@ -397,7 +397,7 @@ def test_policy_explain_shows_the_limits_the_call_would_run_with(
     policy.write_text(SCOPED)
     base = ("explain", "--policy", str(policy), "--tool", "run_command", "--agent", "ci-7")
     code, out = cli(capsys, *base, "--group", "untrusted", "--role", "operator")
-    assert code == 0, out
+    assert code == 1, out  # denied (no rule allows it): exit 1, and still the limits
     assert (
         "runs with: sandbox default, network False, timeout_s 5.0, grace_s 0.5, "
         "output_cap_bytes 4096"

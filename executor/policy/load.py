@@ -1,6 +1,7 @@
 """Reading a policy file: YAML with every error at file:line:column, naming the field.
 
-The file is composed into YAML nodes (which keep their positions) and checked
+The file is composed into YAML nodes (which keep their positions), validated
+against the policy's JSON Schema (`schema`: every error of the file), then built
 node by node: unknown keys, wrong types, duplicate keys and bad values are
 errors, never ignored. Each rule's inline `examples` are run against the rule
 itself at load; one that does not come out as written refuses the file.
@@ -8,22 +9,25 @@ itself at load; one that does not come out as written refuses the file.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import regex
 import yaml
 
-from ..errors import PolicyError
+from ..errors import LocatedError, PolicyError
 from ..regexbound import check_pattern
 from ..yamldoc import YamlDoc as _Doc
 from .model import Condition, Effect, PolicyInput, Rule, memberships
 from .reads import ReadGrant, read_grant
 from .runrules import LimitRule, SandboxRule, limit_rule, sandbox_rule
+from .schema import duplicate_keys, raise_all, schema_errors
 
 FILE_KEYS = {
     "version", "default", "mode", "rules", "sandbox", "limits", "hard_links", "reads",
@@ -66,33 +70,72 @@ class Parsed:
 
 
 def load_text(text: str, source: str) -> Parsed:
+    """The policy in `text`; PolicyErrors naming every error found, in file order.
+
+    The schema (policy.schema) goes first and reports everything it sees; what it
+    cannot see is checked entry by entry below, every entry's first error reported.
+    """
     doc = _Doc(text, source, PolicyError)
     root = doc.root()
     if root is None:
         raise PolicyError("empty file: a policy has version, default, rules", path=source)
+    raise_all(sorted(duplicate_keys(doc, root) + schema_errors(doc, root), key=_position))
     top = doc.mapping(root, "file", FILE_KEYS)
     version = doc.value(top["version"]) if "version" in top else None
     if isinstance(version, bool) or version != 1:
         raise doc.error(top.get("version", root), "version: must be 1")
     default = _effect(doc, top.get("default"), "default", allowed=(Effect.ALLOW, Effect.DENY))
     shadow_file = _shadow(doc, top.get("mode"), "mode")
-    rules = tuple(
-        _rule(doc, n, f"rules[{i}]", shadow_file)
-        for i, n in enumerate(doc.sequence(top["rules"], "rules") if "rules" in top else [])
-    )
-    ids = [r.id for r in rules]
-    for i, rid in enumerate(ids):
-        if rid in ids[:i]:
-            raise doc.error(top["rules"].value[i], f"rules[{i}].id: {rid!r} is used twice")
-    nodes = doc.sequence(top["sandbox"], "sandbox") if "sandbox" in top else []
-    sandbox = tuple(sandbox_rule(doc, n, f"sandbox[{i}]") for i, n in enumerate(nodes))
-    nodes = doc.sequence(top["limits"], "limits") if "limits" in top else []
-    limits = tuple(limit_rule(doc, n, f"limits[{i}]") for i, n in enumerate(nodes))
+    errors: list[LocatedError] = []
+    each = functools.partial(_each, doc, top, errors)
+    rules = each("rules", lambda n, where: _rule(doc, n, where, shadow_file))
+    seen: set[str] = set()
+    for i, rule in rules:
+        if rule.id in seen:
+            errors.append(
+                doc.error(top["rules"].value[i], f"rules[{i}].id: {rule.id!r} is used twice")
+            )
+        seen.add(rule.id)
+    sandbox = each("sandbox", lambda n, where: sandbox_rule(doc, n, where))
+    limits = each("limits", lambda n, where: limit_rule(doc, n, where))
     hard_links = doc.strings(top["hard_links"], "hard_links") if "hard_links" in top else ()
-    nodes = doc.sequence(top["reads"], "reads") if "reads" in top else []
-    reads = tuple(read_grant(doc, n, f"reads[{i}]") for i, n in enumerate(nodes))
+    reads = each("reads", lambda n, where: read_grant(doc, n, where))
+    raise_all(sorted(errors, key=_position))
     revision = hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
-    return Parsed(default, rules, sandbox, limits, revision, hard_links, reads)
+    return Parsed(
+        default,
+        tuple(r for _, r in rules),
+        tuple(r for _, r in sandbox),
+        tuple(r for _, r in limits),
+        revision,
+        hard_links,
+        tuple(r for _, r in reads),
+    )
+
+
+T = TypeVar("T")
+
+
+def _each(
+    doc: _Doc,
+    top: dict[str, yaml.Node],
+    errors: list[LocatedError],
+    key: str,
+    build: Callable[[yaml.Node, str], T],
+) -> list[tuple[int, T]]:
+    """`build` for each entry of the list `key`, with its index; an entry that does not
+    build adds its error to `errors` and is left out."""
+    out: list[tuple[int, T]] = []
+    for i, node in enumerate(doc.sequence(top[key], key) if key in top else []):
+        try:
+            out.append((i, build(node, f"{key}[{i}]")))
+        except PolicyError as exc:
+            errors.append(exc)
+    return out
+
+
+def _position(err: LocatedError) -> tuple[int, int]:
+    return (err.line, err.column)
 
 
 def read_file(path: str | Path) -> tuple[str, str]:

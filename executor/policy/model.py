@@ -16,13 +16,13 @@ reported, never enforced.
 from __future__ import annotations
 
 import enum
-import fnmatch
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import regex
+
+from .globs import glob_match
 
 
 class Effect(enum.Enum):
@@ -124,8 +124,8 @@ class Rule:
         yield "agents", agent_matches(self.agents, call.agent, call.memberships)
         yield "tools", _names(self.tools, call.tool)
         yield "paths", _touches(self.paths, call.paths, every=every, glob=path_glob)
-        yield "tables", _touches(self.tables, call.tables, every=every, glob=_glob)
-        yield "hosts", _touches(self.hosts, call.hosts, every=every, glob=_glob)
+        yield "tables", _touches(self.tables, call.tables, every=every, glob=glob_match)
+        yield "hosts", _touches(self.hosts, call.hosts, every=every, glob=glob_match)
         yield "argv_prefix", self._argv_matches(call.argv)
         yield "when", all(c.holds(call.args) for c in self.when)
 
@@ -137,14 +137,10 @@ class Rule:
         return any(tuple(argv[: len(p)]) == p for p in self.argv_prefix)
 
 
-def _glob(name: str, pattern: str) -> bool:
-    return fnmatch.fnmatchcase(name, pattern)
-
-
 def agent_matches(patterns: tuple[str, ...], name: str, memberships: frozenset[str]) -> bool:
     """An `agents` entry is a name glob, or `group:G` / `role:R` (matched exactly)."""
     return not patterns or any(
-        p in memberships if p.startswith(MEMBERSHIP_PREFIXES) else fnmatch.fnmatchcase(name, p)
+        p in memberships if p.startswith(MEMBERSHIP_PREFIXES) else glob_match(name, p)
         for p in patterns
     )
 
@@ -158,7 +154,7 @@ def memberships(groups: Iterable[str], roles: Iterable[str]) -> frozenset[str]:
 
 
 def _names(patterns: tuple[str, ...], name: str) -> bool:
-    return not patterns or any(fnmatch.fnmatchcase(name, p) for p in patterns)
+    return not patterns or any(glob_match(name, p) for p in patterns)
 
 
 def _touches(
@@ -171,38 +167,10 @@ def _touches(
 
 
 def path_glob(path: str, pattern: str) -> bool:
-    """`**` spans directories, `*` and `?` stay within one; `dir/` is dir and all below it."""
-    return _compiled(pattern).fullmatch(path) is not None
+    """`**` spans directories, `*` and `?` stay within one; `dir/` is dir and all below it.
 
-
-_CACHE: dict[str, re.Pattern[str]] = {}
-
-
-def _compiled(pattern: str) -> re.Pattern[str]:
-    found = _CACHE.get(pattern)
-    if found is None:
-        text = pattern.strip("/")
-        out, i = [], 0
-        while i < len(text):
-            if text.startswith("**/", i):
-                out.append("(?:.*/)?")
-                i += 3
-            elif text.startswith("**", i):
-                out.append(".*")
-                i += 2
-            elif text[i] == "*":
-                out.append("[^/]*")
-                i += 1
-            elif text[i] == "?":
-                out.append("[^/]")
-                i += 1
-            else:
-                out.append(re.escape(text[i]))
-                i += 1
-        # `dir/` is the directory and everything below it.
-        tail = "(?:/.*)?" if pattern.endswith("/") else ""
-        found = _CACHE[pattern] = re.compile("".join(out) + tail)
-    return found
+    The policy's one glob syntax (policy.globs), as for every other matcher."""
+    return glob_match(path, pattern)
 
 
 @dataclass(frozen=True, slots=True)

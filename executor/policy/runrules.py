@@ -12,7 +12,6 @@ Both are hot-reloaded with the rest of the file, except that a changed
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -20,6 +19,7 @@ import yaml
 
 from .. import ranges
 from ..yamldoc import YamlDoc
+from .globs import glob_match
 from .model import agent_matches
 
 SANDBOX_KEYS = {"tools", "agents", "backend", "network", "limits"}
@@ -52,7 +52,7 @@ class Scope:
     agents: tuple[str, ...] = ()
 
     def covers(self, tool: str, agent: str, memberships: frozenset[str]) -> bool:
-        return any(fnmatch.fnmatchcase(tool, p) for p in self.tools) and agent_matches(
+        return any(glob_match(tool, p) for p in self.tools) and agent_matches(
             self.agents, agent, memberships
         )
 

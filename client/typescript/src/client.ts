@@ -22,7 +22,8 @@ export interface ClientOptions {
   readonly address?: string;
   // The run calls belong to unless a call says otherwise ("" = the implicit run "default").
   readonly runId?: string;
-  // The bearer token of this client's identity; default $EXECGATE_TOKEN.
+  // The bearer token of this client's identity; default $EXECGATE_TOKEN, else on a
+  // Unix socket the tokens/agent.token beside it (what `make run` makes).
   readonly token?: string;
   // Certificates for a daemon's mTLS TCP listener; unset: plaintext.
   readonly tls?: TlsConfig;
@@ -85,7 +86,7 @@ export class Client {
   constructor(options: ClientOptions = {}) {
     this.address = resolveAddress(options.address);
     this.runId = options.runId ?? "";
-    this.rpc = new Rpc(this.address, resolveToken(options.token));
+    this.rpc = new Rpc(this.address, resolveToken(options.token, this.address));
     const creds = channelCredentials(options.tls);
     // One channel (one connection) for the three services.
     this.channel = new Channel(this.address, creds, channelOptions(options.tls));

@@ -4,7 +4,7 @@
  */
 
 import { readFileSync } from "node:fs";
-import { resolve } from "node:path";
+import { dirname, join, resolve } from "node:path";
 
 import { type ChannelCredentials, type ChannelOptions, credentials, Metadata } from "@grpc/grpc-js";
 
@@ -41,9 +41,22 @@ export function resolveAddress(address?: string): string {
   return chosen;
 }
 
-/** `token`, else $EXECGATE_TOKEN, else "" (fine on a daemon without identities). */
-export function resolveToken(token?: string): string {
-  return (token ?? process.env[TOKEN_ENV] ?? "").trim();
+/**
+ * `token`, else $EXECGATE_TOKEN, else the agent token a local daemon keeps beside its
+ * Unix socket (`make run`: var/tokens/agent.token, owner-only), else "" (fine on a
+ * daemon without identities). `address` is the resolved address.
+ */
+export function resolveToken(token?: string, address = ""): string {
+  let chosen = token ?? process.env[TOKEN_ENV] ?? "";
+  if (token === undefined && !chosen && address.startsWith("unix:")) {
+    const socket = address.slice("unix:".length);
+    try {
+      chosen = readFileSync(join(dirname(socket), "tokens", "agent.token"), "utf8");
+    } catch {
+      chosen = "";
+    }
+  }
+  return chosen.trim();
 }
 
 /** Sent with every call. Never logged or put in an exception by this package. */

@@ -6,6 +6,9 @@
  */
 
 import assert from "node:assert/strict";
+import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { describe, test } from "node:test";
 
 import * as client from "@execgate/client";
@@ -314,4 +317,27 @@ test("the package's public surface", () => {
     "resolveToken",
     "retryable",
   ]);
+});
+
+describe("the token", () => {
+  test("given, else $EXECGATE_TOKEN, else the agent token beside a Unix socket", () => {
+    const dir = mkdtempSync(join(tmpdir(), "eg-token-"));
+    mkdirSync(join(dir, "tokens"));
+    writeFileSync(join(dir, "tokens", "agent.token"), "tok-agent\n", { mode: 0o600 });
+    const saved = process.env.EXECGATE_TOKEN;
+    delete process.env.EXECGATE_TOKEN;
+    try {
+      const addr = `unix:${join(dir, "execgate.sock")}`;
+      assert.equal(client.resolveToken(undefined, addr), "tok-agent");
+      assert.equal(client.resolveToken("", addr), ""); // an explicit "" is no token
+      assert.equal(client.resolveToken("mine", addr), "mine");
+      assert.equal(client.resolveToken(undefined, "127.0.0.1:7443"), "");
+      assert.equal(client.resolveToken(undefined, `unix:${join(tmpdir(), "none", "s.sock")}`), "");
+      process.env.EXECGATE_TOKEN = "from-env";
+      assert.equal(client.resolveToken(undefined, addr), "from-env");
+    } finally {
+      if (saved === undefined) delete process.env.EXECGATE_TOKEN;
+      else process.env.EXECGATE_TOKEN = saved;
+    }
+  });
 });
