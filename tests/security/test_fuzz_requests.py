@@ -53,6 +53,9 @@ SAMPLES: dict[str, Message] = {
     "/execgate.v1.Executor/Explain": pb.ExecuteRequest(
         calls=[pb.ToolCall(tool="read_file", arguments_json='{"path": "a.txt"}')]
     ),
+    "/execgate.v1.Executor/ExplainPolicy": pb.ExplainPolicyRequest(
+        tool="write_file", paths=["src/a.py"], arguments_json='{"path": "src/a.py"}'
+    ),
     "/execgate.v1.Executor/Cancel": pb.CancelRequest(
         call_id="nope", reason="fuzz", grace={"seconds": 1}
     ),
