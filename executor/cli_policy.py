@@ -12,20 +12,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import grpc
 import yaml
 
-from execgate.client._transport import call_metadata, resolve_token, sync_channel
-from execgate.client.wire import resolve_address, translate
-from execgate.v1 import executor_pb2 as pb
-from execgate.v1 import executor_pb2_grpc as pb_grpc
-
-from . import wire
-from .cli_client import _tls
 from .errors import PolicyError
-from .local_identities import cli_token
 from .policy import Policy, PolicyInput, default_policy_path, load_policy
-from .policy.explain import Explanation, canonical, explain
+from .policy.explain import canonical, explain
 from .policy.model import memberships
 
 TEST_CASE_KEYS = {"name", "input", "expect", "rules"}
@@ -142,37 +133,14 @@ def _explain(args: argparse.Namespace) -> int:
         )
         found = explain(load_policy(args.policy), call)
     else:
-        found = _explain_remote(args, values)
+        from .cli_explain_remote import explain_remote  # grpc: only when asked
+
+        found = explain_remote(args, values)
     if args.json:
         print(json.dumps(found.to_json(), indent=2))
     else:
         print("\n".join(found.lines()))
     return 1 if found.denied else 0
-
-
-def _explain_remote(args: argparse.Namespace, values: dict[str, Any]) -> Explanation:
-    """Asked of the daemon (ExplainPolicy), against the policy it enforces now."""
-    request = pb.ExplainPolicyRequest(
-        tool=args.tool,
-        agent=args.agent or "",
-        groups=args.group,
-        roles=args.role,
-        paths=args.path,
-        tables=args.table,
-        hosts=args.host,
-        arguments_json=json.dumps(values),
-    )
-    address = resolve_address(args.addr)
-    token = args.token if args.token is not None else cli_token(address, "operator")
-    metadata = call_metadata(resolve_token(token))
-    with sync_channel(address, _tls(args)) as channel:
-        try:
-            reply = pb_grpc.ExecutorStub(channel).ExplainPolicy(
-                request, metadata=metadata, timeout=30
-            )
-        except grpc.RpcError as exc:
-            raise translate(exc, address) from exc
-    return wire.explanation_from(reply)
 
 
 def _pair(text: str) -> tuple[str, Any]:

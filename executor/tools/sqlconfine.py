@@ -48,8 +48,9 @@ from typing import Any
 from .. import beneath
 
 _RANDOM = b"/dev/urandom"
-# Errors that mean the walk refused a path (a symlink, an escape), not that it failed.
-_REFUSALS = frozenset({errno.ELOOP, errno.EXDEV, errno.EACCES})
+# Errors that mean the walk refused a path (a symlink, an escape, a component that is
+# no longer a directory: the tree changed under the walk), not that it failed.
+_REFUSALS = frozenset({errno.ELOOP, errno.EXDEV, errno.EACCES, errno.ENOTDIR})
 
 
 @dataclass(slots=True)
