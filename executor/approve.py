@@ -28,10 +28,10 @@ import asyncio
 import enum
 import secrets
 import sqlite3
-import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
+from . import clock
 from .approval import Approval, ApprovalState, Detached
 from .approvals_store import insert as _insert
 from .approvals_store import left_pending
@@ -106,7 +106,7 @@ class Approvals:
     ) -> Approval:
         """Write the pending row (durably); the caller then reports it and `wait`s."""
         req = call.request
-        now = time.time()
+        now = clock.now()
         approval = Approval(
             id="appr_" + secrets.token_hex(8),
             run_id=req.run_id,
@@ -194,7 +194,7 @@ class Approvals:
         decided = self._waiting[approval.id]
         stopped = asyncio.create_task(scope.requested.wait())
         try:
-            timeout = max(approval.expires_at - time.time(), 0.0)
+            timeout = max(approval.expires_at - clock.now(), 0.0)
             either: set[asyncio.Future[Any]] = {decided, stopped}
             await asyncio.wait(either, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if decided.done():
@@ -301,7 +301,7 @@ class Approvals:
             updated = conn.execute(
                 "UPDATE approvals SET state=?, decided_by=?, comment=?, decided_at=? "
                 "WHERE id=? AND state='pending'",
-                (state.value, by, comment, time.time(), approval_id),
+                (state.value, by, comment, clock.now(), approval_id),
             ).rowcount
             if updated != 1:
                 return None

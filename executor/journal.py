@@ -17,16 +17,17 @@ import logging
 import os
 import sqlite3
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from . import clock
 from .codec import outcome_from_json, outcome_to_json
 from .errors import ExecgateError
+from .journal_recover import recover_running
 from .journal_schema import RECORD_COLUMNS, migrate
-from .outcomes import ErrorClass, Mark, Outcome, Phase, Status, StopMode
+from .outcomes import Outcome, Status
 from .sqlite_writer import SqliteWriter
 
 log = logging.getLogger("execgate.journal")
@@ -142,7 +143,7 @@ class Journal:
             updated = conn.execute(
                 "UPDATE calls SET state='finished', finished_at=?, status=?, outcome_json=?, "
                 "raw_result=? WHERE run_id=? AND call_id=? AND state='running'",
-                (time.time(), outcome.status.value, outcome_to_json(outcome), raw, run_id, call_id),
+                (clock.now(), outcome.status.value, outcome_to_json(outcome), raw, run_id, call_id),
             ).rowcount
             if updated != 1:  # our intent never landed: the id belongs to another call
                 raise DuplicateCall(f"call_id {call_id!r} is already used in run {run_id!r}")
@@ -159,7 +160,7 @@ class Journal:
                 "INSERT INTO refusals (at, run_id, call_id, tool, error_class, message) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 (
-                    time.time(),
+                    clock.now(),
                     rec.run_id,
                     rec.call_id,
                     rec.tool,
@@ -193,7 +194,7 @@ class Journal:
 
     def recover(self) -> int:
         """Settle calls a previous daemon left running. Returns how many."""
-        return self._writer.submit_sync(_recover, durable=True)
+        return self._writer.submit_sync(recover_running, durable=True)
 
     # -- reads ----------------------------------------------------------------
 
@@ -279,7 +280,7 @@ def _insert(conn: sqlite3.Connection, rec: CallRecord, outcome: Outcome | None, 
                 int(rec.may_write),
                 "running" if outcome is None else "finished",
                 rec.created_at,
-                None if outcome is None else time.time(),
+                None if outcome is None else clock.now(),
                 None if outcome is None else outcome.status.value,
                 None if outcome is None else outcome_to_json(outcome),
                 raw,
@@ -364,43 +365,3 @@ def _where(flt: CallFilter) -> tuple[str, list[Any]]:
         clauses.append("seq < ?")
         params.append(flt.before_seq)
     return ("WHERE " + " AND ".join(clauses)) if clauses else "", params
-
-
-def interrupted_outcome(may_write: bool, created_at: float) -> Outcome:
-    """What a call left running by a stopped daemon is, once the daemon is back."""
-    now = time.time()
-    timeline = (Mark(Phase.STARTED, created_at), Mark(Phase.RECOVERED, now, "daemon restarted"))
-    if may_write:
-        status = Status.UNKNOWN_OUTCOME
-        message = (
-            "the daemon stopped while this call was running; it may or may not have "
-            "taken effect: reconcile (read back) before retrying"
-        )
-    else:
-        status = Status.FAILURE
-        message = (
-            "the daemon stopped while this read-only call was running; nothing changed, "
-            "it is safe to retry"
-        )
-    return Outcome(
-        status=status,
-        error_class=ErrorClass.INTERRUPTED,
-        message=message,
-        timeline=timeline,
-        stopped_how=StopMode.INTERRUPTED,
-    )
-
-
-def _recover(conn: sqlite3.Connection) -> int:
-    rows = conn.execute(
-        "SELECT seq, may_write, created_at FROM calls WHERE state='running'"
-    ).fetchall()
-    now = time.time()
-    for seq, may_write, created_at in rows:
-        outcome = interrupted_outcome(bool(may_write), created_at)
-        conn.execute(
-            "UPDATE calls SET state='finished', finished_at=?, status=?, outcome_json=? "
-            "WHERE seq=?",
-            (now, outcome.status.value, outcome_to_json(outcome), seq),
-        )
-    return len(rows)

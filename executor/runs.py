@@ -20,7 +20,6 @@ import enum
 import json
 import secrets
 import sqlite3
-import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from dataclasses import dataclass, field, replace
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from execgate.client.loop.errors import BrokenHistory
 from execgate.client.loop.states import TERMINAL, Machine, State, Transition
 
+from . import clock
 from . import runs_store as store
 from .errors import ExecgateError
 from .fanout import Closed, Fanout, Lagging
@@ -96,7 +96,7 @@ class RunStore:
 
     async def start(self, run: Run) -> Run:
         _check_text(run.goal, MAX_GOAL_BYTES, "goal")
-        now = time.time()
+        now = clock.now()
         run = replace(
             run,
             run_id=run.run_id or "run_" + secrets.token_hex(8),

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 from typing import Any
 
 from execgate.client.loop.states import TERMINAL, State, Transition
 
+from . import clock
 from .run_record import CancelAsk, Run
 
 _RUN_COLUMNS = (
@@ -49,7 +49,7 @@ def insert_events(conn: sqlite3.Connection, run_id: str, events: list[Transition
         last = events[-1]
         conn.execute(
             "UPDATE runs SET state=?, reason=?, last_seq=?, updated_at=? WHERE run_id=?",
-            (last.to_state.value, last.reason, last.seq, time.time(), run_id),
+            (last.to_state.value, last.reason, last.seq, clock.now(), run_id),
         )
     return run_rows(conn, "WHERE run_id = ?", (run_id,))[0]
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
@@ -21,7 +20,7 @@ from execgate.client.loop.states import State, Transition
 from execgate.v1 import runs_pb2 as rpb
 from execgate.v1 import runs_pb2_grpc as rpb_grpc
 
-from . import wire, wirecheck
+from . import clock, wire, wirecheck
 from .authenticate import caller
 from .dispatch import Dispatcher
 from .errors import MalformedRequest
@@ -119,7 +118,7 @@ class RunsService(rpb_grpc.RunsServicer):
                 "too_large", "reason", f"reason: longer than {MAX_REASON_CHARS} characters"
             )
         who = caller()
-        ask = CancelAsk(who.name, request.reason or "cancelled", time.time())
+        ask = CancelAsk(who.name, request.reason or "cancelled", clock.now())
         try:
             run = await self.store.get(request.run_id)
             if who.name != run.owner and not who.holds_any(CANCELS_ANY):
@@ -173,7 +172,7 @@ async def _abort(context: Context, exc: RunRefused) -> NoReturn:
 
 
 def _transition(run_id: str, i: int, e: rpb.RunEvent) -> Transition:
-    at = wirecheck.timestamp(e.at, f"events[{i}].at") if e.HasField("at") else time.time()
+    at = wirecheck.timestamp(e.at, f"events[{i}].at") if e.HasField("at") else clock.now()
     too_deep = MalformedRequest(
         "too_deep",
         f"events[{i}].data_json",

@@ -15,11 +15,11 @@ import hashlib
 import logging
 import os
 import sqlite3
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from . import clock
 from .errors import ExecgateError
 from .journal import Journal
 
@@ -105,7 +105,7 @@ class FileWatcher(Generic[T]):
             conn.execute(
                 "INSERT INTO policy_events (at, source, revision, accepted, message) "
                 "VALUES (?, ?, ?, ?, ?)",
-                (time.time(), str(self.path), revision, int(accepted), message),
+                (clock.now(), str(self.path), revision, int(accepted), message),
             )
 
         await self._journal.write(write, durable=True)
