@@ -55,8 +55,8 @@ async def join_parked(req: CallRequest, batch: Batch, active: Active, journal: J
     """Follow the in-flight call `active` that went through an approval, for the same
     request re-sent; False (nothing sent) if it did not or the request differs."""
     approval = active.parked
-    if approval is None or not req.idempotency_key:
-        return False
+    if approval is None or not req.idempotency_key or active.batch.agent != batch.agent:
+        return False  # keys are scoped to the agent: nobody else follows its call
     if (approval.tool, approval.arguments_json, approval.idempotency_key) != (
         req.tool,
         req.arguments_json,
