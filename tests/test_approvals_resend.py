@@ -169,3 +169,19 @@ def test_resent_outcomes_are_the_journal_s(daemon: Daemon) -> None:
     assert record.outcome is not None
     assert same(record.outcome, first.outcome("rec-1"))
     assert calls_with_id(daemon, "rec-1") == 1
+
+
+def test_another_agent_resending_a_parked_call_does_not_join_it(daemon: Daemon) -> None:
+    """Idempotency keys are scoped to the agent: carol cannot follow bot's parked call."""
+    call = keyed("park-other", "other.txt")
+    first, approval_id = park(daemon, call, run_id=RUN)
+    theirs = Streamer(daemon.address, [call], token=TOKENS["carol"], run_id=RUN)
+    theirs.join()
+    assert theirs.error is None, theirs.error
+    assert not theirs.seen(EventKind.AWAITING_APPROVAL, "park-other"), theirs.events
+    assert theirs.outcome("park-other").error_class == "duplicate_call_id"
+    with as_(daemon, "alice") as alice:
+        alice.deny(approval_id, "not today")
+    first.join()
+    assert first.outcome("park-other").error_class == "approval_denied"
+    assert approvals_of(daemon, "park-other") == [approval_id]
