@@ -43,7 +43,7 @@ async def answered(call: ValidCall, batch: Batch, journal: Journal, endings: End
     same = await journal.get(req.run_id, req.call_id)
     if same is None:
         return False
-    if same.outcome is not None and req.idempotency_key and _same_request(req, same):
+    if same.outcome is not None and req.idempotency_key and _same_request(req, batch, same):
         # Refused (denied, expired): its row keeps no key; the same request asks again.
         await endings.replay(call, batch, Replay(same.outcome, req.call_id, req.run_id))
         return True
@@ -73,5 +73,10 @@ async def join_parked(req: CallRequest, batch: Batch, active: Active, journal: J
     return True
 
 
-def _same_request(req: CallRequest, recorded: CallRecord) -> bool:
-    return (recorded.tool, recorded.arguments_json) == (req.tool, req.arguments_json)
+def _same_request(req: CallRequest, batch: Batch, recorded: CallRecord) -> bool:
+    """The same agent's same request (another agent's outcome is never replayed to it)."""
+    return (recorded.agent, recorded.tool, recorded.arguments_json) == (
+        batch.agent,
+        req.tool,
+        req.arguments_json,
+    )

@@ -185,3 +185,17 @@ def test_another_agent_resending_a_parked_call_does_not_join_it(daemon: Daemon) 
     first.join()
     assert first.outcome("park-other").error_class == "approval_denied"
     assert approvals_of(daemon, "park-other") == [approval_id]
+
+
+def test_another_agent_resending_a_denied_call_gets_no_replay(daemon: Daemon) -> None:
+    call = keyed("den-other", "den-other.txt")
+    first, approval_id = park(daemon, call, run_id=RUN)
+    with as_(daemon, "alice") as alice:
+        alice.deny(approval_id, "no")
+    first.join()
+    theirs = Streamer(daemon.address, [call], token=TOKENS["carol"], run_id=RUN)
+    theirs.join()
+    assert theirs.error is None, theirs.error
+    assert not theirs.seen(EventKind.AWAITING_APPROVAL, "den-other")
+    assert theirs.outcome("den-other").error_class == "duplicate_call_id"
+    assert approvals_of(daemon, "den-other") == [approval_id]
