@@ -141,12 +141,14 @@ class Approvals:
         ask: Rule | Approval,
         decision: PolicyRecord | None,
         settled: Callable[[Approval], None] | None = None,
+        parked: Callable[[Approval], None] | None = None,
     ) -> None:
         """Park the call until an approver decides: return if approved, else raise the
         REJECTED ToolError (denied, expired, or stopped while it waited), or Detached.
 
         `ask`: the rule that asks (a new pending row), or the call's approval a
-        previous daemon left pending (waited for again).
+        previous daemon left pending (waited for again). `parked` is told the
+        approval just before AWAITING_APPROVAL is sent; `settled`, once it is decided.
         """
         req = call.request
         if isinstance(ask, Rule):
@@ -159,6 +161,8 @@ class Approvals:
             waiter = self._waiting[approval.id]
             if now is not None and now.state is not ApprovalState.PENDING and not waiter.done():
                 waiter.set_result(now)
+        if parked is not None:
+            parked(approval)
         batch.emit(EventKind.AWAITING_APPROVAL, req, approval=approval)
         ended = await self.wait(approval, scope)
         if settled is not None:

@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, Coroutine, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from . import admission, results
+from . import admission, resend, results
 from .approve import Approval, Approvals, Detached
 from .authorize import Authorizer
 from .calls import CallRequest, ValidCall
@@ -217,11 +217,17 @@ class Dispatcher:
                 self._may_start(req, batch)
                 # A call parked before a restart waits for the approval it has.
                 ask = parked or decision.ask
+                # A re-sent call that already finished is answered, not asked again.
+                if parked is None and ask is not None and await self._answered(call, batch):
+                    return
                 if ask is not None:
                     # Parked before the lock queue: it holds no locks while it waits.
                     active = self._active[key]
                     settled = functools.partial(setattr, active, "approval")
-                    await self.approvals.gate(call, batch, scope, ask, active.decision, settled)
+                    on_park = functools.partial(setattr, active, "parked")
+                    await self.approvals.gate(
+                        call, batch, scope, ask, active.decision, settled, on_park
+                    )
                     self._may_start(req, batch)
             except ToolError as err:
                 outcome = results.from_error(err, (queued,))
@@ -235,7 +241,7 @@ class Dispatcher:
             # can be vouched for (REJECTED if it never started), journaled first.
             await self._endings.crashed(req, batch, queued, exc, self._active[key])
         finally:
-            del self._active[key]
+            self._active.pop(key).ended.set()
 
     @property
     def policy(self) -> Policy:
@@ -269,8 +275,15 @@ class Dispatcher:
         if refusal is not None:
             raise refusal
 
+    async def _answered(self, call: ValidCall, batch: Batch) -> bool:
+        return await resend.answered(call, batch, self.journal, self._endings)
+
     async def _in_flight_duplicate(self, req: CallRequest, batch: Batch, queued: Mark) -> None:
-        """A client resending a call that still runs joins it if its idempotency key says so."""
+        """A client resending a call that still runs joins it if its idempotency key says
+        so (one parked for an approval, or approved since, is followed to its end)."""
+        owner = self._active[(req.run_id, req.call_id)]
+        if await resend.join_parked(req, batch, owner, self.journal):
+            return
         if req.idempotency_key:
             try:
                 call = await self._validator.validate(req)

@@ -62,7 +62,7 @@ class Idempotency:
                     on_join()
                 return await asyncio.shield(owner.done)
             if owner.confirmed:
-                _check(owner.request_hash, request_hash)
+                check_hash(owner.request_hash, request_hash)
             # The journal may hold a recorded call that matches us: wait and look again.
             await asyncio.wait([owner.done])
         owner = _Owner(request_hash, run_id, call_id, asyncio.get_running_loop().create_future())
@@ -72,7 +72,7 @@ class Idempotency:
             if recorded is None:
                 owner.confirmed = True
                 return None
-            _check(recorded.request_hash, request_hash)
+            check_hash(recorded.request_hash, request_hash)
         except BaseException as exc:
             self._settle(slot, exc)
             raise
@@ -114,7 +114,7 @@ class Idempotency:
             owner.done.set_result(result)
 
 
-def _check(recorded_hash: str, request_hash: str) -> None:
+def check_hash(recorded_hash: str, request_hash: str) -> None:
     if recorded_hash != request_hash:
         raise ToolError(
             ErrorClass.IDEMPOTENCY_CONFLICT,

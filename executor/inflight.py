@@ -10,8 +10,9 @@ afterwards, across daemon restarts (the journal keeps the bar).
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .cancel import CancelScope
@@ -41,6 +42,11 @@ class Active:
     policy_span: tuple[float, float] | None = None
     effects: CallEffects | None = None
     approval: Approval | None = None
+    # The approval it was parked for (set when parked, kept once decided): the same
+    # request re-sent meanwhile follows this call instead of asking again (resend).
+    parked: Approval | None = None
+    # Set once the call's outcome is recorded (or it detached) and it leaves the table.
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

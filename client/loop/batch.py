@@ -3,8 +3,9 @@ loop did not see (a client that died mid-batch).
 
 Every call carries a call id fixed by the loop before it is sent and an
 idempotency key derived from it, so a call is never run twice: a resumed loop
-first asks the journal (GetCall) what became of it, waits for one still running
-on the Execute stream (re-sent with its id and key, it joins the running call),
+first asks the journal (GetCall, once per call) what became of it, waits for one
+still running or parked for an approval on the Execute stream (re-sent with its id
+and key, it joins the call in flight; the daemon never asks for a second approval),
 and re-sends only a call the daemon has no record of (it never got it) -- with
 the same id and key, which the daemon would refuse or answer from its journal if
 it had run after all.
@@ -12,7 +13,6 @@ it had run after all.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -22,8 +22,6 @@ from .record import Planned
 
 if TYPE_CHECKING:  # the client package imports the loop: no cycle at run time
     from .._sync import Client
-
-POLL_S = 0.05
 
 
 def to_call(run_id: str, p: Planned) -> Call:
@@ -62,8 +60,8 @@ def reconcile(
     deadline: float | None,
 ) -> dict[str, Outcome]:
     """What became of calls sent by a loop that died: the journal's outcome; a call still
-    running is waited for (up to `wait_s`, then UNKNOWN_OUTCOME); a call the daemon never
-    received is sent now, once."""
+    running or parked for an approval is waited for on the Execute stream (up to `wait_s`,
+    then UNKNOWN_OUTCOME); a call the daemon never received is sent now, once."""
     outcomes: dict[str, Outcome] = {}
     unsent: list[Planned] = []
     joinable: list[Planned] = []
@@ -79,10 +77,8 @@ def reconcile(
             record = None
         if record is not None and record.outcome is not None:
             outcomes[p.call_id] = record.outcome
-        elif record is not None and record.policy is not None and record.policy.effect == "allow":
-            joinable.append(p)
         else:
-            outcomes[p.call_id] = _settled(client, run_id, p.call_id, wait_s, known=True)
+            joinable.append(p)
     if joinable:
         outcomes.update(_join(client, run_id, joinable, wait_s))
     if unsent:
@@ -93,12 +89,11 @@ def reconcile(
 def _join(
     client: Client, run_id: str, planned: Sequence[Planned], wait_s: float
 ) -> dict[str, Outcome]:
-    """Wait on the Execute stream for calls still running: each is re-sent with its id
-    and idempotency key, so it joins its in-flight owner (or, had it ended meanwhile,
-    gets the journal's outcome) -- it never runs twice. Only for calls the policy allowed
-    outright: a re-sent `ask` call that ended meanwhile would ask for a new approval, so
-    those are looked up in the journal instead (`_settled`). A call not settled within
-    `wait_s` is UNKNOWN_OUTCOME; the wait stops nothing at the daemon."""
+    """Wait on the Execute stream for calls still running or parked for an approval: each
+    is re-sent with its id and idempotency key, so it joins its in-flight owner (a parked
+    one: the same approval, no second one) or, had it ended meanwhile, gets the journal's
+    outcome -- it never runs twice. A call not settled within `wait_s` is UNKNOWN_OUTCOME;
+    the wait stops nothing at the daemon."""
     seen: dict[str, Outcome] = {}
     calls = [to_call(run_id, p) for p in planned]
     try:
@@ -112,9 +107,9 @@ def _join(
     for p in planned:
         found = seen.get(p.call_id)
         if found is not None and found.error_class == "duplicate_call_id":
-            # Not joinable after all (it ended and was re-sent in the same instant):
-            # the journal has its outcome.
-            found = _settled(client, run_id, p.call_id, wait_s, known=True)
+            # Not joinable after all (the daemon could not match it to its owner): the
+            # journal has the record; read once, never polled.
+            found = _recorded(client, run_id, p.call_id)
         outcomes[p.call_id] = found or still_running(p.call_id, wait_s)
     return outcomes
 
@@ -126,22 +121,11 @@ def pending_calls(client: Client, run_id: str) -> list[str]:
     return running + parked
 
 
-def _settled(client: Client, run_id: str, call_id: str, wait_s: float, *, known: bool) -> Outcome:
-    """The call's recorded outcome, waiting up to `wait_s` for one still running (or, when
-    `known`, still awaiting its approval); CallNotFound if the daemon never had it."""
-    give_up = time.monotonic() + wait_s
-    while True:
-        try:
-            record = client.get_call(call_id, run_id=run_id)
-        except CallNotFound:
-            if not known:
-                raise
-            record = None
-        if record is not None and record.outcome is not None:
-            return record.outcome
-        if time.monotonic() >= give_up:
-            return still_running(call_id, wait_s)
-        time.sleep(POLL_S)
+def _recorded(client: Client, run_id: str, call_id: str) -> Outcome | None:
+    try:
+        return client.get_call(call_id, run_id=run_id).outcome
+    except CallNotFound:
+        return None
 
 
 def still_running(call_id: str, waited: float) -> Outcome:

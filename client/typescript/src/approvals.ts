@@ -20,6 +20,15 @@ export class Approvals {
     return response.approvals.map(wire.approval);
   }
 
+  /** Every approval of the run in any state, oldest first: who decided, and when. */
+  async ofRun(runId: string): Promise<Approval[]> {
+    const request = pb.ListApprovalsRequest.create({ runId });
+    const response = await this.rpc.unary<pb.ListPendingResponse>((md, done) =>
+      this.stub.list(request, md, done),
+    );
+    return response.approvals.map(wire.approval);
+  }
+
   /** The pending approvals, then each one as it is created or decided. */
   watch(): AsyncGenerator<Approval, void, undefined> {
     const request = pb.WatchApprovalsRequest.create();

@@ -7,7 +7,7 @@
 import type { Client } from "../client.js";
 import { CallNotFound, RequestError } from "../errors.js";
 import { type Call, type Event, Outcome } from "../types.js";
-import { missing, type Planned } from "./record.js";
+import type { Planned } from "./record.js";
 
 export function toCall(runId: string, p: Planned): Call {
   return {
@@ -36,13 +36,12 @@ export async function runBatch(
   return outcomes;
 }
 
-const POLL_MS = 50;
-
 /**
- * Wait on the Execute stream for calls still running (client/loop/batch.py `_join`): each
- * is re-sent with its id and idempotency key and joins its in-flight owner (or, had it
- * ended meanwhile, gets the journal's outcome); it never runs twice. Only for calls the
- * policy allowed outright (a re-sent `ask` call that ended meanwhile would ask again).
+ * Wait on the Execute stream for calls still running or parked for an approval
+ * (client/loop/batch.py `_join`): each is re-sent with its id and idempotency key and
+ * joins its in-flight owner (a parked one: the same approval, never a second) or, had it
+ * ended meanwhile, gets the journal's outcome; it never runs twice. A call not settled
+ * within `waitS` is UNKNOWN_OUTCOME; the wait stops nothing at the daemon.
  */
 async function join(
   client: Client,
@@ -64,7 +63,8 @@ async function join(
   for (const p of planned) {
     let found = seen.get(p.callId);
     if (found?.errorClass === "duplicate_call_id") {
-      found = await settled(client, runId, p.callId, waitS);
+      // Not joinable after all: the journal has the record (read once, never polled).
+      found = await recorded(client, runId, p.callId);
     }
     outcomes.set(p.callId, found ?? stillRunning(p.callId, waitS));
   }
@@ -73,9 +73,9 @@ async function join(
 
 /**
  * What became of calls sent by a loop that died (client/loop/batch.py `reconcile`): the
- * journal's outcome; a call still running is waited for (up to `waitS`, then
- * UNKNOWN_OUTCOME); a call the daemon has no record of is sent now, once, with the same
- * id and idempotency key.
+ * journal's outcome (GetCall, once per call); a call still running or parked for an
+ * approval is waited for on the Execute stream (up to `waitS`, then UNKNOWN_OUTCOME); a
+ * call the daemon has no record of is sent now, once, with the same id and key.
  */
 export async function reconcile(
   client: Client,
@@ -87,19 +87,19 @@ export async function reconcile(
   const outcomes = new Map<string, Outcome>();
   const unsent: Planned[] = [];
   const joinable: Planned[] = [];
+  // A call parked for approval has no journal row until decided, yet the daemon has it.
+  const parked = new Set((await client.approvals.ofRun(runId)).map((a) => a.callId));
   for (const p of planned) {
     let record;
     try {
       record = await client.getCall(p.callId, { runId });
     } catch (err) {
       if (!(err instanceof CallNotFound)) throw err;
-      unsent.push(p);
+      (parked.has(p.callId) ? joinable : unsent).push(p);
       continue;
     }
     if (record.outcome !== undefined) outcomes.set(p.callId, record.outcome);
-    else if (record.policy?.effect === "allow") joinable.push(p);
-    else
-      outcomes.set(p.callId, (await settled(client, runId, p.callId, waitS)) ?? missing(p.callId));
+    else joinable.push(p);
   }
   for (const [id, o] of await join(client, runId, joinable, waitS)) outcomes.set(id, o);
   if (unsent.length > 0) {
@@ -110,24 +110,16 @@ export async function reconcile(
   return outcomes;
 }
 
-async function settled(
+async function recorded(
   client: Client,
   runId: string,
   callId: string,
-  waitS: number,
 ): Promise<Outcome | undefined> {
-  const giveUp = Date.now() + waitS * 1000;
-  for (;;) {
-    let record;
-    try {
-      record = await client.getCall(callId, { runId });
-    } catch (err) {
-      if (err instanceof CallNotFound) return undefined;
-      throw err;
-    }
-    if (record.outcome !== undefined) return record.outcome;
-    if (Date.now() >= giveUp) return stillRunning(callId, waitS);
-    await new Promise((resolve) => setTimeout(resolve, POLL_MS));
+  try {
+    return (await client.getCall(callId, { runId })).outcome;
+  } catch (err) {
+    if (err instanceof CallNotFound) return undefined;
+    throw err;
   }
 }
 
@@ -137,8 +129,8 @@ function stillRunning(callId: string, waited: number): Outcome {
     status: "unknown_outcome",
     errorClass: "timeout",
     message:
-      `still running at the daemon ${waited}s after the run resumed; its effect is ` +
-      "unknown until it ends (GetCall shows it then)",
+      `still running (or awaiting approval) at the daemon ${waited}s after the run ` +
+      "resumed; its effect is unknown until it ends (GetCall shows it then)",
     field: "",
     text: "",
     structured: {},

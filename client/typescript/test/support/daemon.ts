@@ -86,6 +86,7 @@ export class Daemon {
   tcpAddress = "";
   private output = "";
   private proc: ChildProcess | undefined;
+  private args: string[] = [];
 
   private constructor(readonly root: string) {
     this.workspace = join(root, "workspace");
@@ -126,7 +127,21 @@ export class Daemon {
     return this.output;
   }
 
+  /** SIGTERM and wait (the daemon drains and exits), then start it again on the same
+   * state directory and workspace, and wait for its ready line. */
+  async restart(): Promise<void> {
+    const proc = this.proc;
+    if (proc !== undefined && proc.exitCode === null && proc.signalCode === null) {
+      const exited = new Promise((resolve) => proc.once("exit", resolve));
+      proc.kill("SIGTERM");
+      await exited;
+    }
+    this.output = "";
+    await this.spawn(this.args);
+  }
+
   private spawn(args: string[], timeoutMs = 30_000): Promise<void> {
+    this.args = args;
     const proc = spawn(execgateBin(), args, { cwd: this.root, stdio: ["ignore", "pipe", "pipe"] });
     this.proc = proc;
     return new Promise((resolve, reject) => {
