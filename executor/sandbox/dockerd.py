@@ -24,10 +24,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import docker  # type: ignore[import-untyped]
 from docker.errors import APIError, DockerException, ImageNotFound  # type: ignore[import-untyped]
 from docker.types import LogConfig, Ulimit  # type: ignore[import-untyped]
-
-import docker  # type: ignore[import-untyped]
 
 from .base import MARKER_ENV, Captured, Exit, Launch, SandboxError
 
