@@ -407,11 +407,15 @@ def test_a_client_killed_while_its_call_awaits_approval(guarded: Daemon, tmp_pat
     driver = Driver(tmp_path, PARKING_DRIVER, guarded.address, TOKENS["bot"], run_id)
     with as_(guarded, "alice") as alice, as_(guarded, "bot") as bot:
         try:
+            # Parked at the daemon, and the loop has recorded that it waits for it: the
+            # approval shows before the client appends its awaiting_approval transition.
             wait_until(
                 lambda: (
-                    driver.alive() and [a for a in alice.approvals_pending() if a.run_id == run_id]
+                    driver.alive()
+                    and [a for a in alice.approvals_pending() if a.run_id == run_id]
+                    and bot.runs.get(run_id).run.state is State.AWAITING_APPROVAL
                 ),
-                "the call parked",
+                "the call parked and the run awaiting approval",
             )
         finally:
             driver.kill()
