@@ -8,15 +8,18 @@ refusal (`execgate-error-class`, `execgate-field`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import grpc
+import pytest
 from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2
 
 from execgate.v1 import executor_pb2 as pb
 from execgate.v1 import runs_pb2 as rpb
+from tests.daemon import Daemon
 
 SERVICES = [
     pb.DESCRIPTOR.services_by_name["Executor"],
@@ -97,3 +100,11 @@ def _reply(exc: grpc.RpcError) -> Reply:
     call: grpc.Call = exc  # type: ignore[assignment]
     trailers = {k: str(v) for k, v in (call.trailing_metadata() or ())}
     return Reply(call.code(), call.details() or "", trailers)
+
+
+def module_daemon(factory: pytest.TempPathFactory, name: str) -> Iterator[Daemon]:
+    """A plain daemon for one module of raw-request tests; stopped if still running."""
+    d = Daemon(factory.mktemp(name)).start()
+    yield d
+    if d.proc is not None and d.proc.poll() is None:
+        d.stop()

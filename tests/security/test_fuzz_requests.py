@@ -23,7 +23,7 @@ from execgate.v1 import executor_pb2 as pb
 from execgate.v1 import runs_pb2 as rpb
 from tests.daemon import Daemon
 from tests.security.budget import fuzzing
-from tests.security.rawrpc import METHODS, WATCHES, RawClient
+from tests.security.rawrpc import METHODS, WATCHES, RawClient, module_daemon
 
 TYPED = frozenset(
     {
@@ -100,17 +100,7 @@ assert set(SAMPLES) == set(METHODS), set(METHODS) ^ set(SAMPLES)
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    d = Daemon(tmp_path_factory.mktemp("fuzz-requests")).start()
-    yield d
-    if d.proc is not None and d.proc.poll() is None:
-        d.stop()
-
-
-@pytest.fixture(scope="module")
-def raw(daemon: Daemon) -> Iterator[RawClient]:
-    client = RawClient(daemon.address)
-    yield client
-    client.close()
+    yield from module_daemon(tmp_path_factory, "fuzz-requests")
 
 
 @st.composite

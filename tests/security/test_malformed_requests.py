@@ -23,7 +23,7 @@ from execgate.client import Call, Client, Status
 from execgate.v1 import executor_pb2 as pb
 from execgate.v1 import runs_pb2 as rpb
 from tests.daemon import Daemon
-from tests.security.rawrpc import METHODS, RawClient
+from tests.security.rawrpc import METHODS, RawClient, module_daemon
 
 MARK = "MARKMARK"
 BAD_UTF8 = b"\xff\xfeMARK\xc3\x28"  # same length as MARK: the length prefixes still hold
@@ -213,17 +213,7 @@ CASES = _undecodable() + _utf8() + _times() + _tokens() + _enums() + _json() + _
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    d = Daemon(tmp_path_factory.mktemp("malformed")).start()
-    yield d
-    if d.proc is not None and d.proc.poll() is None:
-        d.stop()
-
-
-@pytest.fixture(scope="module")
-def raw(daemon: Daemon) -> Iterator[RawClient]:
-    client = RawClient(daemon.address)
-    yield client
-    client.close()
+    yield from module_daemon(tmp_path_factory, "malformed")
 
 
 def test_the_corpus_has_its_size() -> None:
