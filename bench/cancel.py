@@ -109,9 +109,11 @@ def sandbox_spawn(sandbox: Sandbox, workspace: Path) -> Callable[[], Awaitable[N
     return once
 
 
-async def spawn_costs(
+async def interleaved(
     cases: dict[str, Callable[[], Awaitable[None]]], rounds: int, per_round: int
-) -> dict[str, dict[str, float]]:
+) -> dict[str, list[float]]:
+    """Milliseconds per run of each case, the cases interleaved round by round (so the
+    machine's load falls on all of them alike), after three warm-up runs each."""
     samples: dict[str, list[float]] = {name: [] for name in cases}
     for fn in cases.values():  # warm-up: page cache, image layers, first container
         for _ in range(3):
@@ -122,6 +124,13 @@ async def spawn_costs(
                 t0 = time.perf_counter()
                 await fn()
                 samples[name].append((time.perf_counter() - t0) * 1000)
+    return samples
+
+
+async def spawn_costs(
+    cases: dict[str, Callable[[], Awaitable[None]]], rounds: int, per_round: int
+) -> dict[str, dict[str, float]]:
+    samples = await interleaved(cases, rounds, per_round)
     bare = statistics.median(samples["bare"])
     out = {}
     for name, values in samples.items():

@@ -21,15 +21,13 @@ import os
 import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.cancel import sandbox_spawn, summary  # noqa: E402
+from bench.cancel import interleaved, sandbox_spawn, summary  # noqa: E402
 from execgate.executor.sandbox.cgroup import CgroupRoot, remove_root  # noqa: E402
 from execgate.executor.sandbox.privileges import Privileges, resolve  # noqa: E402
 from execgate.executor.sandbox.process import ProcessSandbox  # noqa: E402
@@ -40,22 +38,6 @@ class NoDrop(Privileges):
 
     def prefix(self) -> list[str]:
         return []
-
-
-async def measure(
-    cases: dict[str, Callable[[], Awaitable[None]]], rounds: int, per_round: int
-) -> dict[str, list[float]]:
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    for fn in cases.values():  # warm-up
-        for _ in range(3):
-            await fn()
-    for _ in range(rounds):
-        for name, fn in cases.items():
-            for _ in range(per_round):
-                t0 = time.perf_counter()
-                await fn()
-                samples[name].append((time.perf_counter() - t0) * 1000)
-    return samples
 
 
 def load() -> str:
@@ -78,7 +60,7 @@ async def main_async(args: argparse.Namespace) -> int:
         print(f"load average before: {load()}")
         print(f"drop: {privs.describe()}")
         try:
-            samples = await measure(cases, rounds, per_round)
+            samples = await interleaved(cases, rounds, per_round)
         finally:
             remove_root(cgroups)
         print(f"load average after:  {load()}")
