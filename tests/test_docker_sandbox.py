@@ -340,7 +340,9 @@ def test_timeout(per_call: DockerSandbox, workspace: Path) -> None:
 
 
 def test_fork_bomb_is_held_by_the_pids_limit(per_call: DockerSandbox, workspace: Path) -> None:
-    bomb = "b() { b | b & }; b; sleep 2; echo main-survived"
+    # The main shell forks its sleep before the bomb: once the bomb holds every pid, a
+    # fork of its own would fail and end it (busybox sh exits on "can't fork").
+    bomb = "sleep 2 & s=$!; b() { b | b & }; b; wait $s; echo main-survived"
     ran = drive(
         per_call, launch(workspace, "sh", "-c", bomb, confinement=Confinement(processes=32))
     )
