@@ -8,7 +8,7 @@ PROTOS := $(wildcard proto/execgate/v1/*.proto)
 .PHONY: run test test-ts test-image install proto lint typecheck bench fuzz clean
 
 # `make run`'s daemon: the shipped policy, and an `agent` and an `operator` identity made
-# once under ./var/ (tokens in var/tokens/, owner-only; see executor/local_identities.py).
+# once under ./var/ (tokens in var/tokens/, owner-only; see executor/policy/local_identities.py).
 # tests/test_local_approvals.py starts its daemon with these same arguments.
 RUN_ARGS := --policy policies/default.yaml --local-identities
 

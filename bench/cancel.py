@@ -47,10 +47,10 @@ if str(ROOT) not in sys.path:  # `python bench/cancel.py` puts bench/ first, not
 
 from bench.dispatch import environment  # noqa: E402
 from execgate.client import AsyncClient, Call, EventKind, Outcome, StopMode  # noqa: E402
-from execgate.executor.cancel import CancelScope, supervise  # noqa: E402
 from execgate.executor.sandbox import Launch, Sandbox, procscan  # noqa: E402
 from execgate.executor.sandbox.bwrap import BwrapSandbox, bwrap_argv  # noqa: E402
 from execgate.executor.sandbox.cgroup import CgroupRoot, remove_root  # noqa: E402
+from execgate.executor.sandbox.ladder import CancelScope, supervise  # noqa: E402
 from execgate.executor.sandbox.process import ProcessSandbox  # noqa: E402
 from tests.daemon import Daemon  # noqa: E402
 

@@ -59,7 +59,7 @@ import psutil  # noqa: E402
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # noqa: E402
 
 from execgate.client.wire import CHANNEL_OPTIONS  # noqa: E402
-from execgate.executor.server import MAX_MESSAGE  # noqa: E402
+from execgate.executor.server.serve import MAX_MESSAGE  # noqa: E402
 from execgate.v1 import executor_pb2 as pb  # noqa: E402
 from execgate.v1 import executor_pb2_grpc as pb_grpc  # noqa: E402
 from tests.daemon import Daemon  # noqa: E402
@@ -82,7 +82,7 @@ class BenchError(Exception):
 
 
 def echo_server_options() -> list[tuple[str, int]]:
-    # The options executor/server.py `_server` gives the daemon's grpc.aio server.
+    # The options executor/server/serve.py `_server` gives the daemon's grpc.aio server.
     return [
         ("grpc.max_receive_message_length", MAX_MESSAGE),
         ("grpc.max_send_message_length", MAX_MESSAGE),
@@ -765,7 +765,8 @@ def summarize_profile(raw: Path, *, calls: int, possible: float, top: int = 20) 
         # Charged to the innermost daemon frame (executor/..., but not the cli's
         # asyncio.run at the bottom of every loop stack), library callees included.
         mine = next(
-            (f for f in reversed(frames) if "(executor/" in f and "(executor/cli.py" not in f), None
+            (f for f in reversed(frames) if "(executor/" in f and "(executor/cli/main.py" not in f),
+            None,
         )
         if mine is None:
             ours["[loop] " + _function(frames[-1])] += count

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from execgate.client import TlsConfig
-from execgate.executor.identity import hash_token
+from execgate.executor.policy.identity import hash_token
 from tests.daemon import Daemon
 from tests.support import wait_until
 

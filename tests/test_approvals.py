@@ -35,7 +35,7 @@ from execgate.client import (
     PermissionDenied,
     Status,
 )
-from execgate.executor.authenticate import ACCESS
+from execgate.executor.server.auth import ACCESS
 from execgate.v1 import executor_pb2 as pb
 from tests.auth_support import Who, write_identities
 from tests.daemon import Daemon
@@ -474,10 +474,10 @@ def test_cli_lists_denies_and_refuses_self_approval(daemon: Daemon) -> None:
 
 
 def test_may_decide_needs_the_role_a_named_approver_and_someone_else() -> None:
-    from execgate.executor.approve import Approval as Parked
-    from execgate.executor.approve import ApprovalState as State
-    from execgate.executor.approve import may_decide
-    from execgate.executor.identity import Identity, Role
+    from execgate.executor.pipeline.approve import Approval as Parked
+    from execgate.executor.pipeline.approve import ApprovalState as State
+    from execgate.executor.pipeline.approve import may_decide
+    from execgate.executor.policy.identity import Identity, Role
 
     parked = Parked(
         id="a", run_id="r", call_id="c", batch_id="b", tool="run_command",

@@ -34,7 +34,7 @@ from execgate.client import (
     Status,
     Unauthenticated,
 )
-from execgate.executor.authenticate import ACCESS
+from execgate.executor.server.auth import ACCESS
 from execgate.v1 import executor_pb2 as pb
 from execgate.v1 import executor_pb2_grpc as pb_grpc
 from tests.auth_support import Pki, Who, tcp_address, write_identities
@@ -444,7 +444,7 @@ def test_token_new_prints_a_token_and_the_entry_holding_its_hash(tmp_path: Path)
     assert token not in entry
     path = tmp_path / "ids.yaml"
     path.write_text("version: 1\nidentities:\n" + entry + "\n")
-    from execgate.executor.identity import Role, load_identities
+    from execgate.executor.policy.identity import Role, load_identities
 
     found = load_identities(path).by_token(token)
     assert found is not None

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from execgate.client import Call, Client, EventKind, PermissionDenied, Status
-from execgate.executor.identity import hash_token
+from execgate.executor.policy.identity import hash_token
 from tests.cancel_support import new_tag, work
 from tests.daemon import Daemon
 from tests.support import Streamer, wait_until, work_pids, work_sleeping

@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from execgate.executor import results
-from execgate.executor.cancel import CancelScope, grace_for, supervise
-from execgate.executor.errors import PolicyError
-from execgate.executor.outcomes import ErrorClass, Phase, Status, StopMode
-from execgate.executor.paths import Workspace
+from execgate.executor.core.errors import PolicyError
+from execgate.executor.core.outcomes import ErrorClass, Phase, Status, StopMode
+from execgate.executor.core.paths import Workspace
+from execgate.executor.pipeline import results
 from execgate.executor.policy import load_policy
 from execgate.executor.sandbox import Captured, Confinement, Exit
+from execgate.executor.sandbox.ladder import CancelScope, grace_for, supervise
 from execgate.executor.sandbox.registry import Sandboxes
 from execgate.executor.tools import Limits, ToolContext
 from execgate.executor.tools.fileio import WriteAbandoned, atomic_write
@@ -155,7 +155,7 @@ def test_marks_keep_their_intervals_when_the_wall_clock_steps(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A time sync stepping the wall clock mid-call must not bend a grace period.
-    from execgate.executor import clock
+    from execgate.executor.core import clock
 
     before = clock.now()
     real = time.time
@@ -172,7 +172,7 @@ def test_reported_survivors_when_nothing_kills_them() -> None:
             return "SIGKILL (ignored)"
 
     running = Immortal(exit_after=None, stragglers=3)
-    import execgate.executor.cancel as cancel_mod
+    import execgate.executor.sandbox.ladder as cancel_mod
 
     old = cancel_mod.REAP_SECONDS
     cancel_mod.REAP_SECONDS = 0.2

@@ -11,9 +11,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from execgate.executor import cli
+from execgate.executor.cli import main as cli
 
-HEAVY = ("grpc", "rich", "execgate.client", "execgate.executor.server", "sqlglot", "yaml")
+HEAVY = ("grpc", "rich", "execgate.client", "execgate.executor.server.serve", "sqlglot", "yaml")
 
 
 def _parsers(
@@ -79,7 +79,7 @@ def test_version() -> None:
 def test_top_level_help_imports_no_command() -> None:
     probe = (
         "import sys\n"
-        "from execgate.executor import cli\n"
+        "from execgate.executor.cli import main as cli\n"
         "try:\n"
         "    cli.main(['--help'])\n"
         "except SystemExit:\n"
@@ -97,12 +97,13 @@ def test_top_level_help_imports_no_command() -> None:
 def test_a_command_loads_only_its_module() -> None:
     probe = (
         "import sys\n"
-        "from execgate.executor import cli\n"
+        "from execgate.executor.cli import main as cli\n"
         "try:\n"
         "    cli.main(['policy', '--help'])\n"
         "except SystemExit:\n"
         "    pass\n"
-        "print('LOADED', [m for m in ('grpc', 'execgate.executor.server') if m in sys.modules])\n"
+        "print('LOADED', [m for m in ('grpc', 'execgate.executor.server.serve')"
+        " if m in sys.modules])\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
@@ -120,7 +121,7 @@ def test_unknown_command_is_a_usage_error() -> None:
 def test_policy_check_and_test_json() -> None:
     from pathlib import Path
 
-    root = Path(cli.__file__).resolve().parent.parent / "policies"
+    root = Path(cli.__file__).resolve().parents[2] / "policies"
     checked = json.loads(_run("policy", "check", "--json", str(root / "default.yaml")).stdout)
     assert [(c["file"], c["ok"], c["errors"]) for c in checked] == [
         (str(root / "default.yaml"), True, [])
@@ -170,7 +171,7 @@ def test_a_command_run_in_process_leaves_the_callers_sigpipe_alone(tmp_path: Pat
     # command in-process (this test run) must keep EPIPE as an exception, not be killed by it.
     import signal
 
-    from execgate.executor.cli import main
+    from execgate.executor.cli.main import main
 
     before = signal.getsignal(signal.SIGPIPE)
     assert main(["tools", "--addr", f"unix:{tmp_path / 'none.sock'}"]) == 69

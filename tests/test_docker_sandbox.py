@@ -21,8 +21,7 @@ import docker  # type: ignore[import-untyped]
 import pytest
 from docker.errors import NotFound  # type: ignore[import-untyped]
 
-from execgate.executor.cancel import CancelScope, Stopped, supervise
-from execgate.executor.outcomes import ErrorClass, Phase, StopMode
+from execgate.executor.core.outcomes import ErrorClass, Phase, StopMode
 from execgate.executor.sandbox import (
     MARKER_ENV,
     Captured,
@@ -33,6 +32,7 @@ from execgate.executor.sandbox import (
 )
 from execgate.executor.sandbox.docker import DockerSandbox
 from execgate.executor.sandbox.docker_warm import ExecRunning
+from execgate.executor.sandbox.ladder import CancelScope, Stopped, supervise
 from execgate.executor.tools.command import BASE_ENV
 from tests.docker_image import docker_available, ensure_test_image
 

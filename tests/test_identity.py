@@ -7,10 +7,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from execgate.executor.authenticate import Refusal, authenticate, authorize
-from execgate.executor.config import ServeConfig, TlsFiles, parse_listener
-from execgate.executor.errors import ConfigError, IdentityError
-from execgate.executor.identity import (
+from execgate.executor.core.errors import ConfigError, IdentityError
+from execgate.executor.policy.identity import (
     LOCAL,
     Identities,
     Identity,
@@ -19,6 +17,8 @@ from execgate.executor.identity import (
     load_identities,
     parse_identities,
 )
+from execgate.executor.server.auth import Refusal, authenticate, authorize
+from execgate.executor.server.config import ServeConfig, TlsFiles, parse_listener
 
 HASH = hash_token("the-token")
 GOOD = f"""\

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from execgate.client import Call, Client, Status, Unauthenticated
-from execgate.executor.identity import hash_token
+from execgate.executor.policy.identity import hash_token
 from tests.daemon import Daemon
 from tests.support import wait_until
 

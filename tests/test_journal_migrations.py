@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from execgate.client import Call, Client, Status
-from execgate.executor import journal_schema
-from execgate.executor.config import JOURNAL_NAME
-from execgate.executor.journal_schema import LATEST, Migration, migrate
+from execgate.executor.journal import schema as journal_schema
+from execgate.executor.journal.schema import LATEST, Migration, migrate
+from execgate.executor.server.config import JOURNAL_NAME
 from tests.daemon import Daemon
 
 SERVE = [sys.executable, "-m", "execgate.executor.cli", "serve"]

@@ -18,7 +18,7 @@ from execgate.client.loop.observe import (
     not_run,
     observe,
 )
-from execgate.executor.outcomes import ErrorClass
+from execgate.executor.core.outcomes import ErrorClass
 from execgate.v1 import executor_pb2 as pb
 
 # The source of truth is the proto (the contract the client speaks); names as `wire` makes them.

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from execgate.client import Client, Status
-from execgate.executor import otelenv
+from execgate.executor.telemetry import otel_env as otelenv
 from tests.daemon import Daemon
 from tests.otlp_support import Receiver, start_receiver
 from tests.support import wait_until

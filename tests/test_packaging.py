@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from execgate.executor.entry import DAEMON_ONLY
+from execgate.executor.cli.entry import DAEMON_ONLY
 from tests.daemon import Daemon
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,7 +129,7 @@ def test_the_console_script_on_a_thin_install_says_what_to_install(command: list
     ran = _thin(
         f"""
         import sys
-        from execgate.executor.entry import main
+        from execgate.executor.cli.entry import main
         sys.exit(main({command!r}))
         """
     )
@@ -142,7 +142,7 @@ def test_help_answers_on_a_thin_install() -> None:
     ran = _thin(
         """
         import sys
-        from execgate.executor.entry import main
+        from execgate.executor.cli.entry import main
         sys.exit(main(["--help"]))
         """
     )

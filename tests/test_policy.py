@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from execgate.executor.errors import PolicyError, ToolError
-from execgate.executor.outcomes import ErrorClass, Status
+from execgate.executor.core.errors import PolicyError, ToolError
+from execgate.executor.core.outcomes import ErrorClass, Status
 from execgate.executor.policy import (
     Effect,
     Policy,

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 import yaml
 
-from execgate.executor.cli import main
+from execgate.executor.cli.main import main
 from execgate.executor.policy import default_policy_path
 
 POLICIES = Path(__file__).resolve().parent.parent / "policies"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from execgate.client import Call, Client, Status
-from execgate.executor.cli import main
+from execgate.executor.cli.main import main
 from execgate.executor.policy import Effect, PolicyInput, Rule, parse_policy, path_glob
 from tests.daemon import Daemon
 

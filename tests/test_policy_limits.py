@@ -30,10 +30,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from execgate.client import Call, Client, EventKind, Outcome, Status, StopMode
-from execgate.executor.cli import main
-from execgate.executor.errors import IdentityError, PolicyError
-from execgate.executor.identity import hash_token, parse_identities
+from execgate.executor.cli.main import main
+from execgate.executor.core.errors import IdentityError, PolicyError
 from execgate.executor.policy import CallLimits, Effect, PolicyInput, parse_policy
+from execgate.executor.policy.identity import hash_token, parse_identities
 from execgate.executor.policy.model import agent_matches, memberships
 from execgate.executor.sandbox import Confinement
 from execgate.executor.sandbox.registry import Sandboxes
@@ -127,7 +127,7 @@ AGENTS = ("bot", "carol", "ci-7")
 AGENT_ENTRIES = ("bot", "c*", "ci-*", "*", "group:builders", "group:ops", "role:operator")
 MEMBERSHIPS = ("group:builders", "group:ops", "role:agent", "role:operator")
 LIMITS = ("timeout_s", "grace_s", "output_cap_kb")
-# Within every one of LIMITS' ranges (executor/ranges.py; output_cap_kb starts at 1).
+# Within every one of LIMITS' ranges (executor/core/ranges.py; output_cap_kb starts at 1).
 NUMBERS = st.one_of(
     st.integers(min_value=1, max_value=600),
     st.sampled_from([1.0, 1.5, 2.25, 30.0, 599.5]),

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from execgate.executor.cli import main
-from execgate.executor.errors import PolicyError
+from execgate.executor.cli.main import main
+from execgate.executor.core.errors import PolicyError
 from execgate.executor.policy import parse_policy
 from tests.daemon import Daemon
 

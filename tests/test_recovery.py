@@ -19,10 +19,10 @@ from execgate.client import (
     Status,
     StopMode,
 )
-from execgate.executor.journal import CallRecord, Journal
-from execgate.executor.outcomes import ErrorClass, Outcome, Phase
-from execgate.executor.outcomes import Status as DStatus
-from execgate.executor.outcomes import StopMode as DStopMode
+from execgate.executor.core.outcomes import ErrorClass, Outcome, Phase
+from execgate.executor.core.outcomes import Status as DStatus
+from execgate.executor.core.outcomes import StopMode as DStopMode
+from execgate.executor.journal.store import CallRecord, Journal
 from tests.daemon import Daemon
 from tests.support import Streamer, wait_until
 

@@ -17,12 +17,12 @@ import pytest
 
 from execgate.client import Call, Client, EventKind, Status
 from execgate.client import wire as cwire
-from execgate.executor.errors import ToolError
-from execgate.executor.idempotency import Idempotency
-from execgate.executor.journal import CallRecord
-from execgate.executor.outcomes import ErrorClass, Outcome
-from execgate.executor.outcomes import Status as DStatus
-from execgate.executor.sqlite_writer import SqliteWriter
+from execgate.executor.core.errors import ToolError
+from execgate.executor.core.outcomes import ErrorClass, Outcome
+from execgate.executor.core.outcomes import Status as DStatus
+from execgate.executor.journal.store import CallRecord
+from execgate.executor.journal.writer import SqliteWriter
+from execgate.executor.pipeline.idempotency import Idempotency
 from execgate.v1 import executor_pb2_grpc as pb_grpc
 from tests.daemon import Daemon
 from tests.support import Streamer, wait_until

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from execgate.client.loop.states import Machine, State
-from execgate.executor.approvals_store import insert
-from execgate.executor.approve import Approval, Approvals, ApprovalState
-from execgate.executor.cancel import CancelScope
-from execgate.executor.identity import Identity, Role
-from execgate.executor.journal import Journal
-from execgate.executor.run_record import CancelAsk, Run
-from execgate.executor.runs import Refusal, RunRefused, RunStore
+from execgate.executor.core.run import CancelAsk, Run
+from execgate.executor.journal.approvals import insert
+from execgate.executor.journal.store import Journal
+from execgate.executor.pipeline.approve import Approval, Approvals, ApprovalState
+from execgate.executor.policy.identity import Identity, Role
+from execgate.executor.runs.registry import Refusal, RunRefused, RunStore
+from execgate.executor.sandbox.ladder import CancelScope
 
 
 def test_a_cancel_racing_the_final_append_never_leaves_a_completed_run_with_a_cancel(

@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from execgate.executor import results
-from execgate.executor.errors import ToolError
-from execgate.executor.outcomes import ErrorClass, Phase, Status, StopMode
-from execgate.executor.paths import Workspace
-from execgate.executor.sqlanalysis import SqlEffects
+from execgate.executor.core.errors import ToolError
+from execgate.executor.core.outcomes import ErrorClass, Phase, Status, StopMode
+from execgate.executor.core.paths import Workspace
+from execgate.executor.pipeline import results
 from execgate.executor.tools import Mode, ResourceKind, builtin_tools, sqlexec
 from execgate.executor.tools.base import CancelScope, Limits, ToolContext, ToolOutput
 from execgate.executor.tools.sql import Sql, SqlCallEffects
+from execgate.executor.tools.sqlanalysis import SqlEffects
 
 # Counts to a billion: minutes of work, unless it is stopped.
 ENDLESS = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 1e9) "

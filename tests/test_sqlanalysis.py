@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from execgate.executor.sqlanalysis import (
+from execgate.executor.tools.base import Mode
+from execgate.executor.tools.sqlanalysis import (
     NoStatements,
     SchemaInfo,
     SqlEffects,
@@ -16,7 +17,6 @@ from execgate.executor.sqlanalysis import (
     schema_of,
     split_statements,
 )
-from execgate.executor.tools.base import Mode
 
 R, W = Mode.READ, Mode.WRITE
 

@@ -14,10 +14,10 @@ from rich.cells import cell_len
 
 from execgate.client import Status
 from execgate.client.loop.states import State
-from execgate.executor.cli_kills import age, kills
-from execgate.executor.cli_trace import render
-from execgate.executor.timeline import trace
-from execgate.executor.timeline_calls import StopCause, stop_cause
+from execgate.executor.cli.kills import age, kills
+from execgate.executor.cli.trace.command import render
+from execgate.executor.cli.trace.rows import StopCause, stop_cause
+from execgate.executor.cli.trace.timeline import trace
 from tests.trace_support import (
     T0,
     Traced,
@@ -326,8 +326,8 @@ def test_the_stop_rule_and_its_evidence_are_named() -> None:
 def test_a_kill_in_the_last_cell_keeps_the_cancel_mark_first() -> None:
     """At 80 columns the bar is narrow: a kill 20 ms after its request, at the run's
     end, falls in the request's (last) cell; the marks stay in time order."""
-    from execgate.executor.cli_trace import cells
-    from execgate.executor.timeline_calls import call_row
+    from execgate.executor.cli.trace.command import cells
+    from execgate.executor.cli.trace.rows import call_row
 
     row = call_row(hand_made_call("k", LADDER), T0)
     for width in (10, 17, 33):

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from execgate.executor import trace_html
-from execgate.executor.timeline import trace
+from execgate.executor.cli.trace import html as trace_html
+from execgate.executor.cli.trace.timeline import trace
 from tests.trace_support import (
     MARKUP_PATH,
     Traced,

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from execgate.client import Call, Client, Status
-from execgate.executor.cli_demo import POLICY, _identities
-from execgate.executor.identity import new_token
+from execgate.executor.cli.demo import POLICY, _identities
+from execgate.executor.policy.identity import new_token
 from tests.daemon import Daemon
 from tests.otlp_support import ReceivedSpan, Receiver, start_receiver, start_receivers
 from tests.support import wait_until
@@ -36,7 +36,7 @@ CLIENT = textwrap.dedent(
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from execgate.client import Client, Loop
-    from execgate.executor.cli_demo import _script
+    from execgate.executor.cli.demo import _script
 
     address, agent, approver, endpoint = sys.argv[1:5]
     provider = TracerProvider(resource=Resource.create({"service.name": "test-agent"}))

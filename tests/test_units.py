@@ -15,12 +15,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import execgate.client
-from execgate.executor import results
-from execgate.executor.errors import PolicyError, ToolError
-from execgate.executor.outcomes import ErrorClass, Status
+from execgate.executor.core.errors import PolicyError, ToolError
+from execgate.executor.core.outcomes import ErrorClass, Status
+from execgate.executor.journal.writer import SqliteWriter
+from execgate.executor.pipeline import results
+from execgate.executor.pipeline.validate import parse_arguments
 from execgate.executor.policy import Effect, PolicyInput, default_policy_path, load_policy
-from execgate.executor.sqlite_writer import SqliteWriter
-from execgate.executor.validate import parse_arguments
 
 
 def run_async(fn: Callable[[], Awaitable[None]]) -> None:
@@ -499,7 +499,7 @@ def test_writer_checkpoints_on_its_own_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Autocheckpoint is off; the writer thread checkpoints every CHECKPOINT_EVERY commits."""
-    import execgate.executor.sqlite_writer as sw
+    import execgate.executor.journal.writer as sw
 
     monkeypatch.setattr(sw, "CHECKPOINT_EVERY", 10)
     db = tmp_path / "w.db"

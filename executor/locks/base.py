@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol
 
-from ..errors import ExecgateError
+from execgate.executor.core.errors import ExecgateError
+
 from .keys import Key
 from .modes import LockMode
 

@@ -19,7 +19,8 @@ import enum
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-from ..tools.base import Mode
+from execgate.executor.tools.base import Mode
+
 from .keys import Key
 
 

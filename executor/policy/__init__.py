@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from ..errors import PolicyError, ToolError
-from ..outcomes import ErrorClass, Status
+from execgate.executor.core.errors import PolicyError, ToolError
+from execgate.executor.core.outcomes import ErrorClass, Status
+
 from .load import load_text, read_file
 from .model import Decision, Effect, PolicyInput, Rule, decide, path_glob
 from .reads import ReadGrant, readable

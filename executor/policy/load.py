@@ -21,9 +21,10 @@ from typing import Any, TypeVar
 import regex
 import yaml
 
-from ..errors import LocatedError, PolicyError
-from ..regexbound import check_pattern
-from ..yamldoc import YamlDoc as _Doc
+from execgate.executor.core.errors import LocatedError, PolicyError
+from execgate.executor.core.regexbound import check_pattern
+from execgate.executor.core.yamldoc import YamlDoc as _Doc
+
 from .model import Condition, Effect, PolicyInput, Rule, memberships
 from .reads import ReadGrant, read_grant
 from .runrules import LimitRule, SandboxRule, limit_rule, sandbox_rule

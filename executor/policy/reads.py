@@ -1,7 +1,7 @@
 """`reads:` -- whose journal records an agent may read beyond its own.
 
 An agent reads its own calls, runs and approvals; operators and admins read
-everyone's (`executor/scope.py`). A `reads:` entry widens what agents read:
+everyone's (`executor/policy/scope.py`). A `reads:` entry widens what agents read:
 
     reads:
       - agents: [auditor, group:reviewers]   # who reads: names/globs, group:G, role:R
@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import yaml
 
-from ..yamldoc import YamlDoc
+from execgate.executor.core.yamldoc import YamlDoc
+
 from .model import agent_matches
 
 READ_KEYS = {"agents", "of"}

@@ -1,4 +1,4 @@
-"""Hot reload of the policy file (see executor/watch.py for how files are watched).
+"""Hot reload of the policy file (see executor/policy/watch.py for how files are watched).
 
 A changed file is validated, then swapped in whole; a bad one is refused and the
 last good policy stays in force (fail closed); both are journaled. The `sandbox:`
@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ..journal import Journal
-from ..watch import FileWatcher
+from execgate.executor.journal.store import Journal
+
 from . import Policy, parse_policy
+from .watch import FileWatcher
 
 
 def policy_watcher(

@@ -17,8 +17,9 @@ from typing import TypeVar
 
 import yaml
 
-from .. import ranges
-from ..yamldoc import YamlDoc
+from execgate.executor.core import ranges
+from execgate.executor.core.yamldoc import YamlDoc
+
 from .globs import glob_match
 from .model import agent_matches
 

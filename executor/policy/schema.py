@@ -24,8 +24,8 @@ import jsonschema
 import yaml
 from jsonschema.exceptions import ValidationError
 
-from ..errors import LocatedError, PolicyError, PolicyErrors
-from ..yamldoc import YamlDoc
+from execgate.executor.core.errors import LocatedError, PolicyError, PolicyErrors
+from execgate.executor.core.yamldoc import YamlDoc
 
 __all__ = ["duplicate_keys", "raise_all", "schema", "schema_errors"]
 

@@ -12,7 +12,7 @@ import os
 import select
 import signal
 
-from .. import clock
+from execgate.executor.core import clock
 
 
 class PidWatch:

@@ -31,7 +31,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConfigError
+from execgate.executor.core.errors import ConfigError
 
 log = logging.getLogger("execgate.sandbox")
 

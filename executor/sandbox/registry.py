@@ -16,9 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..errors import ConfigError
-from ..policy import SandboxRule
-from ..ranges import fit_confinement
+from execgate.executor.core.errors import ConfigError
+from execgate.executor.core.ranges import fit_confinement
+from execgate.executor.policy import SandboxRule
+
 from .base import Confinement, Probe, Sandbox
 from .bwrap import BwrapSandbox
 from .cgroup import CgroupRoot, remove_root

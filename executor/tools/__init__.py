@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..cancel import CancelScope
+from execgate.executor.sandbox.ladder import CancelScope
+
 from .base import (
     Limits,
     Mode,

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ..cancel import CancelScope
-from ..outcomes import ErrorClass, Evidence, Mark, StopMode
-from ..paths import Workspace
-from ..sandbox import Confinement, Sandbox
+from execgate.executor.core.outcomes import ErrorClass, Evidence, Mark, StopMode
+from execgate.executor.core.paths import Workspace
+from execgate.executor.sandbox import Confinement, Sandbox
+from execgate.executor.sandbox.ladder import CancelScope
 
 
 class Mode(enum.Enum):

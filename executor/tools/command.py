@@ -12,11 +12,26 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from ..cancel import Stopped, supervise
-from ..errors import ToolError
-from ..outcomes import ErrorClass, Evidence, StopMode
-from ..sandbox import Captured, Launch, ProgramNotExecutable, ProgramNotFound, SandboxError
-from .base import Mode, ResourceKind, ResourceTemplate, ToolContext, ToolOutput, ToolSpec, schema
+from execgate.executor.core.errors import ToolError
+from execgate.executor.core.outcomes import ErrorClass, Evidence, StopMode
+from execgate.executor.sandbox import (
+    Captured,
+    Launch,
+    ProgramNotExecutable,
+    ProgramNotFound,
+    SandboxError,
+)
+from execgate.executor.sandbox.ladder import Stopped, supervise
+
+from .base import (
+    Mode,
+    ResourceKind,
+    ResourceTemplate,
+    ToolContext,
+    ToolOutput,
+    ToolSpec,
+    schema,
+)
 
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 _ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ToolError
-from ..outcomes import ErrorClass
-from ..paths import Workspace, hard_link_refused
+from execgate.executor.core.errors import ToolError
+from execgate.executor.core.outcomes import ErrorClass
+from execgate.executor.core.paths import Workspace, hard_link_refused
 
 
 def read_all(ws: Workspace, path: Path, field: str, *, cap: int, hard_links_ok: bool) -> bytes:

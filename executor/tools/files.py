@@ -8,10 +8,19 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from ..errors import ToolError
-from ..outcomes import ErrorClass, Evidence, Mark, Phase, StopMode, mark
+from execgate.executor.core.errors import ToolError
+from execgate.executor.core.outcomes import ErrorClass, Evidence, Mark, Phase, StopMode, mark
+
 from . import fileio
-from .base import Mode, ResourceKind, ResourceTemplate, ToolContext, ToolOutput, ToolSpec, schema
+from .base import (
+    Mode,
+    ResourceKind,
+    ResourceTemplate,
+    ToolContext,
+    ToolOutput,
+    ToolSpec,
+    schema,
+)
 
 _PATH = {"type": "string", "minLength": 1, "description": "Path inside the workspace."}
 

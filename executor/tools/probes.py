@@ -12,11 +12,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..locks import Claim
-from ..paths import Workspace
-from ..resources import CallEffects, file_key
-from .base import Mode, ResourceKind, ResourceTemplate, ToolContext, ToolOutput, ToolSpec, schema
+from execgate.executor.core.paths import Workspace
+from execgate.executor.locks import Claim
+
+from .base import (
+    Mode,
+    ResourceKind,
+    ResourceTemplate,
+    ToolContext,
+    ToolOutput,
+    ToolSpec,
+    schema,
+)
 from .command import RunCommand
+from .effects import CallEffects, file_key
 
 # Reads the counter ($1), sleeps $2 seconds, and if $3 is 1 writes counter + 1.
 _SCRIPT = (

@@ -17,10 +17,19 @@ from typing import Any, BinaryIO
 
 import regex
 
-from ..errors import ToolError, invalid
-from ..outcomes import ErrorClass, Evidence, Phase, StopMode, mark
-from ..regexbound import check_pattern
-from .base import Mode, ResourceKind, ResourceTemplate, ToolContext, ToolOutput, ToolSpec, schema
+from execgate.executor.core.errors import ToolError, invalid
+from execgate.executor.core.outcomes import ErrorClass, Evidence, Phase, StopMode, mark
+from execgate.executor.core.regexbound import check_pattern
+
+from .base import (
+    Mode,
+    ResourceKind,
+    ResourceTemplate,
+    ToolContext,
+    ToolOutput,
+    ToolSpec,
+    schema,
+)
 
 MAX_FILE_BYTES = 8 * 1024 * 1024
 MAX_PATTERN_CHARS = 4096

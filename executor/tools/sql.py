@@ -33,17 +33,26 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from execgate.executor.core.errors import invalid
+from execgate.executor.core.outcomes import ErrorClass, Evidence, Mark, Phase, StopMode, mark
+from execgate.executor.core.paths import Workspace
+
 # A module import: sqlanalysis imports tools.base, so either side may load first.
-from .. import sqlanalysis
-from ..errors import invalid
-from ..outcomes import ErrorClass, Evidence, Mark, Phase, StopMode, mark
-from ..paths import Workspace
-from . import sqlconfine, sqlexec
+from . import sqlanalysis, sqlconfine, sqlexec
 
 if TYPE_CHECKING:
-    from ..resources import CallEffects
-from .. import clock
-from .base import Mode, ResourceKind, ResourceTemplate, ToolContext, ToolOutput, ToolSpec, schema
+    from .effects import CallEffects
+from execgate.executor.core import clock
+
+from .base import (
+    Mode,
+    ResourceKind,
+    ResourceTemplate,
+    ToolContext,
+    ToolOutput,
+    ToolSpec,
+    schema,
+)
 
 MAX_QUERY_CHARS = 1024 * 1024
 _HEX = {
@@ -154,8 +163,9 @@ class Sql:
     ) -> CallEffects:
         """Lock claims from the parsed statement: tables, or the whole database file."""
         # Late: resources imports the tools package, which imports this module.
-        from ..locks import Claim, path_key, table_key
-        from ..resources import CallEffects
+        from execgate.executor.locks import Claim, path_key, table_key
+
+        from .effects import CallEffects
 
         found = self.effects(args, workspace)
         db, sql = found.relative, found.sql

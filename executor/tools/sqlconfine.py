@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import beneath
+from execgate.executor.core import beneath
 
 _RANDOM = b"/dev/urandom"
 # Errors that mean the walk refused a path (a symlink, an escape, a component that is

@@ -39,15 +39,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from .. import (
-    clock,
-    sqlanalysis,  # a module import: see tools/sql.py
-)
-from ..cancel import CancelScope
-from ..errors import ToolError
-from ..outcomes import ErrorClass
-from ..paths import Workspace, hard_link_refused
-from . import sqlconfine
+from execgate.executor.core import clock  # a module import: see tools/sql.py
+from execgate.executor.core.errors import ToolError
+from execgate.executor.core.outcomes import ErrorClass
+from execgate.executor.core.paths import Workspace, hard_link_refused
+from execgate.executor.sandbox.ladder import CancelScope
+
+from . import sqlanalysis, sqlconfine
 from .sqlguard import Guard
 
 # VM steps between two polls of the cancel scope and the deadline (~0.1 ms each).

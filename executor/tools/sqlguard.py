@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from .. import sqlanalysis  # a module import: see tools/sql.py
+from . import sqlanalysis  # a module import: see tools/sql.py
 from .base import Mode
 
 # Pure introspection: any argument (a table or index name, a row limit).

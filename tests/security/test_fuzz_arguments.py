@@ -22,12 +22,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from execgate.client import Call, Client, Status
-from execgate.executor.calls import CallRequest
-from execgate.executor.errors import ToolError
-from execgate.executor.outcomes import Status as DaemonStatus
-from execgate.executor.paths import Workspace
+from execgate.executor.core.errors import ToolError
+from execgate.executor.core.outcomes import Status as DaemonStatus
+from execgate.executor.core.paths import Workspace
+from execgate.executor.pipeline.calls import CallRequest
+from execgate.executor.pipeline.validate import Validator
 from execgate.executor.tools import Limits, builtin_tools
-from execgate.executor.validate import Validator
 from tests.daemon import Daemon
 from tests.security.budget import fuzzing
 

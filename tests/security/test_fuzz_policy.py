@@ -18,9 +18,9 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from execgate.executor.errors import IdentityError, PolicyError
-from execgate.executor.identity import parse_identities
+from execgate.executor.core.errors import IdentityError, PolicyError
 from execgate.executor.policy import Policy, parse_policy
+from execgate.executor.policy.identity import parse_identities
 from execgate.executor.policy.load import CONDITION_OPS, FILE_KEYS, RULE_KEYS
 from tests.security.budget import fuzzing
 

@@ -24,9 +24,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from execgate.client import Call, Client, Status
-from execgate.executor import ranges
-from execgate.executor.cli import main
-from execgate.executor.errors import PolicyError
+from execgate.executor.cli.main import main
+from execgate.executor.core import ranges
+from execgate.executor.core.errors import PolicyError
 from execgate.executor.policy import default_policy_path
 from execgate.executor.policy.load import load_text
 from execgate.executor.sandbox.base import Confinement

@@ -22,7 +22,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from execgate.executor.services import MAX_REASON_CHARS
+from execgate.executor.server.services import MAX_REASON_CHARS
 from execgate.v1 import executor_pb2 as pb
 from execgate.v1 import executor_pb2_grpc as pb_grpc
 from execgate.v1 import runs_pb2 as rpb
@@ -131,7 +131,7 @@ def test_a_cancel_run_with_an_over_long_reason_is_refused(daemon: Daemon) -> Non
 def test_a_run_watcher_far_behind_is_told_where_to_resume(daemon: Daemon) -> None:
     """More events at once than a watcher's backlog holds: the stream ends with
     RESOURCE_EXHAUSTED naming the seq to resume after, instead of queueing them all."""
-    from execgate.executor.fanout import MAX_BACKLOG
+    from execgate.executor.core.fanout import MAX_BACKLOG
 
     states = ["created"] + ["requesting_model", "validating"] * MAX_BACKLOG
     events = [

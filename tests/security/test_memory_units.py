@@ -22,12 +22,12 @@ import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from execgate.client.loop.states import State, Transition
-from execgate.executor import metrics, tracing
-from execgate.executor.fanout import Closed, Fanout, Lagging
-from execgate.executor.journal import Journal
-from execgate.executor.outcomes import ErrorClass, Outcome, Status
-from execgate.executor.run_record import Run
-from execgate.executor.runs import RunStore
+from execgate.executor.core.fanout import Closed, Fanout, Lagging
+from execgate.executor.core.outcomes import ErrorClass, Outcome, Status
+from execgate.executor.core.run import Run
+from execgate.executor.journal.store import Journal
+from execgate.executor.runs.registry import RunStore
+from execgate.executor.telemetry import metrics, tracing
 
 # ---------------------------------------------------------------- metrics
 
@@ -122,7 +122,7 @@ def _moves(run_id: str, n: int) -> list[Transition]:
 def test_run_locks_live_while_used_and_machines_are_capped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("execgate.executor.runs.MAX_MACHINES", 5)
+    monkeypatch.setattr("execgate.executor.runs.registry.MAX_MACHINES", 5)
 
     async def go() -> RunStore:
         store = RunStore(Journal(tmp_path / "journal.db"))
@@ -150,7 +150,7 @@ def test_run_locks_live_while_used_and_machines_are_capped(
 
 _FRAGMENT = """
 import json, sys, psutil
-from execgate.executor import malloc
+from execgate.executor.server import malloc
 if sys.argv[1] == "pin":
     assert malloc.pin_mmap_threshold()
 keep = []
@@ -184,7 +184,7 @@ def test_freed_big_buffers_go_back_to_the_os_once_the_threshold_is_pinned() -> N
 
 
 def test_the_operators_malloc_tuning_wins(monkeypatch: pytest.MonkeyPatch) -> None:
-    from execgate.executor import malloc
+    from execgate.executor.server import malloc
 
     monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
     assert malloc.pin_mmap_threshold() is False

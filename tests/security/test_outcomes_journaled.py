@@ -18,10 +18,10 @@ import grpc
 import pytest
 
 from execgate.client import Call, Client, Outcome, Status, StopMode
-from execgate.executor.calls import CallRequest
-from execgate.executor.endings import Endings
-from execgate.executor.events import Batch, Event, EventKind
-from execgate.executor.outcomes import Phase, mark
+from execgate.executor.core.outcomes import Phase, mark
+from execgate.executor.pipeline.calls import CallRequest
+from execgate.executor.pipeline.endings import Endings
+from execgate.executor.pipeline.events import Batch, Event, EventKind
 from tests.daemon import Daemon
 
 PATH_TOOLS = {
@@ -188,7 +188,7 @@ def test_an_outcome_the_journal_cannot_record_is_not_reported() -> None:
 
 def test_the_unrecorded_path_ends_the_rpc_with_internal() -> None:
     """The servicer's side: an UNRECORDED call aborts the RPC with INTERNAL naming it."""
-    from execgate.executor import services
+    from execgate.executor.server import services
 
     class Aborted(Exception):
         pass

@@ -1,0 +1,1 @@
+"""The cli/trace room."""

@@ -1,0 +1,128 @@
+"""What the policy sees of a validated call: its tool, agent, canonical paths, tables,
+hosts, command argv and arguments."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from execgate.executor.core import clock
+from execgate.executor.core.errors import ToolError
+from execgate.executor.core.outcomes import ErrorClass, Status
+from execgate.executor.core.paths import Workspace
+from execgate.executor.journal.store import PolicyRecord
+from execgate.executor.policy import Decision, Effect, Policy, PolicyInput
+from execgate.executor.policy.model import Undecided
+
+from .calls import ValidCall
+from .inflight import Active
+
+log = logging.getLogger("execgate.dispatch")
+
+_TABLE_MARK = "\x00"  # locks.keys: the last part of a table key starts with it
+_NET_ROOT = "net"
+
+
+class Authorizer:
+    """The policy in force, and who is in which group: decides each call."""
+
+    def __init__(self, policy: Policy, workspace: Workspace) -> None:
+        self.policy = policy
+        self.workspace = workspace
+        # An agent's `group:`/`role:` memberships, for policy `agents` entries. Set
+        # (and swapped on an identities reload) by the server; none by default.
+        self.memberships: Callable[[str], frozenset[str]] = lambda agent: frozenset()
+
+    def input_for(self, call: ValidCall, agent: str) -> PolicyInput:
+        return policy_input(call, agent, self.memberships(agent), self.workspace)
+
+    def decide(self, call: ValidCall, agent: str, active: Active) -> Decision:
+        """Decide, note on `active` what the journal and the trace keep, and return the
+        decision unless it denies (then raise the REJECTED ToolError)."""
+        began = clock.now()
+        active.policy_input = self.input_for(call, agent)
+        try:
+            decision = self.policy.decide(active.policy_input)
+        except Undecided as exc:
+            raise ToolError(
+                ErrorClass.POLICY_DENIED,
+                str(exc),
+                field=f"arguments.{exc.arg}",
+                status=Status.REJECTED,
+            ) from None
+        active.policy_span = (began, clock.now())
+        active.effects = call.effects
+        shadow = tuple(f"{rule}:{effect.value}" for rule, effect in decision.shadow)
+        active.decision = PolicyRecord(
+            decision.effect.value, decision.rule_ids, decision.revision, shadow
+        )
+        if shadow:  # rules being rolled out: what they would have done, never enforced
+            log.info(
+                "call %s: shadow rules %s (in force: %s)",
+                call.request.call_id,
+                ", ".join(shadow),
+                decision.effect.value,
+            )
+        return self.policy.enforce(decision)
+
+    def readable(self, call: ValidCall, agent: str, active: Active) -> Callable[[Path], bool]:
+        """Per-file answers for tree tools, on the input the call was decided on."""
+        decided_on = active.policy_input or self.input_for(call, agent)
+        return file_check(self.policy, decided_on, self.workspace)
+
+    def hard_links(self) -> Callable[[Path], bool]:
+        """Where the policy in force lets a tool use a file with several hard links."""
+        return hard_links_check(self.policy, self.workspace)
+
+
+def hard_links_check(policy: Policy, workspace: Workspace) -> Callable[[Path], bool]:
+    if not policy.hard_links:
+        return lambda _path: False
+
+    def allowed(path: Path) -> bool:
+        inside = workspace.contains(str(path))
+        return inside and policy.hard_links_allowed(workspace.relative(path))
+
+    return allowed
+
+
+def policy_input(
+    call: ValidCall, agent: str, memberships: frozenset[str], workspace: Workspace
+) -> PolicyInput:
+    """Paths are workspace-relative and canonical (validation resolved `..` and symlinks)."""
+    tables, hosts = [], []
+    for claim in call.effects.claims:
+        parts = claim.key.parts
+        if parts[0] == _NET_ROOT and len(parts) > 1:
+            hosts.append(parts[1])
+        elif parts[-1].startswith(_TABLE_MARK):
+            tables.append(parts[-1][1:])
+    argv = call.args.get("argv")
+    return PolicyInput(
+        tool=call.request.tool,
+        agent=agent,
+        memberships=memberships,
+        paths=tuple(sorted({workspace.relative(p) for p in call.paths.values()})),
+        tables=tuple(sorted(set(tables))),
+        hosts=tuple(sorted(set(hosts))),
+        argv=tuple(argv) if isinstance(argv, list) else None,
+        args=call.args,
+    )
+
+
+def file_check(policy: Policy, call: PolicyInput, workspace: Workspace) -> Callable[[Path], bool]:
+    """For tools that walk a tree: may this call read this one (canonical) path?
+
+    The call was allowed for the tree it names; a deny rule may still cover files
+    inside it (`.env` under `.`), which the tool must then skip.
+    """
+
+    def readable(path: Path) -> bool:
+        if not workspace.contains(str(path)):
+            return False
+        one = replace(call, paths=(workspace.relative(path),))
+        return policy.decide(one).effect is Effect.ALLOW
+
+    return readable

@@ -1,0 +1,125 @@
+"""What an Execute stream carries: per-call events, and the batch that collects them."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from execgate.executor.core import clock
+from execgate.executor.core.outcomes import Outcome
+
+from .calls import CallRequest, ValidCall
+
+if TYPE_CHECKING:  # approve imports this module
+    from execgate.executor.policy import Decision
+
+    from .approve import Approval
+
+
+class EventKind(enum.Enum):
+    QUEUED = "queued"
+    WAITING = "waiting"
+    # A policy `ask` rule parked it until an approver decides (no locks held).
+    AWAITING_APPROVAL = "awaiting_approval"
+    STARTED = "started"
+    FINISHED = "finished"
+    # Never sent: the daemon is stopping while the call awaits approval, which stays
+    # pending for the next daemon (see approve.py). Ends the call's part of the stream.
+    DETACHED = "detached"
+    # Never sent: the call's outcome could not be journaled (the journal failed), so
+    # it is not reported either; the RPC ends with INTERNAL naming the call.
+    UNRECORDED = "unrecorded"
+
+
+# The events that end a call's part of a stream.
+ENDS = frozenset({EventKind.FINISHED, EventKind.DETACHED, EventKind.UNRECORDED})
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    kind: EventKind
+    call_id: str
+    batch_id: str
+    at: float
+    # The call's position in its batch: how duplicate call ids are told apart.
+    index: int = 0
+    outcome: Outcome | None = None
+    replay_of: str = ""
+    # WAITING only: the rendered keys it conflicts on, and the owners it waits for.
+    waiting: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+    # AWAITING_APPROVAL only: the pending approval.
+    approval: Approval | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRow:
+    """One call of an Explain: its validated form (or why it would be REJECTED)."""
+
+    request: CallRequest
+    call: ValidCall | None
+    rejected: Outcome | None
+    # Earlier calls of the batch it conflicts with, so would wait for.
+    waits_for: tuple[str, ...]
+    # The policy decision it would get (None when validation refused it first).
+    decision: Decision | None = None
+
+
+@dataclass(slots=True)
+class Batch:
+    """One Execute request in flight: its calls' events, in the order they happen."""
+
+    run_id: str
+    batch_id: str
+    agent: str
+    # False: the caller wants FINISHED events only; progress events are not built.
+    progress: bool = True
+    # The run's deadline (wall clock), if the request set one.
+    deadline: float | None = None
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    # Told of every FINISHED outcome, reported or not (tracing builds the call's spans).
+    on_finished: Callable[[CallRequest, Outcome], None] | None = None
+    # turns[i] is set once calls 0..i have all asked for their locks (or ended
+    # without): call i+1 asks only after that, so the lock queue sees the batch in
+    # proposal order even when some calls take longer to validate (sql reads a
+    # schema in a worker thread). Invariant: turns[i] set implies turns[i-1] set.
+    turns: list[asyncio.Event] = field(default_factory=list)
+    # done[i]: call i itself is past the point where order matters.
+    done: list[bool] = field(default_factory=list)
+
+    def start_turns(self, count: int) -> None:
+        self.turns = [asyncio.Event() for _ in range(count)]
+        self.done = [False] * count
+
+    async def my_turn(self, index: int) -> None:
+        if index > 0:
+            await self.turns[index - 1].wait()
+
+    def pass_turn(self, index: int) -> None:
+        """Call `index` is queued for its locks, or will never be: let the next ones go."""
+        self.done[index] = True
+        i = index
+        while i < len(self.turns) and self.done[i] and (i == 0 or self.turns[i - 1].is_set()):
+            self.turns[i].set()
+            i += 1
+
+    def emit(
+        self,
+        kind: EventKind,
+        req: CallRequest,
+        outcome: Outcome | None = None,
+        replay_of: str = "",
+        waiting: tuple[tuple[str, ...], tuple[str, ...]] | None = None,
+        approval: Approval | None = None,
+    ) -> None:
+        if kind is EventKind.FINISHED and outcome is not None and self.on_finished is not None:
+            self.on_finished(req, outcome)
+        if not self.progress and kind not in ENDS:
+            return
+        at = clock.now()
+        event = Event(
+            kind, req.call_id, self.batch_id, at, req.index, outcome, replay_of, waiting, approval
+        )
+        self.events.put_nowait(event)

@@ -1,0 +1,38 @@
+"""Explain: a batch's lock plan and policy decisions, computed as Execute would."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from execgate.executor.core.errors import ToolError
+from execgate.executor.locks import explain as explain_plans
+
+from . import results
+from .authorize import Authorizer
+from .calls import CallRequest
+from .events import PlanRow
+from .validate import Validator
+
+
+async def plan(
+    calls: list[CallRequest], agent: str, validator: Validator, authorizer: Authorizer
+) -> list[PlanRow]:
+    """Each call validated and decided (nothing runs, nothing is recorded), then who
+    would wait for whom among the calls that would be scheduled."""
+    rows: list[PlanRow] = []
+    for req in calls:
+        try:
+            call = await validator.validate(req)
+        except ToolError as err:
+            rows.append(PlanRow(req, None, results.from_error(err, ()), ()))
+            continue
+        decision = authorizer.policy.decide(authorizer.input_for(call, agent))
+        try:
+            authorizer.policy.enforce(decision)
+        except ToolError as err:
+            rows.append(PlanRow(req, None, results.from_error(err, ()), (), decision))
+            continue
+        rows.append(PlanRow(req, call, None, (), decision))
+    planned = [(r.request.call_id, r.call.lock_plan) for r in rows if r.call is not None]
+    waits = dict(explain_plans(planned))
+    return [replace(r, waits_for=waits.get(r.request.call_id, ())) for r in rows]

@@ -1,0 +1,210 @@
+"""The calls in flight and how a Cancel reaches them.
+
+Every call is registered here from the moment it is proposed until its outcome is
+recorded. A Cancel is journaled first ("cancel requested": time, requester,
+reason, target), then every targeted call's cancel scope is set: a queued call
+never starts (REJECTED, cancelled), a running one goes down the ladder in
+`executor.cancel`. Cancelling a whole run also bars the run: no call of it starts
+afterwards, across daemon restarts (the journal keeps the bar).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from execgate.executor.journal.store import Journal, PolicyRecord
+from execgate.executor.policy import PolicyInput
+from execgate.executor.sandbox.ladder import CancelScope
+
+from .events import Batch
+
+if TYPE_CHECKING:  # approve imports the dispatcher's modules
+    from execgate.executor.tools.effects import CallEffects
+
+    from .approve import Approval
+
+
+@dataclass(slots=True)
+class Active:
+    """A call between QUEUED and FINISHED. `started` flips once, when it starts to run."""
+
+    scope: CancelScope
+    # The very batch object it came in (its run and batch ids live there).
+    batch: Batch
+    started: bool = False
+    # The policy's decision, once made (journaled with the call), and what it was made
+    # on (tree tools ask the policy again about each file, with the same input).
+    decision: PolicyRecord | None = None
+    policy_input: PolicyInput | None = None
+    # For the call's trace: when the policy decided (epoch seconds), what it touches,
+    # and its approval once settled.
+    policy_span: tuple[float, float] | None = None
+    effects: CallEffects | None = None
+    approval: Approval | None = None
+    # The approval it was parked for (set when parked, kept once decided): the same
+    # request re-sent meanwhile follows this call instead of asking again (resend).
+    parked: Approval | None = None
+    # Set once the call's outcome is recorded (or it detached) and it leaves the table.
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelOrder:
+    """One Cancel request. Empty run_id with a batch: that batch in any run."""
+
+    run_id: str
+    call_id: str = ""
+    batch_id: str = ""
+    reason: str
+    grace: float | None = None
+    requester: str = ""
+    at: float
+    # Set for a caller who may stop only its own calls (an agent, not an operator or
+    # admin): the identity name every targeted call must belong to.
+    only_agent: str = ""
+
+    @property
+    def whole_run(self) -> bool:
+        return bool(self.run_id) and not self.call_id and not self.batch_id
+
+
+@dataclass(frozen=True, slots=True)
+class RunBar:
+    at: float
+    reason: str
+    requester: str
+
+
+# The run calls without a run id belong to (services.DEFAULT_RUN).
+SHARED_RUN = "default"
+
+
+class NotYours(Exception):
+    """A caller who may stop only its own calls named someone else's."""
+
+
+class InFlight:
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.calls: dict[tuple[str, str], Active] = {}
+        self.barred: dict[str, RunBar] = journal.query_now(_barred_runs)
+
+    async def cancel(self, order: CancelOrder) -> list[str]:
+        """Record the request, then reach every targeted call; returns their ids.
+        Raises NotYours (recording nothing) when `order.only_agent` is not theirs."""
+        if order.only_agent:
+            await self._check_owner(order, [a for _, a in self._targets(order, anyones=True)])
+        # The bar goes up before the (durable, so slow) write: a call of the run that
+        # arrives meanwhile must not start. It signals nothing, so the request is
+        # still on record before anything is done to a call.
+        fresh = order.whole_run and order.run_id not in self.barred
+        if fresh:
+            self.barred[order.run_id] = RunBar(order.at, order.reason, order.requester)
+        try:
+            await self.journal.write(lambda c: _insert_cancel(c, order), durable=True)
+        except BaseException:
+            if fresh:
+                del self.barred[order.run_id]
+            raise
+        # Looked up again: calls may have arrived while the request was written.
+        targets = self._targets(order)
+        for _, active in targets:
+            active.scope.cancel(order.reason, order.grace, requester=order.requester, at=order.at)
+        return [call for call, _ in targets]
+
+    def _targets(self, order: CancelOrder, *, anyones: bool = False) -> list[tuple[str, Active]]:
+        """(call id, call) of each in-flight call the order names and may reach (with
+        `anyones`: also those of other agents, which an `only_agent` order may not)."""
+        return [
+            (call, active)
+            for (run, call), active in list(self.calls.items())
+            if _aims(order, run, call, active)
+            and (anyones or not order.only_agent or active.batch.agent == order.only_agent)
+        ]
+
+    async def _check_owner(self, order: CancelOrder, targets: list[Active]) -> None:
+        me = order.only_agent
+        others = sorted({a.batch.agent for a in targets} - {me})
+        if others:
+            raise NotYours(
+                f"{me} may cancel only its own calls; the target includes calls by "
+                f"{', '.join(others)} (an operator or admin may cancel them)"
+            )
+        if order.whole_run:
+            # Barring a run stops its future calls too: the run must be the caller's.
+            why = await self.journal.read(lambda c: _not_owner(c, order.run_id, me))
+            if why:
+                raise NotYours(f"{me} may not cancel run {order.run_id!r}: {why}")
+
+    def cancel_all(self, reason: str) -> None:
+        for active in list(self.calls.values()):
+            active.scope.cancel(reason)
+
+    def force_all(self, reason: str) -> None:
+        for active in list(self.calls.values()):
+            active.scope.force(reason)
+
+    def abandon(self, batch: Batch, reason: str, *, timed_out: bool = False) -> None:
+        """Stop the calls of this batch (this very object: ids come from clients) not started."""
+        for active in list(self.calls.values()):
+            if active.batch is batch and not active.started:
+                active.scope.cancel(reason, timed_out=timed_out)
+
+
+def _aims(order: CancelOrder, run: str, call: str, active: Active) -> bool:
+    if (order.run_id and run != order.run_id) or (order.call_id and call != order.call_id):
+        return False
+    return not order.batch_id or active.batch.batch_id == order.batch_id
+
+
+def _not_owner(conn: sqlite3.Connection, run_id: str, agent: str) -> str:
+    """Why `agent` does not own `run_id` ("" if it does): it started the run (the runs
+    table), or, for a run never started, every call recorded in it is the agent's.
+    The implicit shared run, and a run nobody has used, belong to no agent."""
+    owner = conn.execute("SELECT owner FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    if owner is not None:
+        return "" if owner[0] == agent else f"it was started by {owner[0]}"
+    if run_id == SHARED_RUN:
+        return "it is the shared implicit run (an operator or admin may cancel it)"
+    agents = agents_in(conn, run_id)
+    if not agents:
+        return "nothing is recorded in it (start runs with Runs.StartRun to own them)"
+    others = sorted(agents - {agent})
+    return f"it has calls by {', '.join(others)}" if others else ""
+
+
+def agents_in(conn: sqlite3.Connection, run_id: str) -> set[str]:
+    """The identities with calls, or calls parked for approval, recorded in `run_id`."""
+    rows = conn.execute(
+        "SELECT agent FROM calls WHERE run_id = ?1 "
+        "UNION SELECT requester FROM approvals WHERE run_id = ?1",
+        (run_id,),
+    )
+    return {r[0] for r in rows}
+
+
+def _insert_cancel(conn: sqlite3.Connection, order: CancelOrder) -> None:
+    conn.execute(
+        "INSERT INTO cancels (at, requester, reason, run_id, batch_id, call_id, grace) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (
+            order.at,
+            order.requester,
+            order.reason,
+            order.run_id,
+            order.batch_id,
+            order.call_id,
+            order.grace,
+        ),
+    )
+
+
+def _barred_runs(conn: sqlite3.Connection) -> dict[str, RunBar]:
+    rows = conn.execute(
+        "SELECT run_id, MIN(at), reason, requester FROM cancels "
+        "WHERE run_id != '' AND call_id = '' AND batch_id = '' GROUP BY run_id"
+    ).fetchall()
+    return {run: RunBar(at, reason, requester) for run, at, reason, requester in rows}

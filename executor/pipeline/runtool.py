@@ -1,0 +1,88 @@
+"""Running one admitted call's tool: its sandbox, limits and context, and the outcome
+made of whatever the tool returned or raised."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from execgate.executor.core.errors import ToolError
+from execgate.executor.core.outcomes import Mark, Outcome, Phase, mark
+from execgate.executor.core.paths import Workspace
+from execgate.executor.policy import CallLimits, PolicyInput
+from execgate.executor.sandbox.registry import Sandboxes
+from execgate.executor.tools import CancelScope, Limits, ToolContext
+
+from . import results
+from .calls import ValidCall
+
+log = logging.getLogger("execgate.dispatch")
+
+
+async def run_tool(
+    call: ValidCall,
+    *,
+    workspace: Workspace,
+    sandboxes: Sandboxes,
+    limits: Limits,
+    allowed_s: float,
+    scope: CancelScope,
+    decided_on: PolicyInput,
+    readable: Callable[[Path], bool],
+    hard_links: Callable[[Path], bool],
+    marks: tuple[Mark, ...],
+) -> tuple[Outcome, str]:
+    """The tool's outcome (FINISHED marked) and its raw result for the journal.
+    `allowed_s`: the call's timeout (its own, the policy's and the run's deadline)."""
+    req = call.request
+    sandbox, confinement = sandboxes.for_call(req.tool, decided_on.agent, decided_on.memberships)
+    ctx = ToolContext(
+        workspace,
+        limits,
+        allowed_s,
+        scope,
+        call.effects.detail,
+        sandbox=sandbox,
+        confinement=confinement,
+        may_write=call.may_write,
+        marker=secrets.token_hex(8),
+        run_id=req.run_id,
+        deadline=time.monotonic() + allowed_s,
+        readable=readable,
+        hard_links=hard_links,
+    )
+    try:
+        out = await call.tool.run(call.args, ctx)
+    except ToolError as err:
+        return results.from_error(err, marks).with_marks(mark(Phase.FINISHED)), ""
+    except Exception as exc:
+        log.exception("tool %s crashed on call %s", req.tool, req.call_id)
+        outcome = results.from_crash(exc, started=True, may_write=call.may_write, marks=marks)
+        return outcome.with_marks(mark(Phase.FINISHED)), ""
+    outcome = results.from_output(
+        out, may_write=call.may_write, cap=limits.output_cap_bytes, marks=marks
+    )
+    return outcome.with_marks(mark(Phase.FINISHED)), out.raw()
+
+
+def call_limits(
+    base: Limits, set_by: CallLimits, call: ValidCall, deadline: float | None
+) -> tuple[Limits, float]:
+    """The daemon's limits with the policy's `limits:` for this call applied, and the
+    call's timeout: the policy's caps the one the call asked for, the run's deadline
+    caps both."""
+    limits = base
+    if set_by.grace is not None:
+        limits = replace(limits, grace=min(set_by.grace, limits.max_grace))
+    if set_by.output_cap is not None:
+        limits = replace(limits, output_cap_bytes=min(set_by.output_cap, limits.raw_cap_bytes))
+    if set_by.file_cap is not None:  # the policy tightens the daemon's cap, never raises it
+        limits = replace(limits, file_cap_bytes=min(set_by.file_cap, limits.file_cap_bytes))
+    timeout = call.timeout if set_by.timeout is None else min(call.timeout, set_by.timeout)
+    if deadline is not None:
+        timeout = max(min(timeout, deadline - time.time()), 0.0)
+    return limits, timeout

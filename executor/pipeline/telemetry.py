@@ -1,0 +1,82 @@
+"""The dispatcher's side of telemetry: a span per batch, and each call's spans and
+metrics once its outcome is reported (tracing.py and metrics.py build them)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opentelemetry.trace import Span
+
+from execgate.executor.core.outcomes import Outcome
+from execgate.executor.telemetry.metrics import Metrics
+from execgate.executor.telemetry.tracing import CallFacts, Tracing
+
+from .calls import CallRequest
+from .events import Batch
+from .inflight import Active
+
+log = logging.getLogger("execgate.dispatch")
+
+
+class CallTelemetry:
+    def __init__(self, active: Mapping[tuple[str, str], Active], root: str) -> None:
+        self._active = active
+        self._root = root  # the workspace: resource keys are rendered against it
+        # Set by the server; no-ops until then.
+        self.tracing = Tracing(None)
+        self.metrics = Metrics(None)
+
+    def attach(self, batch: Batch, metadata: Sequence[tuple[str, Any]], n: int) -> Span:
+        """The batch's span (a child of the caller's, from `metadata`); its calls'
+        spans follow from `batch.on_finished`. The caller ends the span."""
+        span = self.tracing.batch_span(metadata, batch.run_id, batch.batch_id, batch.agent, n)
+
+        def finished(req: CallRequest, outcome: Outcome) -> None:
+            # The call's record leaves the dispatcher when it ends: keep a reference.
+            active = self._active.get((req.run_id, req.call_id))
+            mine = active if active is not None and active.batch is batch else None
+            # After the FINISHED event is on its way: telemetry never delays an outcome.
+            asyncio.get_running_loop().call_soon(
+                self._record, span, req, outcome, batch.agent, mine
+            )
+
+        batch.on_finished = finished
+        return span
+
+    def shutdown(self) -> None:
+        self.tracing.shutdown()  # flushes spans into the journal, then over OTLP
+        self.metrics.shutdown()
+
+    def _record(
+        self, span: Span, req: CallRequest, outcome: Outcome, agent: str, active: Active | None
+    ) -> None:
+        try:
+            facts = CallFacts(tool=req.tool, agent=agent)
+            if active is not None:
+                facts = _facts(facts, active, self._root)
+            self.tracing.call_spans(span, req.run_id, req.call_id, outcome, facts)
+            self.metrics.record(req.tool, outcome)
+        except Exception:  # telemetry must never cost a call its outcome
+            log.exception("telemetry of call %s failed", req.call_id)
+
+
+def _facts(facts: CallFacts, active: Active, root: str) -> CallFacts:
+    if active.effects is not None:
+        facts.resources = tuple((c.key.render(root), c.mode.value) for c in active.effects.claims)
+    facts.policy_span = active.policy_span
+    if active.decision is not None:
+        facts.policy_effect = active.decision.effect
+        facts.policy_rules = active.decision.rule_ids
+    a = active.approval
+    if a is not None:
+        about = {
+            "execgate.approval.id": a.id,
+            "execgate.approval.rule_id": a.rule_id,
+            "execgate.approval.state": a.state.value,
+            "execgate.approval.decided_by": a.decided_by,
+        }
+        facts.approval = (a.created_at, a.decided_at or a.created_at, about)
+    return facts

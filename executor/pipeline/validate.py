@@ -1,0 +1,214 @@
+"""Validation: is this a well-formed call to a tool we have, with arguments its schema accepts?
+
+Every failure is a `ToolError` with status REJECTED, an error class and the
+offending field, so a caller (or a model) knows exactly what to fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any, cast
+
+import jsonschema
+from jsonschema.exceptions import ValidationError, best_match
+
+from execgate.executor.core.errors import ToolError, invalid
+from execgate.executor.core.outcomes import ErrorClass, Status
+from execgate.executor.core.paths import Workspace
+from execgate.executor.locks import plan
+from execgate.executor.server.wirecheck import MAX_JSON_DEPTH, nested_deeper
+from execgate.executor.tools import Limits, ResourceKind, Tool
+from execgate.executor.tools.base import CheckedTool
+from execgate.executor.tools.effects import AnalysedTool, analyse
+
+from .calls import CallRequest, ValidCall
+
+MAX_ID_CHARS = 256
+
+# JSON Schema counts 2.0 as an integer; the tools index and slice with these values,
+# so an "integer" argument must be a Python int (never a bool).
+# (types-jsonschema leaves `extend` unannotated.)
+_SchemaValidator = jsonschema.validators.extend(  # type: ignore[no-untyped-call]
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _checker, v: isinstance(v, int) and not isinstance(v, bool)
+    ),
+)
+
+
+class Validator:
+    def __init__(self, tools: dict[str, Tool], workspace: Workspace, limits: Limits) -> None:
+        self.tools = tools
+        self.workspace = workspace
+        self.limits = limits
+        self._schemas = {
+            name: _SchemaValidator(tool.spec.input_schema) for name, tool in tools.items()
+        }
+
+    async def validate(self, req: CallRequest) -> ValidCall:
+        """The call, checked and analysed; raises a REJECTED ToolError naming the field.
+
+        A tool that analyses its arguments itself (`sql` reads the database's
+        schema) does so in a worker thread: it may block on the file.
+        """
+        check_id(req.call_id, "call_id")
+        check_id(req.run_id, "run_id")
+        check_id(req.idempotency_key, "idempotency_key")
+        tool = self.tools.get(req.tool)
+        if tool is None:
+            raise ToolError(
+                ErrorClass.UNKNOWN_TOOL,
+                f"no tool named {req.tool[:100]!r}",
+                field="tool",
+                status=Status.REJECTED,
+            )
+        args = parse_arguments(req.arguments_json, self.limits.max_arguments_bytes)
+        try:
+            self._check_schema(req.tool, args)
+        except RecursionError as exc:  # the error message reprs the offending value
+            raise invalid("arguments_json is nested too deeply", "arguments_json") from exc
+        if isinstance(tool, CheckedTool):
+            tool.check(args)
+        paths = self._resolve_paths(tool, args)
+        if isinstance(tool, AnalysedTool):
+            effects = await asyncio.to_thread(analyse, tool, args, paths, self.workspace)
+        else:
+            effects = analyse(tool, args, paths, self.workspace)
+        return ValidCall(
+            request=req,
+            tool=tool,
+            args=args,
+            # Only idempotency compares hashes; skip the work on the common path.
+            request_hash=_hash_or_reject(req.tool, args) if req.idempotency_key else "",
+            timeout=self._timeout(req.timeout),
+            paths=paths,
+            effects=effects,
+            lock_plan=plan(effects.claims),
+        )
+
+    def _check_schema(self, tool: str, args: dict[str, Any]) -> None:
+        schema = self._schemas[tool]
+        if schema.is_valid(args):  # the common case, without building error objects
+            return
+        error = best_match(schema.iter_errors(args))
+        if error is not None:
+            raise invalid(_describe(error), _field(error))
+
+    def _timeout(self, asked: float | None) -> float:
+        if asked is None or asked <= 0:
+            return self.limits.default_timeout
+        return min(asked, self.limits.max_timeout)
+
+    def _resolve_paths(self, tool: Tool, args: dict[str, Any]) -> dict[str, Any]:
+        """Resolve path arguments now, so an escape is REJECTED before anything starts."""
+        paths = {}
+        for res in tool.spec.resources:
+            if res.kind in (ResourceKind.FILE, ResourceKind.TREE):
+                raw = args.get(res.argument, ".")
+                paths[res.argument] = self.workspace.resolve(raw, f"arguments.{res.argument}")
+        return paths
+
+
+def check_id(value: str, field: str) -> None:
+    if len(value) > MAX_ID_CHARS:
+        raise invalid(f"{field} is longer than {MAX_ID_CHARS} characters", field)
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise invalid(f"{field} contains control characters", field)
+
+
+def parse_arguments(text: str, max_bytes: int) -> dict[str, Any]:
+    size = len(text.encode("utf-8", errors="surrogatepass"))
+    if size > max_bytes:
+        raise ToolError(
+            ErrorClass.RESOURCE_EXHAUSTED,
+            f"arguments_json is {size} bytes; the limit is {max_bytes}",
+            field="arguments_json",
+            status=Status.REJECTED,
+        )
+    if text.strip() == "":
+        return {}
+    try:
+        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise invalid(f"arguments_json is not valid JSON: {exc}", "arguments_json") from exc
+    except RecursionError as exc:
+        raise invalid(_TOO_DEEP, "arguments_json") from exc
+    except ValueError as exc:
+        raise invalid(f"arguments_json is not acceptable JSON: {exc}", "arguments_json") from exc
+    if not isinstance(value, dict):
+        raise invalid("arguments_json must be a JSON object", "arguments_json")
+    if nested_deeper(value):
+        raise invalid(_TOO_DEEP, "arguments_json")
+    if "\\u" not in text:  # no escapes: the text was valid UTF-8, so is the value
+        return value
+    try:
+        # A \uD800-style escape decodes to a lone surrogate, which no path, file
+        # content or argv can hold; refuse it here rather than crash a tool. (This
+        # also proves the value can be re-encoded, as request_hash must.)
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise invalid(
+            "arguments_json contains a lone surrogate escape (not valid Unicode)", "arguments_json"
+        ) from exc
+    except RecursionError as exc:
+        raise invalid("arguments_json is nested too deeply", "arguments_json") from exc
+    return value
+
+
+_TOO_DEEP = f"arguments_json is nested deeper than {MAX_JSON_DEPTH} levels"
+
+
+def _hash_or_reject(tool: str, args: dict[str, Any]) -> str:
+    try:
+        return request_hash(tool, args)
+    except RecursionError as exc:
+        raise invalid("arguments_json is nested too deeply", "arguments_json") from exc
+
+
+def request_hash(tool: str, args: dict[str, Any]) -> str:
+    canonical = json.dumps([tool, args], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {key!r}")
+        result[key] = value
+    return result
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _field(error: ValidationError) -> str:
+    """The offending argument as `arguments.argv[1]`, `arguments.env.NAME`, ..."""
+    path: list[str | int] = list(error.absolute_path)
+    if error.validator == "required":
+        required = cast(list[str], error.validator_value)
+        instance = cast(Mapping[str, Any], error.instance)
+        missing = next((n for n in required if n not in instance), "")
+        path.append(missing)
+    elif error.validator == "additionalProperties":
+        instance = cast(Mapping[str, Any], error.instance)
+        schema = cast(Mapping[str, Any], error.schema)
+        extra = sorted(set(instance) - set(schema.get("properties", {})))
+        path.append(extra[0] if extra else "")
+    text = "arguments"
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}" if part != "" else ""
+    return text
+
+
+def _describe(error: ValidationError) -> str:
+    where = _field(error)
+    if error.validator == "additionalProperties":
+        return f"{where}: unknown argument"
+    if error.validator == "required":
+        return f"{where}: required argument is missing"
+    return f"{where}: {error.message[:300]}"

@@ -1,0 +1,285 @@
+"""Runs: the daemon's record of each agent loop (see proto/execgate/v1/runs.proto).
+
+The client moves its state machine; the daemon keeps the moves, in order, and
+refuses any that would corrupt the record. Appended events are checked with the
+same transition table the Python loop uses (`execgate.client.loop.states`), so a
+client in another language cannot write a history the Python loop could not
+replay. A run's row and its events change in one transaction.
+
+Refusals are typed (`RunRefused.kind`): not_found, exists, forbidden, gap,
+duplicate, discontinuous, illegal, ended, malformed. A terminal run refuses
+further events, and the dispatcher refuses its tool calls (`ended`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import enum
+import json
+import secrets
+import sqlite3
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from dataclasses import dataclass, field, replace
+
+from execgate.client.loop.errors import BrokenHistory
+from execgate.client.loop.states import TERMINAL, Machine, State, Transition
+from execgate.executor.core import clock
+from execgate.executor.core.errors import ExecgateError
+from execgate.executor.core.fanout import Closed, Fanout, Lagging
+from execgate.executor.core.run import CancelAsk, Run
+from execgate.executor.journal import runs as store
+from execgate.executor.journal.store import Journal
+from execgate.executor.pipeline.inflight import SHARED_RUN, agents_in
+from execgate.executor.pipeline.validate import MAX_ID_CHARS
+
+MAX_DATA_BYTES = 1 << 20
+MAX_GOAL_BYTES = 64 * 1024
+# Runs whose state machine stays in memory between appends (least recently
+# appended dropped first; replayed from the journal when next needed).
+MAX_MACHINES = 4096
+
+
+class Refusal(enum.StrEnum):
+    NOT_FOUND = "not_found"
+    EXISTS = "exists"
+    FORBIDDEN = "forbidden"
+    MALFORMED = "malformed"
+    ENDED = "ended"
+    # Someone asked the run to stop: it may end, but not as `completed`.
+    CANCEL_REQUESTED = "cancel_requested"
+    # Breakage kinds of a history that does not fit (client.loop.errors.Breakage).
+    GAP = "gap"
+    DUPLICATE = "duplicate"
+    DISCONTINUOUS = "discontinuous"
+    ILLEGAL = "illegal"
+
+
+class Closing(ExecgateError):
+    """The daemon is stopping: a WatchRun stream ends before its run did."""
+
+
+class RunRefused(ExecgateError):
+    def __init__(self, kind: Refusal, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """What a WatchRun stream carries: a new event, or a cancel request."""
+
+    event: Transition | None = None
+    cancel: CancelAsk | None = None
+
+
+class RunStore:
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        # run id -> terminal state, for the dispatcher (no tool call of an ended run).
+        self.ended: dict[str, str] = journal.query_now(store.ended_runs)
+        # run id -> owner, for the dispatcher: only the owner's calls join a started run.
+        self.owners: dict[str, str] = journal.query_now(store.owners)
+        # The state machines of runs appended to lately (replayed from the journal
+        # when missing): at most MAX_MACHINES, least recently used dropped first.
+        self._machines: OrderedDict[str, Machine] = OrderedDict()
+        # Invariant: a run id is here exactly while a WatchRun stream of it is served.
+        self._watchers: dict[str, Fanout[Update]] = {}
+        # Invariant: a run id is here exactly while an append or cancel of it holds or
+        # waits for its lock.
+        self._locks: dict[str, _RunLock] = {}
+
+    async def start(self, run: Run) -> Run:
+        _check_text(run.goal, MAX_GOAL_BYTES, "goal")
+        now = clock.now()
+        run = replace(
+            run,
+            run_id=run.run_id or "run_" + secrets.token_hex(8),
+            created_at=now,
+            updated_at=now,
+            state=State.CREATED.value,
+        )
+        _check_id(run.run_id)
+
+        def insert(conn: sqlite3.Connection) -> str:
+            # A run id other identities have used is theirs too: starting it would let
+            # one agent claim (and then cancel) another's calls.
+            others = sorted(agents_in(conn, run.run_id) - {run.owner})
+            if others:
+                return f"run {run.run_id!r} already has calls by {', '.join(others)}"
+            return "" if store.insert_run(conn, run) else f"run {run.run_id!r} exists already"
+
+        why = await self.journal.write(insert, durable=True)
+        if why:
+            kind = Refusal.EXISTS if why.endswith("exists already") else Refusal.FORBIDDEN
+            raise RunRefused(kind, why, "run_id")
+        self.owners[run.run_id] = run.owner
+        return run
+
+    async def get(self, run_id: str) -> Run:
+        found = await self.journal.read(lambda c: store.run_rows(c, "WHERE run_id = ?", (run_id,)))
+        if not found:
+            raise RunRefused(Refusal.NOT_FOUND, f"no run {run_id!r}", "run_id")
+        return found[0]
+
+    async def events(self, run_id: str, after_seq: int = 0) -> list[Transition]:
+        return await self.journal.read(lambda c: store.event_rows(c, run_id, after_seq))
+
+    async def find(
+        self, states: Iterable[str], owner: str, limit: int, owners: tuple[str, ...] | None = None
+    ) -> list[Run]:
+        where, params = store.list_filter(list(states), owner, owners)
+        params.append(max(1, min(limit or 100, 1000)))
+        return await self.journal.read(
+            lambda c: store.run_rows(c, f"{where} ORDER BY created_at DESC LIMIT ?", tuple(params))
+        )
+
+    async def append(self, run_id: str, events: list[Transition], who: str) -> Run:
+        """Check `events` against the run's history and store all of them, or none."""
+        async with self._lock(run_id):
+            run = await self.get(run_id)
+            if who != run.owner:
+                raise RunRefused(Refusal.FORBIDDEN, f"run {run_id!r} belongs to {run.owner}")
+            if run.terminal:
+                raise RunRefused(Refusal.ENDED, f"run {run_id!r} ended ({run.state})", "events")
+            if run.cancel is not None and any(e.to_state is State.COMPLETED for e in events):
+                raise RunRefused(
+                    Refusal.CANCEL_REQUESTED,
+                    f"run {run_id!r}: {run.cancel.requester} asked it to stop; it cannot "
+                    "complete (end it cancelled)",
+                    "events",
+                )
+            machine = copy.copy(await self._machine(run_id))
+            for moved in events:
+                _check_text(json.dumps(moved.data), MAX_DATA_BYTES, "events.data_json")
+                try:
+                    machine.record(moved)
+                except BrokenHistory as exc:
+                    raise RunRefused(Refusal(exc.kind.value), str(exc), "events") from None
+            last = events[-1] if events else None
+            updated = await self.journal.write(
+                lambda c: store.insert_events(c, run_id, events), durable=True
+            )
+            self._keep(run_id, machine)
+        if last is not None and last.to_state in TERMINAL:
+            self.ended[run_id] = last.to_state.value
+        for moved in events:
+            self._publish(run_id, Update(event=moved))
+        return updated
+
+    async def request_cancel(self, run_id: str, ask: CancelAsk) -> Run:
+        """Record who asked the run to stop (the first request stands). Under the run's
+        lock: an append checks for a cancel and writes in one step, so a run cannot
+        complete past a recorded cancel."""
+        async with self._lock(run_id):
+            run = await self.get(run_id)
+            if run.cancel is None and not run.terminal:
+                run = await self.journal.write(
+                    lambda c: store.set_cancel(c, run_id, ask), durable=True
+                )
+                self._publish(run_id, Update(cancel=ask))
+        return run
+
+    async def watch(self, run_id: str, after_seq: int) -> AsyncGenerator[Update, None]:
+        """The run's events after `after_seq`, then new ones, until its terminal event
+        has been sent. Raises `Closing` if the daemon stops first, and fanout.Lagging
+        if the stream's client falls MAX_BACKLOG updates behind."""
+        fanout = self._watchers.setdefault(run_id, Fanout())
+        watcher = fanout.subscribe()
+        sent = after_seq
+        try:
+            run = await self.get(run_id)
+            for moved in await self.events(run_id, after_seq):
+                sent = moved.seq
+                yield Update(event=moved)
+                if moved.to_state in TERMINAL:
+                    return
+            if run.terminal:  # its end was at or before after_seq
+                return
+            if run.cancel is not None:
+                yield Update(cancel=run.cancel)
+            while True:
+                try:
+                    update = await watcher.get()
+                except Closed:
+                    raise Closing(f"the daemon is stopping; run {run_id!r} is still open") from None
+                if update.event is not None and update.event.seq <= sent:
+                    continue  # read from the table already
+                yield update
+                if update.event is not None:
+                    sent = update.event.seq
+                    if update.event.to_state in TERMINAL:
+                        return
+        except Lagging as exc:
+            raise Lagging(f"{exc}; resume with after_seq={sent}") from None
+        finally:
+            fanout.unsubscribe(watcher)
+            if not fanout:
+                del self._watchers[run_id]
+
+    def close(self) -> None:
+        for fanout in self._watchers.values():
+            fanout.close("the daemon is stopping")
+
+    async def _machine(self, run_id: str) -> Machine:
+        found = self._machines.get(run_id)
+        if found is None:
+            found = Machine.replay(run_id, await self.events(run_id))
+        return found
+
+    def _keep(self, run_id: str, machine: Machine) -> None:
+        """Remember `run_id`'s machine (an ended run's is never needed again)."""
+        if machine.state in TERMINAL:
+            self._machines.pop(run_id, None)
+            return
+        self._machines[run_id] = machine
+        self._machines.move_to_end(run_id)
+        while len(self._machines) > MAX_MACHINES:
+            self._machines.popitem(last=False)
+
+    @contextlib.asynccontextmanager
+    async def _lock(self, run_id: str) -> AsyncIterator[None]:
+        """One append or cancel of `run_id` at a time; the lock lives while used."""
+        held = self._locks.get(run_id)
+        if held is None:
+            held = self._locks[run_id] = _RunLock()
+        held.users += 1
+        try:
+            async with held.lock:
+                yield
+        finally:
+            held.users -= 1
+            if not held.users:
+                del self._locks[run_id]
+
+    def _publish(self, run_id: str, update: Update) -> None:
+        fanout = self._watchers.get(run_id)
+        if fanout is not None:
+            fanout.publish(update)
+
+
+@dataclass(slots=True)
+class _RunLock:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Appends and cancels holding or awaiting `lock`.
+    users: int = 0
+
+
+def _check_id(run_id: str) -> None:
+    if run_id == SHARED_RUN:
+        why = "the shared implicit run belongs to no agent; start a run with its own id"
+        raise RunRefused(Refusal.FORBIDDEN, why, "run_id")
+    if len(run_id) > MAX_ID_CHARS:
+        raise RunRefused(Refusal.MALFORMED, f"run_id: over {MAX_ID_CHARS} characters", "run_id")
+
+
+def _check_text(text: str, cap: int, field_name: str) -> None:
+    if len(text.encode()) > cap:
+        raise RunRefused(Refusal.MALFORMED, f"{field_name}: more than {cap} bytes", field_name)
+
+
+# -- SQL ------------------------------------------------------------------------------

@@ -1,0 +1,299 @@
+"""gRPC wiring: listeners, health, reflection, signals, startup and shutdown.
+
+The servicers are in `services`; no call logic lives in either."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import signal
+import socket
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from execgate.executor.core.errors import ConfigError
+from execgate.executor.core.paths import Workspace
+from execgate.executor.journal.store import Journal
+from execgate.executor.locks import FileLockManager, LockBackend, LockManager, NoLocks
+from execgate.executor.pipeline import approve
+from execgate.executor.pipeline.dispatch import Dispatcher
+from execgate.executor.policy import Policy, default_policy_path, load_policy
+from execgate.executor.policy.identity import Identities, load_identities, parse_identities
+from execgate.executor.policy.reload import policy_watcher
+from execgate.executor.policy.watch import FileWatcher
+from execgate.executor.runs.registry import RunStore
+from execgate.executor.sandbox import dockerd
+from execgate.executor.sandbox import registry as sandbox_registry
+from execgate.executor.sandbox.privileges import make_non_dumpable
+from execgate.executor.sandbox.registry import daemon_id
+from execgate.executor.telemetry import metrics, tracing
+from execgate.executor.tools import builtin_tools
+from execgate.v1 import executor_pb2_grpc as pb_grpc
+from execgate.v1 import runs_pb2
+from execgate.v1 import runs_pb2_grpc as rpb_grpc
+
+from . import memdebug
+from .auth import AuthInterceptor, server_credentials
+from .config import JOURNAL_NAME, Listener, ServeConfig
+from .guard import RequestGuard
+from .runs_service import RunsService
+from .services import ApprovalsService, ExecutorService
+
+log = logging.getLogger("execgate.server")
+
+MAX_MESSAGE = 64 * 1024 * 1024
+SERVICE_NAME = "execgate.v1.Executor"
+APPROVALS_NAME = "execgate.v1.Approvals"
+RUNS_NAME = runs_pb2.DESCRIPTOR.services_by_name["Runs"].full_name
+
+
+def prepare_dirs(config: ServeConfig) -> int:
+    """Create the directories and take the state-dir lock; returns the lock's descriptor.
+
+    One daemon per state dir: a second one would "recover" the first one's running
+    calls as interrupted. The flock dies with the process, so a crash leaves no
+    stale lock behind.
+    """
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(config.state_dir, 0o700)
+    lock_fd = os.open(
+        config.state_dir / "daemon.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+    )
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(lock_fd)
+        raise ConfigError(f"another daemon is running with state dir {config.state_dir}") from None
+    config.workspace.mkdir(parents=True, exist_ok=True)
+    for lst in config.listeners():
+        if lst.unix_path is not None:
+            _clear_stale_socket(lst.unix_path)
+    return lock_fd
+
+
+def _clear_stale_socket(path: Path) -> None:
+    """Remove a socket left by a dead daemon; refuse to steal a live one's."""
+    if not path.exists() and not path.is_symlink():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return
+    probe = socket.socket(socket.AF_UNIX)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        path.unlink()
+        return
+    finally:
+        probe.close()
+    raise ConfigError(f"another daemon is already listening on {path}")
+
+
+def build(config: ServeConfig) -> tuple[Dispatcher, Journal]:
+    policy = load_policy(config.policy or default_policy_path())
+    journal = Journal(config.state_dir / JOURNAL_NAME)
+    recovered = journal.recover()
+    if recovered:
+        log.warning("recovered %d call(s) left running by a previous daemon", recovered)
+    wanted = {r.backend for r in policy.sandbox if r.backend != "default"}
+    sandbox = replace(config.sandbox, workspace=config.workspace)
+    sandboxes = sandbox_registry.build(
+        sandbox, daemon_id(config.state_dir), wanted, policy.sandbox_for
+    )
+    if "docker" in sandboxes.backends:
+        note = dockerd.workspace_note(config.workspace)
+        if note is not None:
+            log.warning("sandbox docker: %s", note)
+    dispatcher = Dispatcher(
+        tools=builtin_tools(test_tools=config.test_tools),
+        journal=journal,
+        policy=policy,
+        workspace=Workspace(config.workspace),
+        limits=config.limits,
+        locks=_lock_backend(config),
+        sandboxes=sandboxes,
+    )
+    return dispatcher, journal
+
+
+def _lock_backend(config: ServeConfig) -> LockBackend:
+    match config.locks:
+        case "filelock":
+            return FileLockManager(config.shared_lock_dir())
+        case "none":
+            log.warning("--locks none: calls are NOT scheduled; conflicting writes race")
+            return NoLocks()
+        case _:
+            return LockManager()
+
+
+async def serve(
+    config: ServeConfig, *, on_ready: Callable[[list[str]], None] | None = None
+) -> None:
+    config.check()
+    memdebug.install(asyncio.get_running_loop())
+    # Always: a command of the daemon's own uid must not ptrace it or read its memory.
+    if not make_non_dumpable():
+        log.warning("cannot make the daemon non-dumpable (prctl PR_SET_DUMPABLE)")
+    identities = None if config.identities is None else load_identities(config.identities)
+    old_umask = os.umask(0o077)  # state dir, journal and sockets: owner only, from birth
+    try:
+        lock_fd = prepare_dirs(config)
+        dispatcher, journal = build(config)
+        interceptor = AuthInterceptor(identities)
+        if identities is not None:
+            dispatcher.authorizer.memberships = identities.memberships
+        telemetry = dispatcher.telemetry
+        telemetry.tracing = tracing.setup(journal, daemon_id(config.state_dir))
+        telemetry.metrics = metrics.setup(daemon_id(config.state_dir), tools=dispatcher.tools)
+        telemetry.metrics.gauges(dispatcher.approvals.waiting, dispatcher.queue_depth)
+        runs = RunStore(journal)
+        dispatcher.ended_runs = runs.ended
+        dispatcher.run_owners = runs.owners
+        server, health_servicer = _server(config, dispatcher, runs, interceptor)
+        addresses = _bind(server, config)
+    finally:
+        os.umask(old_umask)
+    stale = await dispatcher.sandboxes.cleanup_stale()
+    if stale:
+        log.warning("removed %d sandbox leftover(s) of a previous daemon", stale)
+    parked = dispatcher.resume_parked(approve.left_pending(journal))
+    if parked:
+        log.info("%d call(s) still await approval from before the restart", parked)
+    await server.start()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+    watchers: list[FileWatcher[Any]] = [_policy_watcher(config, dispatcher, journal)]
+    if identities is not None and config.identities is not None:
+        watchers.append(_identities_watcher(config.identities, interceptor, dispatcher, journal))
+    watching = [asyncio.create_task(w.run()) for w in watchers]
+    if on_ready is not None:
+        on_ready(addresses)
+    await _until_signalled(on_second=dispatcher.force)
+    for task in watching:
+        task.cancel()
+    log.info("shutting down: draining in-flight calls")
+    await health_servicer.enter_graceful_shutdown()
+    stopping = asyncio.create_task(server.stop(grace=config.limits.grace + 5))
+    runs.close()
+    await dispatcher.close()
+    await stopping
+    await dispatcher.sandboxes.close()
+    dispatcher.telemetry.shutdown()
+    journal.close()
+    os.close(lock_fd)
+
+
+def _policy_watcher(
+    config: ServeConfig, dispatcher: Dispatcher, journal: Journal
+) -> FileWatcher[Policy]:
+    """Hot reload of the policy file the daemon started with (see policy/reload.py)."""
+
+    def apply(policy: Policy) -> None:
+        dispatcher.policy = policy  # one assignment: each call sees the old or the new
+
+    path = Path(config.policy or default_policy_path())
+    return policy_watcher(path, dispatcher.policy, apply, journal, config.policy_reload)
+
+
+def _identities_watcher(
+    path: Path, interceptor: AuthInterceptor, dispatcher: Dispatcher, journal: Journal
+) -> FileWatcher[Identities]:
+    """Hot reload of the identities file: a removed identity or token is refused from
+    the next RPC on; a file that does not load leaves the last good one in force."""
+
+    def apply(identities: Identities) -> None:
+        interceptor.identities = identities
+        dispatcher.authorizer.memberships = identities.memberships
+
+    return FileWatcher(
+        path,
+        what="identities",
+        parse=parse_identities,
+        apply=apply,
+        journal=journal,
+        loaded=interceptor.identities.revision if interceptor.identities else "",
+    )
+
+
+def _server(
+    config: ServeConfig, dispatcher: Dispatcher, runs: RunStore, interceptor: AuthInterceptor
+) -> tuple[grpc.aio.Server, Any]:  # Any: health.aio.HealthServicer, see below
+    server = grpc.aio.server(
+        # The guard runs inside authentication: a stranger's garbage stays UNAUTHENTICATED.
+        interceptors=[interceptor, RequestGuard()],
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE),
+            ("grpc.max_send_message_length", MAX_MESSAGE),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    pb_grpc.add_ExecutorServicer_to_server(ExecutorService(dispatcher), server)
+    approvals = ApprovalsService(dispatcher.approvals, lambda: dispatcher.policy)
+    pb_grpc.add_ApprovalsServicer_to_server(approvals, server)
+    rpb_grpc.add_RunsServicer_to_server(RunsService(runs, dispatcher), server)
+    # grpc-stubs type only the sync grpc_health.v1.health, not its `aio` module.
+    health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if config.reflection:
+        from grpc_reflection.v1alpha import reflection
+
+        names = (
+            SERVICE_NAME,
+            APPROVALS_NAME,
+            RUNS_NAME,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        )
+        reflection.enable_server_reflection(names, server)
+    return server, health_servicer
+
+
+def _bind(server: grpc.aio.Server, config: ServeConfig) -> list[str]:
+    """Unix sockets are plaintext (owner-only); TCP is mTLS when config.tls says so."""
+    tls = None if config.tls is None else server_credentials(config.tls)
+    addresses = []
+    for lst in config.listeners():
+        try:
+            if tls is not None and lst.unix_path is None:
+                port = server.add_secure_port(lst.grpc_address, tls)
+            else:
+                port = server.add_insecure_port(lst.grpc_address)
+        except RuntimeError as exc:
+            raise ConfigError(f"cannot listen on {lst.grpc_address}: {exc}") from exc
+        if lst.unix_path is not None:
+            os.chmod(lst.unix_path, 0o600)
+            addresses.append(lst.grpc_address)
+        else:
+            addresses.append(Listener(host=lst.host, port=port).grpc_address)
+    return addresses
+
+
+async def _until_signalled(on_second: Callable[[], None]) -> None:
+    """Returns on SIGTERM/SIGINT. A second signal forces: in-flight calls are killed
+    now (and still recorded); a third exits at once."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    forced = False
+
+    def on_signal(signum: int) -> None:
+        nonlocal forced
+        if forced:
+            log.error("third signal: exiting without recording in-flight calls")
+            os._exit(1)
+        if stop.is_set():
+            log.warning("second signal: force-terminating in-flight calls")
+            forced = True
+            on_second()
+            return
+        log.info("received %s", signal.Signals(signum).name)
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    await stop.wait()

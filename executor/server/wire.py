@@ -1,0 +1,336 @@
+"""Protobuf at the edge: `execgate.v1` messages to and from the daemon's dataclasses."""
+
+from __future__ import annotations
+
+import json
+from typing import cast
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from execgate.executor.core.outcomes import ErrorClass, Outcome, Phase, Status, StopMode
+from execgate.executor.journal.store import CallFilter, CallRecord
+from execgate.executor.locks import LockMode
+from execgate.executor.pipeline.approve import Approval, ApprovalState
+from execgate.executor.pipeline.calls import CallRequest
+from execgate.executor.pipeline.events import Event, EventKind, PlanRow
+from execgate.executor.policy import PolicyInput
+from execgate.executor.policy.explain import Explanation, RuleVerdict, canonical
+from execgate.executor.tools import Mode, ToolSpec
+from execgate.v1 import executor_pb2 as pb
+
+from . import wirecheck
+
+# protoc's .pyi types an enum field as the enum class but its `Value()` as a plain int.
+_STATUS = {
+    s: cast(pb.OutcomeStatus, pb.OutcomeStatus.Value(f"OUTCOME_STATUS_{s.name}")) for s in Status
+}
+_ERROR = {c: cast(pb.ErrorClass, pb.ErrorClass.Value(f"ERROR_CLASS_{c.name}")) for c in ErrorClass}
+_PHASE = {p: cast(pb.Phase, pb.Phase.Value(f"PHASE_{p.name}")) for p in Phase}
+_STOP = {m: cast(pb.StopMode, pb.StopMode.Value(f"STOP_MODE_{m.name}")) for m in StopMode}
+_LOCK = {m: cast(pb.LockMode, pb.LockMode.Value(f"LOCK_MODE_{m.name}")) for m in LockMode}
+_STATUS_BACK = {v: k for k, v in _STATUS.items()}
+_APPROVAL = {
+    a: cast(pb.ApprovalState, pb.ApprovalState.Value(f"APPROVAL_STATE_{a.name}"))
+    for a in ApprovalState
+}
+_MODE = {Mode.READ: pb.ACCESS_MODE_READ, Mode.WRITE: pb.ACCESS_MODE_WRITE}
+
+
+def timestamp(seconds: float) -> Timestamp:
+    whole = int(seconds)
+    return Timestamp(seconds=whole, nanos=int((seconds - whole) * 1e9))
+
+
+def seconds(ts: Timestamp) -> float:
+    return ts.ToNanoseconds() / 1e9
+
+
+def tool_spec(spec: ToolSpec) -> pb.ToolSpec:
+    return pb.ToolSpec(
+        name=spec.name,
+        description=spec.description,
+        input_schema_json=json.dumps(spec.input_schema, sort_keys=True),
+        effects=pb.ToolEffects(
+            read_only=spec.read_only, destructive=spec.destructive, idempotent=spec.idempotent
+        ),
+        resources=[
+            pb.ResourceTemplate(kind=r.kind.value, argument=r.argument, mode=_MODE[r.mode])
+            for r in spec.resources
+        ],
+    )
+
+
+def call_request(
+    msg: pb.ToolCall, *, run_id: str, batch_id: str, index: int, call_id: str
+) -> CallRequest:
+    timeout = (
+        wirecheck.duration(msg.timeout, f"calls[{index}].timeout")
+        if msg.HasField("timeout")
+        else None
+    )
+    return CallRequest(
+        run_id=run_id,
+        call_id=call_id,
+        batch_id=batch_id,
+        index=index,
+        tool=msg.tool,
+        arguments_json=msg.arguments_json,
+        idempotency_key=msg.idempotency_key,
+        timeout=timeout,
+    )
+
+
+def outcome(o: Outcome) -> pb.Outcome:
+    ev = o.evidence
+    return pb.Outcome(
+        status=_STATUS[o.status],
+        error_class=_ERROR[o.error_class],
+        message=o.message,
+        field=o.field,
+        result=pb.ToolResult(
+            text=o.result.text,
+            structured_json=o.result.structured_json,
+            truncated=o.result.truncated,
+            returned_bytes=o.result.returned_bytes,
+            total_bytes=o.result.total_bytes,
+        ),
+        evidence=pb.Evidence(
+            exit_code=ev.exit_code,
+            signal=ev.signal,
+            bytes_written=ev.bytes_written,
+            bytes_read=ev.bytes_read,
+            sha256_before=ev.sha256_before,
+            sha256_after=ev.sha256_after,
+            path=ev.path,
+            sandbox=ev.sandbox,
+            oom_killed=ev.oom_killed,
+            survivors=ev.survivors,
+        ),
+        timeline=[
+            pb.TimelineMark(phase=_PHASE[m.phase], at=timestamp(m.at), detail=m.detail)
+            for m in o.timeline
+        ],
+        stopped_how=_STOP[o.stopped_how],
+    )
+
+
+def event(e: Event) -> pb.ExecuteEvent:
+    msg = pb.ExecuteEvent(
+        call_id=e.call_id, batch_id=e.batch_id, time=timestamp(e.at), index=e.index
+    )
+    match e.kind:
+        case EventKind.QUEUED:
+            msg.queued.SetInParent()
+        case EventKind.WAITING:
+            assert e.waiting is not None
+            keys, blockers = e.waiting
+            msg.waiting.keys.extend(keys)
+            msg.waiting.blocked_by.extend(blockers)
+        case EventKind.AWAITING_APPROVAL:
+            assert e.approval is not None
+            a = e.approval
+            msg.awaiting_approval.approval_id = a.id
+            msg.awaiting_approval.rule_id = a.rule_id
+            msg.awaiting_approval.reason = a.reason
+            msg.awaiting_approval.expires_at.CopyFrom(timestamp(a.expires_at))
+        case EventKind.STARTED:
+            msg.started.SetInParent()
+        case EventKind.FINISHED:
+            assert e.outcome is not None
+            msg.finished.outcome.CopyFrom(outcome(e.outcome))
+            msg.finished.replay_of_call_id = e.replay_of
+    return msg
+
+
+def record(r: CallRecord) -> pb.CallRecord:
+    msg = pb.CallRecord(
+        run_id=r.run_id,
+        call_id=r.call_id,
+        batch_id=r.batch_id,
+        tool=r.tool,
+        arguments_json=r.arguments_json,
+        idempotency_key=r.idempotency_key,
+        agent=r.agent,
+        state=pb.CALL_STATE_RUNNING if r.outcome is None else pb.CALL_STATE_FINISHED,
+        may_write=r.may_write,
+        created_at=timestamp(r.created_at),
+        replay_of_call_id=r.replay_of,
+        raw_result=r.raw_result,
+    )
+    if r.outcome is not None:
+        msg.outcome.CopyFrom(outcome(r.outcome))
+    if r.decision is not None:
+        d = r.decision
+        msg.policy.CopyFrom(
+            pb.PolicyDecision(
+                effect=d.effect, rule_ids=d.rule_ids, revision=d.revision, shadow=d.shadow
+            )
+        )
+    return msg
+
+
+def parked_record(a: Approval, *, may_write: bool) -> pb.CallRecord:
+    """A call a policy `ask` rule holds: journaled as an approval, not yet as a call."""
+    return pb.CallRecord(
+        run_id=a.run_id,
+        call_id=a.call_id,
+        batch_id=a.batch_id,
+        tool=a.tool,
+        arguments_json=a.arguments_json,
+        idempotency_key=a.idempotency_key,
+        agent=a.requester,
+        state=pb.CALL_STATE_AWAITING_APPROVAL,
+        may_write=may_write,
+        created_at=timestamp(a.created_at),
+        policy=pb.PolicyDecision(effect="ask", rule_ids=[a.rule_id], approvers=a.approvers),
+        approval_id=a.id,
+        approval_expires_at=timestamp(a.expires_at),
+        approvers=a.approvers,
+    )
+
+
+def call_filter(
+    req: pb.ListCallsRequest,
+    *,
+    run_id: str,
+    limit: int,
+    before_seq: int,
+    agents: tuple[str, ...] | None = None,
+) -> CallFilter:
+    """The filter of a ListCalls request; an unknown status or a time out of range is a
+    MalformedRequest naming the field (never a filter silently dropped)."""
+    return CallFilter(
+        run_id=run_id,
+        statuses=wirecheck.enum_values(req.statuses, _STATUS_BACK, "statuses"),
+        tool=req.tool,
+        since=wirecheck.timestamp(req.since, "since") if req.HasField("since") else None,
+        until=wirecheck.timestamp(req.until, "until") if req.HasField("until") else None,
+        finished_since=wirecheck.timestamp(req.finished_since, "finished_since")
+        if req.HasField("finished_since")
+        else None,
+        limit=limit,
+        before_seq=before_seq,
+        agents=agents,
+    )
+
+
+def call_plan(row: PlanRow, root: str) -> pb.CallPlan:
+    req = row.request
+    msg = pb.CallPlan(call_id=req.call_id, index=req.index, tool=req.tool, waits_for=row.waits_for)
+    if row.rejected is not None:
+        msg.rejected.CopyFrom(outcome(row.rejected))
+    if row.decision is not None:
+        d = row.decision
+        msg.policy.CopyFrom(
+            pb.PolicyDecision(
+                effect=d.effect.value,
+                rule_ids=d.rule_ids,
+                revision=d.revision,
+                shadow=[f"{rule}:{effect.value}" for rule, effect in d.shadow],
+                approvers=d.ask.approvers if d.ask is not None else (),
+            )
+        )
+    if row.call is not None:
+        msg.may_write = row.call.may_write
+        msg.claims.extend(
+            pb.ResourceClaim(key=c.key.render(root), mode=_MODE[c.mode])
+            for c in row.call.effects.claims
+        )
+        msg.locks.extend(
+            pb.LockRequest(key=k.render(root), mode=_LOCK[m])
+            for k, m in sorted(row.call.lock_plan.items())
+        )
+    return msg
+
+
+def approval(a: Approval) -> pb.Approval:
+    msg = pb.Approval(
+        approval_id=a.id,
+        run_id=a.run_id,
+        call_id=a.call_id,
+        batch_id=a.batch_id,
+        tool=a.tool,
+        arguments_json=a.arguments_json,
+        requester=a.requester,
+        rule_id=a.rule_id,
+        reason=a.reason,
+        approvers=a.approvers,
+        created_at=timestamp(a.created_at),
+        expires_at=timestamp(a.expires_at),
+        state=_APPROVAL[a.state],
+        decided_by=a.decided_by,
+        comment=a.comment,
+    )
+    if a.decided_at is not None:
+        msg.decided_at.CopyFrom(timestamp(a.decided_at))
+    return msg
+
+
+def explanation(e: Explanation) -> pb.ExplainPolicyResponse:
+    return pb.ExplainPolicyResponse(
+        decision=pb.PolicyDecision(
+            effect=e.effect,
+            rule_ids=e.rule_ids,
+            revision=e.revision,
+            shadow=[f"{rid}:{eff}" for rid, eff in e.shadow],
+            approvers=e.approvers,
+        ),
+        reason=e.reason,
+        rules=[
+            pb.RuleVerdict(
+                rule_id=r.rule_id, effect=r.effect, shadow=r.shadow, not_matched_by=r.not_matched_by
+            )
+            for r in e.rules
+        ],
+        approval_ttl_seconds=e.ttl or 0.0,
+        runs_with_json=json.dumps(e.runs_with),
+        source=e.source,
+    )
+
+
+def explanation_from(msg: pb.ExplainPolicyResponse) -> Explanation:
+    """The daemon's answer as the CLI renders it (the inverse of `explanation`)."""
+    d = msg.decision
+    return Explanation(
+        effect=d.effect,
+        rule_ids=tuple(d.rule_ids),
+        reason=msg.reason,
+        revision=d.revision,
+        shadow=tuple(_split_shadow(s) for s in d.shadow),
+        rules=tuple(
+            RuleVerdict(r.rule_id, r.effect, r.shadow, tuple(r.not_matched_by)) for r in msg.rules
+        ),
+        approvers=tuple(d.approvers),
+        ttl=msg.approval_ttl_seconds or None,
+        runs_with=json.loads(msg.runs_with_json or "{}"),
+        source=msg.source,
+    )
+
+
+def _split_shadow(text: str) -> tuple[str, str]:
+    rid, _, effect = text.rpartition(":")
+    return rid, effect
+
+
+def policy_input(
+    req: pb.ExplainPolicyRequest, agent: str, member_of: frozenset[str]
+) -> PolicyInput:
+    """The described call of an ExplainPolicy, for `agent` with `member_of`; ValueError
+    naming the field for arguments that are not a JSON object."""
+    try:
+        args = json.loads(req.arguments_json) if req.arguments_json else {}
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"arguments_json: not JSON: {exc}") from None
+    if not isinstance(args, dict):
+        raise ValueError("arguments_json: must be a JSON object")
+    argv = args.get("argv")
+    return PolicyInput(
+        tool=req.tool,
+        agent=agent,
+        memberships=member_of,
+        paths=tuple(canonical(p) for p in req.paths),
+        tables=tuple(req.tables),
+        hosts=tuple(req.hosts),
+        argv=tuple(str(a) for a in argv) if isinstance(argv, list) else None,
+        args=args,
+    )

@@ -1,0 +1,61 @@
+"""Resource analysis: which resources a call touches, and whether it reads or writes them.
+
+Built-in tools declare resource templates in their spec (read_file: READ on the
+file named by `path`; list_dir/search: READ on the directory tree; write_file:
+WRITE on the file; run_command: WRITE on the whole workspace, because a command's
+effects are undeclared). A tool that knows more from its arguments -- `sql`
+parses the statement -- implements `call_effects` and answers per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from execgate.executor.core.paths import Workspace
+from execgate.executor.locks import Claim, Key, path_key, workspace_key
+
+from .base import ResourceKind, Tool
+
+
+@dataclass(frozen=True, slots=True)
+class CallEffects:
+    """What one call touches. `may_write` decides UNKNOWN_OUTCOME vs FAILURE if interrupted."""
+
+    claims: tuple[Claim, ...]
+    may_write: bool
+    # Tool-specific analysis handed to the tool when it runs (ToolContext.analysis),
+    # so it runs with exactly what it was scheduled with.
+    detail: Any = None
+
+
+@runtime_checkable
+class AnalysedTool(Protocol):
+    """A tool whose effects depend on its arguments beyond its static templates."""
+
+    def call_effects(
+        self, args: dict[str, Any], paths: Mapping[str, Path], workspace: Workspace
+    ) -> CallEffects: ...
+
+
+def analyse(
+    tool: Tool, args: dict[str, Any], paths: Mapping[str, Path], workspace: Workspace
+) -> CallEffects:
+    """The call's claims: the tool's own analysis if it has one, else its templates."""
+    if isinstance(tool, AnalysedTool):
+        return tool.call_effects(args, paths, workspace)
+    claims = []
+    for template in tool.spec.resources:
+        if template.kind is ResourceKind.WORKSPACE:
+            key = workspace_key()
+        else:
+            key = file_key(workspace, paths[template.argument])
+        claims.append(Claim(key, template.mode))
+    return CallEffects(tuple(claims), tool.spec.may_write)
+
+
+def file_key(workspace: Workspace, path: Path) -> Key:
+    """The lock key of a canonical path inside the workspace."""
+    return path_key(workspace.relative(path))
