@@ -44,7 +44,7 @@ from execgate.executor.policy import Rule
 from execgate.executor.policy.identity import Identity, Role
 from execgate.executor.sandbox.ladder import CancelScope
 
-from .calls import ValidCall
+from .calls import Approved, Authorized, ValidCall
 from .events import Batch, EventKind
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "Refused",
     "left_pending",
     "may_decide",
+    "verdict",
 ]
 
 DECIDERS = frozenset({Role.APPROVER, Role.ADMIN})
@@ -136,24 +137,22 @@ class Approvals:
 
     async def gate(
         self,
-        call: ValidCall,
+        authorized: Authorized,
         batch: Batch,
         scope: CancelScope,
         ask: Rule | Approval,
-        decision: PolicyRecord | None,
-        settled: Callable[[Approval], None] | None = None,
         parked: Callable[[Approval], None] | None = None,
-    ) -> None:
-        """Park the call until an approver decides: return if approved, else raise the
-        REJECTED ToolError (denied, expired, or stopped while it waited), or Detached.
+    ) -> Approved:
+        """Park the call until an approver decides, the ttl passes or it is stopped; the
+        call with its settled approval (`verdict` says whether it may go on), or Detached.
 
         `ask`: the rule that asks (a new pending row), or the call's approval a
         previous daemon left pending (waited for again). `parked` is told the
-        approval just before AWAITING_APPROVAL is sent; `settled`, once it is decided.
+        approval just before AWAITING_APPROVAL is sent.
         """
-        req = call.request
+        req = authorized.request
         if isinstance(ask, Rule):
-            approval = await self.park(call, batch.agent, ask, decision)
+            approval = await self.park(authorized.valid, batch.agent, ask, authorized.record)
         else:
             approval = ask
             self._waiting[approval.id] = asyncio.get_running_loop().create_future()
@@ -165,34 +164,7 @@ class Approvals:
         if parked is not None:
             parked(approval)
         batch.emit(EventKind.AWAITING_APPROVAL, req, approval=approval)
-        ended = await self.wait(approval, scope)
-        if settled is not None:
-            settled(ended)
-        where = f"approval {ended.id}, rule {ended.rule_id}"
-        match ended.state:
-            case ApprovalState.APPROVED:
-                return
-            case ApprovalState.DENIED:
-                raise ToolError(
-                    ErrorClass.APPROVAL_DENIED,
-                    f"denied by {ended.decided_by} ({where}): {ended.comment or 'no comment'}",
-                    status=Status.REJECTED,
-                )
-            case ApprovalState.EXPIRED if scope.requested.is_set():
-                why = ErrorClass.TIMEOUT if scope.timed_out else ErrorClass.CANCELLED
-                raise ToolError(
-                    why,
-                    f"stopped before it started, awaiting approval ({where}): {scope.reason}",
-                    status=Status.REJECTED,
-                )
-            case ApprovalState.EXPIRED:
-                raise ToolError(
-                    ErrorClass.APPROVAL_EXPIRED,
-                    f"nobody decided within the rule's ttl ({where})",
-                    status=Status.REJECTED,
-                )
-            case ApprovalState.PENDING:
-                raise AssertionError(f"approval {ended.id} ended its wait still pending")
+        return Approved(authorized=authorized, approval=await self.wait(approval, scope))
 
     async def wait(self, approval: Approval, scope: CancelScope) -> Approval:
         """The approval once decided, expired (ttl) or given up (the call was stopped)."""
@@ -322,6 +294,39 @@ class Approvals:
 
     def _publish(self, approval: Approval) -> None:
         self._watchers.publish(approval)
+
+
+def verdict(approved: Approved, scope: CancelScope) -> None:
+    """Return if the call's approval let it go on; else raise its REJECTED ToolError
+    (denied, expired, or stopped while it waited)."""
+    ended = approved.approval
+    if ended is None:  # nothing asked
+        return
+    where = f"approval {ended.id}, rule {ended.rule_id}"
+    match ended.state:
+        case ApprovalState.APPROVED:
+            return
+        case ApprovalState.DENIED:
+            raise ToolError(
+                ErrorClass.APPROVAL_DENIED,
+                f"denied by {ended.decided_by} ({where}): {ended.comment or 'no comment'}",
+                status=Status.REJECTED,
+            )
+        case ApprovalState.EXPIRED if scope.requested.is_set():
+            why = ErrorClass.TIMEOUT if scope.timed_out else ErrorClass.CANCELLED
+            raise ToolError(
+                why,
+                f"stopped before it started, awaiting approval ({where}): {scope.reason}",
+                status=Status.REJECTED,
+            )
+        case ApprovalState.EXPIRED:
+            raise ToolError(
+                ErrorClass.APPROVAL_EXPIRED,
+                f"nobody decided within the rule's ttl ({where})",
+                status=Status.REJECTED,
+            )
+        case ApprovalState.PENDING:
+            raise AssertionError(f"approval {ended.id} ended its wait still pending")
 
 
 def _settled(a: Approval) -> str:

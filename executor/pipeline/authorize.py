@@ -13,11 +13,10 @@ from execgate.executor.core.errors import ToolError
 from execgate.executor.core.outcomes import ErrorClass, Status
 from execgate.executor.core.paths import Workspace
 from execgate.executor.journal.store import PolicyRecord
-from execgate.executor.policy import Decision, Effect, Policy, PolicyInput
+from execgate.executor.policy import Effect, Policy, PolicyInput
 from execgate.executor.policy.model import Undecided
 
-from .calls import ValidCall
-from .inflight import Active
+from .calls import Authorized, ValidCall
 
 log = logging.getLogger("execgate.dispatch")
 
@@ -38,13 +37,14 @@ class Authorizer:
     def input_for(self, call: ValidCall, agent: str) -> PolicyInput:
         return policy_input(call, agent, self.memberships(agent), self.workspace)
 
-    def decide(self, call: ValidCall, agent: str, active: Active) -> Decision:
-        """Decide, note on `active` what the journal and the trace keep, and return the
-        decision unless it denies (then raise the REJECTED ToolError)."""
+    def authorize(self, call: ValidCall, agent: str) -> Authorized:
+        """The policy's decision on the call, even a deny (`enforce` refuses it: the
+        refusal is journaled with the decision). Raises the REJECTED ToolError of a
+        call the policy cannot decide (an argument it cannot read)."""
         began = clock.now()
-        active.policy_input = self.input_for(call, agent)
+        decided_on = self.input_for(call, agent)
         try:
-            decision = self.policy.decide(active.policy_input)
+            decision = self.policy.decide(decided_on)
         except Undecided as exc:
             raise ToolError(
                 ErrorClass.POLICY_DENIED,
@@ -52,12 +52,9 @@ class Authorizer:
                 field=f"arguments.{exc.arg}",
                 status=Status.REJECTED,
             ) from None
-        active.policy_span = (began, clock.now())
-        active.effects = call.effects
+        span = (began, clock.now())
         shadow = tuple(f"{rule}:{effect.value}" for rule, effect in decision.shadow)
-        active.decision = PolicyRecord(
-            decision.effect.value, decision.rule_ids, decision.revision, shadow
-        )
+        record = PolicyRecord(decision.effect.value, decision.rule_ids, decision.revision, shadow)
         if shadow:  # rules being rolled out: what they would have done, never enforced
             log.info(
                 "call %s: shadow rules %s (in force: %s)",
@@ -65,12 +62,17 @@ class Authorizer:
                 ", ".join(shadow),
                 decision.effect.value,
             )
-        return self.policy.enforce(decision)
+        return Authorized(
+            valid=call, policy_input=decided_on, decision=decision, record=record, span=span
+        )
 
-    def readable(self, call: ValidCall, agent: str, active: Active) -> Callable[[Path], bool]:
+    def enforce(self, authorized: Authorized) -> None:
+        """Raise the REJECTED ToolError of a call the policy denies."""
+        self.policy.enforce(authorized.decision)
+
+    def readable(self, authorized: Authorized) -> Callable[[Path], bool]:
         """Per-file answers for tree tools, on the input the call was decided on."""
-        decided_on = active.policy_input or self.input_for(call, agent)
-        return file_check(self.policy, decided_on, self.workspace)
+        return file_check(self.policy, authorized.policy_input, self.workspace)
 
     def hard_links(self) -> Callable[[Path], bool]:
         """Where the policy in force lets a tool use a file with several hard links."""

@@ -1,15 +1,28 @@
-"""A tool call as the daemon sees it, from request to validated call."""
+"""A tool call as the daemon sees it, one frozen record per stage of the pipeline.
+
+    CallRequest --validate--> ValidCall --authorize--> Authorized --approve--> Approved
+
+Each stage takes the record the one before it returned and returns its own; nothing a
+stage learns is written back onto the call's in-flight entry (inflight.Active keeps
+only what a Cancel needs). A call refused on the way ends with the furthest record it
+reached (`Reached`): its journal row and its trace say what was decided.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
+from execgate.executor.journal.store import PolicyRecord
 from execgate.executor.locks import Key, LockMode
+from execgate.executor.policy import Decision, PolicyInput
 from execgate.executor.tools import Tool
 from execgate.executor.tools.effects import CallEffects
+
+if TYPE_CHECKING:  # core.approval imports CallRequest from here until it moves to core
+    from execgate.executor.core.approval import Approval
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,3 +61,44 @@ class ValidCall:
     @property
     def may_write(self) -> bool:
         return self.effects.may_write
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Authorized:
+    """A valid call the policy decided (allow or ask; a deny is refused on this record)."""
+
+    valid: ValidCall
+    # What the policy decided on: tree tools ask again about each file with it, and
+    # the sandbox is chosen by its agent and memberships.
+    policy_input: PolicyInput
+    decision: Decision
+    # The decision as the journal keeps it (with the call, or with its approval).
+    record: PolicyRecord
+    # When the policy decided (epoch seconds), for the call's trace.
+    span: tuple[float, float]
+
+    @property
+    def request(self) -> CallRequest:
+        return self.valid.request
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Approved:
+    """An authorized call that may go to the lock queue: nothing asked, or approved."""
+
+    authorized: Authorized
+    # The approval it went through once settled (None when no rule asked).
+    approval: Approval | None = None
+
+    @property
+    def valid(self) -> ValidCall:
+        return self.authorized.valid
+
+    @property
+    def request(self) -> CallRequest:
+        return self.authorized.valid.request
+
+
+# The furthest record a call reached, for the ending that reports it (None: refused
+# before the policy decided).
+Reached: TypeAlias = Authorized | Approved | None

@@ -10,34 +10,35 @@ Calls of that batch still queued are REJECTED (cancelled) instead.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncGenerator, Coroutine, Sequence
-from dataclasses import replace
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from execgate.executor.core.errors import ToolError
-from execgate.executor.core.outcomes import ErrorClass, Mark, Outcome, Phase, mark, rejected
+from execgate.executor.core.outcomes import Mark, Outcome, Phase, mark
 from execgate.executor.core.paths import Workspace
-from execgate.executor.journal.store import DuplicateCall, Journal
-from execgate.executor.locks import Abandoned, LockBackend, WaitInfo
-from execgate.executor.policy import Decision, Policy
+from execgate.executor.journal.store import Journal
+from execgate.executor.locks import LockBackend
+from execgate.executor.policy import Policy
 from execgate.executor.sandbox.registry import Sandboxes
 from execgate.executor.tools import CancelScope, Limits, Tool
 
 from . import admission, resend, results
-from .approve import Approval, Approvals, Detached
+from .approve import Approval, Approvals, Detached, verdict
 from .authorize import Authorizer
-from .calls import CallRequest, ValidCall
-from .endings import Endings, record
+from .calls import Approved, Authorized, CallRequest, Reached
+from .endings import Endings, decided
 from .events import ENDS, Batch, Event, EventKind, PlanRow
 from .explain import plan
 from .idempotency import Idempotency
 from .inflight import Active, CancelOrder, InFlight
 from .runtool import call_limits, run_tool
+from .schedule import Scheduler
 from .telemetry import CallTelemetry
 from .validate import Validator
 
@@ -69,6 +70,7 @@ class Dispatcher:
         self._idempotency = Idempotency(journal)
         self._endings = Endings(journal)
         self._locks = locks
+        self._scheduler = Scheduler(journal, locks, self._endings, str(workspace.root))
         self.sandboxes = sandboxes
         self._root = str(workspace.root)
         # Invariant: every task here is a call that has not yet recorded its outcome.
@@ -84,7 +86,7 @@ class Dispatcher:
         # Runs started through Runs.StartRun, and who owns each: nobody else's calls join.
         self.run_owners: dict[str, str] = {}
         # Spans and metrics of batches and calls (exporters set by the server).
-        self.telemetry = CallTelemetry(self._active, self._root)
+        self.telemetry = CallTelemetry(self._root)
         self._id_prefix = secrets.token_hex(6) + "_"
         self._ids = itertools.count(1)
 
@@ -178,7 +180,15 @@ class Dispatcher:
         """A daemon-assigned call or batch id: unique across restarts, cheap to make."""
         return f"{kind}_{self._id_prefix}{next(self._ids):x}"
 
-    # -- one call ----------------------------------------------------------------------
+    @property
+    def policy(self) -> Policy:
+        return self.authorizer.policy
+
+    @policy.setter
+    def policy(self, policy: Policy) -> None:
+        self.authorizer.policy = policy  # one assignment: a call sees the old or the new
+
+    # -- one call: validate -> authorize -> approve -> admit -> schedule -> run -----------
 
     def _spawn(self, work: Coroutine[Any, Any, None], req: CallRequest) -> None:
         task = asyncio.create_task(work, name=f"call {req.call_id}")
@@ -196,7 +206,7 @@ class Dispatcher:
         except Exception as exc:
             # A bug before the call was registered (it never started): still an
             # outcome, journaled first, and the daemon keeps serving.
-            await self._endings.crashed(req, batch, queued, exc, None)
+            await self._endings.crashed(req, batch, queued, exc, False, None)
         finally:
             batch.pass_turn(req.index)  # however it ended, the next call may go
 
@@ -209,55 +219,58 @@ class Dispatcher:
             return
         # Registered before any await: the first proposal of an id owns it, and a
         # disconnect or cancel reaches the call even while it is being validated.
-        scope = CancelScope()
-        self._active[key] = Active(scope, batch)
+        active = Active(CancelScope(), batch)
+        self._active[key] = active
         try:
-            try:
-                call = await self._validator.validate(req)
-                decision = await self._authorize(call, batch, parked)
-                self._may_start(req, batch)
-                # A call parked before a restart waits for the approval it has.
-                ask = parked or decision.ask
-                # A re-sent call that already finished is answered, not asked again.
-                if parked is None and ask is not None and await self._answered(call, batch):
-                    return
-                if ask is not None:
-                    # Parked before the lock queue: it holds no locks while it waits.
-                    active = self._active[key]
-                    settled = functools.partial(setattr, active, "approval")
-                    on_park = functools.partial(setattr, active, "parked")
-                    await self.approvals.gate(
-                        call, batch, scope, ask, active.decision, settled, on_park
-                    )
-                    self._may_start(req, batch)
-            except ToolError as err:
-                outcome = results.from_error(err, (queued,))
-                await self._endings.reject(req, batch, outcome, self._active[key].decision)
-                return
-            await self._admitted(call, batch, scope, queued)
-        except (Detached, asyncio.CancelledError):
-            raise
-        except Exception as exc:
-            # A bug or a journal failure: the call still ends with the outcome that
-            # can be vouched for (REJECTED if it never started), journaled first.
-            await self._endings.crashed(req, batch, queued, exc, self._active[key])
+            approved = await self._decided(req, batch, active, queued, parked)
+            if approved is not None:
+                await self._admitted(approved, batch, active, queued)
         finally:
             self._active.pop(key).ended.set()
 
-    @property
-    def policy(self) -> Policy:
-        return self.authorizer.policy
-
-    @policy.setter
-    def policy(self, policy: Policy) -> None:
-        self.authorizer.policy = policy  # one assignment: a call sees the old or the new
-
-    async def _authorize(self, call: ValidCall, batch: Batch, parked: Approval | None) -> Decision:
-        """Decide (the decision kept for the journal), raising if the policy denies; a
-        call parked before a restart is decided again, its approval abandoned on deny."""
-        active = self._active[(call.request.run_id, call.request.call_id)]
+    async def _decided(
+        self, req: CallRequest, batch: Batch, active: Active, queued: Mark, parked: Approval | None
+    ) -> Approved | None:
+        """Validate, authorize, approve: the call as it may join the lock queue, or None
+        once it has ended (refused, answered or crashed; journaled before reported)."""
+        reached: Reached = None  # the furthest stage record: what its ending reports
         try:
-            return self.authorizer.decide(call, batch.agent, active)
+            try:
+                valid = await self._validator.validate(req)
+                async with self._redecided(parked):
+                    reached = self.authorizer.authorize(valid, batch.agent)
+                    self.authorizer.enforce(reached)
+                self._may_start(req, batch)
+                # A call parked before a restart waits for the approval it has.
+                ask = parked or reached.decision.ask
+                if ask is None:
+                    return Approved(authorized=reached)
+                # A re-sent call that already finished is answered, not asked again.
+                if parked is None and await self._answered(reached, batch):
+                    return None
+                # Parked before the lock queue: it holds no locks while it waits.
+                on_park = functools.partial(setattr, active, "parked")
+                reached = await self.approvals.gate(reached, batch, active.scope, ask, on_park)
+                verdict(reached, active.scope)
+                self._may_start(req, batch)
+                return reached
+            except ToolError as err:
+                outcome = results.from_error(err, (queued,))
+                await self._endings.reject(req, batch, outcome, decided(reached), reached)
+        except Detached:
+            raise
+        except Exception as exc:
+            # A bug or a journal failure: the call still ends with the outcome that
+            # can be vouched for (REJECTED: it never started), journaled first.
+            await self._endings.crashed(req, batch, queued, exc, False, reached)
+        return None
+
+    @contextlib.asynccontextmanager
+    async def _redecided(self, parked: Approval | None) -> AsyncIterator[None]:
+        """A call parked before a restart is decided again: its approval is abandoned
+        when the policy now in force refuses it."""
+        try:
+            yield
         except ToolError as err:
             if parked is not None:
                 await self.approvals.abandon(parked, f"the policy now in force denies it: {err}")
@@ -276,8 +289,8 @@ class Dispatcher:
         if refusal is not None:
             raise refusal
 
-    async def _answered(self, call: ValidCall, batch: Batch) -> bool:
-        return await resend.answered(call, batch, self.journal, self._endings)
+    async def _answered(self, authorized: Authorized, batch: Batch) -> bool:
+        return await resend.answered(authorized, batch, self.journal, self._endings)
 
     async def _in_flight_duplicate(self, req: CallRequest, batch: Batch, queued: Mark) -> None:
         """A client resending a call that still runs joins it if its idempotency key says
@@ -300,124 +313,68 @@ class Dispatcher:
         await self._endings.refuse_duplicate(req, batch, queued)
 
     async def _admitted(
-        self, call: ValidCall, batch: Batch, scope: CancelScope, queued: Mark
+        self, approved: Approved, batch: Batch, active: Active, queued: Mark
     ) -> None:
-        req = call.request
-        # Calls of a batch reach the lock queue in proposal order (Batch.turns).
-        await batch.my_turn(req.index)
-        if req.idempotency_key:
+        """Admit the call to the lock queue in its batch's order, claiming its idempotency
+        key (a call whose key already has an outcome is answered with it), then schedule."""
+        req = approved.request
+        try:
+            # Calls of a batch reach the lock queue in proposal order (Batch.turns).
+            await batch.my_turn(req.index)
+            if req.idempotency_key and not await self._claimed(approved, batch, queued):
+                return
+            outcome: Outcome | BaseException = RuntimeError("call did not finish")
             try:
-                replay = await self._idempotency.claim(
-                    batch.agent,
-                    req.idempotency_key,
-                    call.request_hash,
-                    req.run_id,
-                    req.call_id,
-                    on_join=lambda: batch.pass_turn(req.index),  # a joiner takes no locks
+                outcome = await self._scheduler.schedule(
+                    approved, batch, active, queued, self._run_tool
                 )
-            except ToolError as err:
-                await self._endings.reject(req, batch, results.from_error(err, (queued,)))
-                return
-            if replay is not None:
-                await self._endings.replay(call, batch, replay)
-                return
-        outcome: Outcome | BaseException = RuntimeError("call did not finish")
+            finally:
+                if req.idempotency_key:
+                    self._idempotency.release(batch.agent, req.idempotency_key, outcome)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # A bug or a journal failure: the call still ends with the outcome that
+            # can be vouched for (REJECTED if it never started), journaled first.
+            await self._endings.crashed(req, batch, queued, exc, active.started, approved)
+
+    async def _claimed(self, approved: Approved, batch: Batch, queued: Mark) -> bool:
+        """Claim the call's idempotency key: False once the call has ended (its key holds
+        an outcome, replayed, or belongs to a different request, refused)."""
+        call, req = approved.valid, approved.request
         try:
-            outcome = await self._journaled_run(call, batch, scope, queued)
-        finally:
-            if req.idempotency_key:
-                self._idempotency.release(batch.agent, req.idempotency_key, outcome)
-
-    async def _journaled_run(
-        self, call: ValidCall, batch: Batch, scope: CancelScope, queued: Mark
-    ) -> Outcome:
-        """Wait for the locks, journal the intent, run, journal the outcome, report it.
-
-        The intent is written only once the locks are granted, just before the tool
-        starts: a call still queued when the daemon dies has no row and is known
-        never to have started, so recovery never calls it UNKNOWN_OUTCOME.
-        """
-        req = call.request
-        waited: list[Mark] = []
-
-        def on_wait(info: WaitInfo) -> None:  # called once it is in the lock queue
-            batch.pass_turn(req.index)
-            keys = tuple(k.render(self._root) for k in info.keys)
-            waited.append(mark(Phase.WAITING, "behind " + ", ".join(info.blockers)))
-            batch.emit(EventKind.WAITING, req, waiting=(keys, info.blockers))
-
-        try:
-            lease = await self._locks.acquire(
-                _owner(req), call.lock_plan, cancel=scope.requested, on_wait=on_wait
+            replay = await self._idempotency.claim(
+                batch.agent,
+                req.idempotency_key,
+                call.request_hash,
+                req.run_id,
+                req.call_id,
+                on_join=lambda: batch.pass_turn(req.index),  # a joiner takes no locks
             )
-            batch.pass_turn(req.index)
-            async with lease:  # released on every exit path, a crashing tool included
-                granted = mark(Phase.LOCK_GRANTED)
-                if scope.requested.is_set():
-                    raise Abandoned(_owner(req))
-                rec = record(req, batch.agent, call.request_hash, call.may_write, queued.at)
-                rec = replace(rec, decision=self._active[(req.run_id, req.call_id)].decision)
-                if call.may_write:
-                    await self.journal.record_intent(rec)
-                else:
-                    self.journal.record_intent_nowait(rec)
-                self._active[(req.run_id, req.call_id)].started = True
-                if scope.requested.is_set():  # cancelled while its intent was written
-                    why = ErrorClass.TIMEOUT if scope.timed_out else ErrorClass.CANCELLED
-                    outcome = rejected(
-                        why, f"stopped before it started: {scope.reason}", ""
-                    ).with_marks(queued, *waited, granted, mark(Phase.CANCEL_REQUESTED))
-                    raw = ""
-                else:
-                    started = mark(Phase.STARTED)
-                    batch.emit(EventKind.STARTED, req)
-                    marks = (queued, *waited, granted, started)
-                    outcome, raw = await self._run_tool(call, batch, scope, marks)
-        except Abandoned:
-            why = ErrorClass.TIMEOUT if scope.timed_out else ErrorClass.CANCELLED
-            outcome = rejected(why, f"stopped before it started: {scope.reason}", "")
-            outcome = outcome.with_marks(
-                queued, *waited, mark(Phase.CANCEL_REQUESTED, scope.reason)
-            )
-            await self._endings.reject(req, batch, outcome)
-            return outcome
-        except DuplicateCall:
-            return await self._endings.refuse_duplicate(req, batch, queued)
-        # Recorded before it is reported: an outcome nobody can find later is never sent.
-        try:
-            await self.journal.record_outcome(
-                req.run_id, req.call_id, outcome, raw, durable=call.may_write
-            )
-        except DuplicateCall:  # a read-only call whose id was taken: it changed nothing
-            return await self._endings.refuse_duplicate(req, batch, queued)
-        batch.emit(EventKind.FINISHED, req, outcome=outcome)
-        return outcome
+        except ToolError as err:
+            outcome = results.from_error(err, (queued,))
+            await self._endings.reject(req, batch, outcome, reached=approved)
+            return False
+        if replay is not None:
+            await self._endings.replay(call, batch, replay, approved)
+            return False
+        return True
 
     async def _run_tool(
-        self, call: ValidCall, batch: Batch, scope: CancelScope, marks: tuple[Mark, ...]
+        self, approved: Approved, batch: Batch, scope: CancelScope, marks: tuple[Mark, ...]
     ) -> tuple[Outcome, str]:
-        decided_on = self._active[_key(call)].policy_input
-        assert decided_on is not None  # set by _authorize before anything runs
-        set_by = self.policy.limits_for(decided_on)
-        limits, timeout = call_limits(self.limits, set_by, call, batch.deadline)
+        authorized = approved.authorized
+        set_by = self.policy.limits_for(authorized.policy_input)
+        limits, timeout = call_limits(self.limits, set_by, approved.valid, batch.deadline)
         return await run_tool(
-            call,
+            approved.valid,
             workspace=self.workspace,
             sandboxes=self.sandboxes,
             limits=limits,
             allowed_s=timeout,
             scope=scope,
-            decided_on=decided_on,
-            readable=self.authorizer.readable(call, batch.agent, self._active[_key(call)]),
+            decided_on=authorized.policy_input,
+            readable=self.authorizer.readable(authorized),
             hard_links=self.authorizer.hard_links(),
             marks=marks,
         )
-
-
-def _key(call: ValidCall) -> tuple[str, str]:
-    return (call.request.run_id, call.request.call_id)
-
-
-def _owner(req: CallRequest) -> str:
-    """How a call is named in the lock table and in WAITING events."""
-    return f"{req.run_id}/{req.call_id}"

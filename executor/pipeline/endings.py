@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from execgate.executor.core import clock
 from execgate.executor.core.outcomes import ErrorClass, Mark, Outcome, Phase, mark, rejected
 from execgate.executor.journal.store import CallRecord, DuplicateCall, Journal, PolicyRecord
 
 from . import results
-from .calls import CallRequest, ValidCall
+from .calls import Approved, CallRequest, Reached, ValidCall
 from .events import Batch, EventKind
 from .idempotency import Replay
-
-if TYPE_CHECKING:
-    from .inflight import Active
 
 log = logging.getLogger("execgate.dispatch")
 
@@ -36,7 +32,10 @@ class Endings:
         batch: Batch,
         outcome: Outcome,
         decision: PolicyRecord | None = None,
+        reached: Reached = None,
     ) -> None:
+        """Record and report a call refused before it started. `decision` goes into its
+        journal row; `reached`, the furthest stage record, into its trace."""
         outcome = outcome.with_marks(mark(Phase.FINISHED))
         rec = record(req, batch.agent, "", False, outcome.timeline[0].at)
         rec = replace(rec, decision=decision)
@@ -48,7 +47,7 @@ class Endings:
             await self.journal.record_finished(rec, outcome)
         except DuplicateCall:
             await self.journal.record_refusal(rec, outcome)
-        batch.emit(EventKind.FINISHED, req, outcome=outcome)
+        batch.emit(EventKind.FINISHED, req, outcome=outcome, reached=reached)
 
     async def crashed(
         self,
@@ -56,22 +55,20 @@ class Endings:
         batch: Batch,
         queued: Mark,
         exc: Exception,
-        active: Active | None,
+        started: bool,
+        reached: Reached,
     ) -> None:
         """A bug inside the daemon ended the call. It is recorded as what can be vouched
         for (results.from_crash) and journaled before it is reported; if even the journal
         fails, nothing is reported as an outcome and the RPC ends INTERNAL instead."""
         log.exception("call %s failed inside the daemon", req.call_id)
-        started = active is not None and active.started
-        effects = active.effects if active is not None else None
-        may_write = started and (effects is None or effects.may_write)
+        may_write = started and (reached is None or reached.valid.may_write)
         outcome = results.from_crash(
             exc, started=started, may_write=may_write, marks=(queued, mark(Phase.FINISHED))
         )
         try:
             if not started:
-                decision = active.decision if active is not None else None
-                await self.reject(req, batch, outcome, decision)
+                await self.reject(req, batch, outcome, decided(reached), reached)
                 return
             try:
                 await self.journal.record_outcome(
@@ -86,9 +83,11 @@ class Endings:
             log.exception("call %s: its outcome could not be journaled", req.call_id)
             batch.emit(EventKind.UNRECORDED, req)
             return
-        batch.emit(EventKind.FINISHED, req, outcome=outcome)
+        batch.emit(EventKind.FINISHED, req, outcome=outcome, reached=reached)
 
-    async def refuse_duplicate(self, req: CallRequest, batch: Batch, queued: Mark) -> Outcome:
+    async def refuse_duplicate(
+        self, req: CallRequest, batch: Batch, queued: Mark, reached: Reached = None
+    ) -> Outcome:
         outcome = rejected(
             ErrorClass.DUPLICATE_CALL_ID,
             f"call_id {req.call_id!r} is already used in run {req.run_id!r}; "
@@ -97,24 +96,36 @@ class Endings:
         ).with_marks(queued, mark(Phase.FINISHED))
         rec = record(req, batch.agent, "", False, queued.at)
         await self.journal.record_refusal(rec, outcome)
-        batch.emit(EventKind.FINISHED, req, outcome=outcome)
+        batch.emit(EventKind.FINISHED, req, outcome=outcome, reached=reached)
         return outcome
 
-    async def replay(self, call: ValidCall, batch: Batch, replay: Replay) -> None:
+    async def replay(
+        self, call: ValidCall, batch: Batch, replay: Replay, reached: Reached = None
+    ) -> None:
         req = call.request
         outcome, original = replay.outcome, replay.call_id
         if (replay.run_id, replay.call_id) == (req.run_id, req.call_id):
             # The very same call resent (a client retrying its batch): report, add nothing.
-            batch.emit(EventKind.FINISHED, req, outcome=outcome, replay_of=original)
+            batch.emit(
+                EventKind.FINISHED, req, outcome=outcome, replay_of=original, reached=reached
+            )
             return
         rec = record(req, batch.agent, call.request_hash, call.may_write, clock.now())
         rec = replace(rec, idempotency_key="", replay_of=original)
         try:
             await self.journal.record_finished(rec, outcome)
         except DuplicateCall:
-            await self.refuse_duplicate(req, batch, mark(Phase.QUEUED))
+            await self.refuse_duplicate(req, batch, mark(Phase.QUEUED), reached)
             return
-        batch.emit(EventKind.FINISHED, req, outcome=outcome, replay_of=original)
+        batch.emit(EventKind.FINISHED, req, outcome=outcome, replay_of=original, reached=reached)
+
+
+def decided(reached: Reached) -> PolicyRecord | None:
+    """The policy decision a call reached, as its journal row keeps it."""
+    if reached is None:
+        return None
+    authorized = reached.authorized if isinstance(reached, Approved) else reached
+    return authorized.record
 
 
 def record(

@@ -6,17 +6,13 @@ import asyncio
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from execgate.executor.core import clock
+from execgate.executor.core.approval import Approval
 from execgate.executor.core.outcomes import Outcome
+from execgate.executor.policy import Decision
 
-from .calls import CallRequest, ValidCall
-
-if TYPE_CHECKING:  # approve imports this module
-    from execgate.executor.policy import Decision
-
-    from .approve import Approval
+from .calls import CallRequest, Reached, ValidCall
 
 
 class EventKind(enum.Enum):
@@ -79,8 +75,9 @@ class Batch:
     # The run's deadline (wall clock), if the request set one.
     deadline: float | None = None
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
-    # Told of every FINISHED outcome, reported or not (tracing builds the call's spans).
-    on_finished: Callable[[CallRequest, Outcome], None] | None = None
+    # Told of every FINISHED outcome, reported or not, with the furthest stage record
+    # the call reached (tracing builds the call's spans).
+    on_finished: Callable[[CallRequest, Outcome, Reached], None] | None = None
     # turns[i] is set once calls 0..i have all asked for their locks (or ended
     # without): call i+1 asks only after that, so the lock queue sees the batch in
     # proposal order even when some calls take longer to validate (sql reads a
@@ -113,9 +110,10 @@ class Batch:
         replay_of: str = "",
         waiting: tuple[tuple[str, ...], tuple[str, ...]] | None = None,
         approval: Approval | None = None,
+        reached: Reached = None,
     ) -> None:
         if kind is EventKind.FINISHED and outcome is not None and self.on_finished is not None:
-            self.on_finished(req, outcome)
+            self.on_finished(req, outcome, reached)
         if not self.progress and kind not in ENDS:
             return
         at = clock.now()

@@ -13,37 +13,24 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from execgate.executor.journal.store import Journal, PolicyRecord
-from execgate.executor.policy import PolicyInput
+from execgate.executor.core.approval import Approval
+from execgate.executor.journal.store import Journal
 from execgate.executor.sandbox.ladder import CancelScope
 
 from .events import Batch
 
-if TYPE_CHECKING:  # approve imports the dispatcher's modules
-    from execgate.executor.tools.effects import CallEffects
-
-    from .approve import Approval
-
 
 @dataclass(slots=True)
 class Active:
-    """A call between QUEUED and FINISHED. `started` flips once, when it starts to run."""
+    """A call between QUEUED and FINISHED: what a Cancel (and a re-sent request) needs
+    to reach it. What its stages decided flows through them as values (calls.py), never
+    through here. `started` flips once, when it starts to run."""
 
     scope: CancelScope
-    # The very batch object it came in (its run and batch ids live there).
+    # The very batch object it came in (its run, batch ids and agent live there).
     batch: Batch
     started: bool = False
-    # The policy's decision, once made (journaled with the call), and what it was made
-    # on (tree tools ask the policy again about each file, with the same input).
-    decision: PolicyRecord | None = None
-    policy_input: PolicyInput | None = None
-    # For the call's trace: when the policy decided (epoch seconds), what it touches,
-    # and its approval once settled.
-    policy_span: tuple[float, float] | None = None
-    effects: CallEffects | None = None
-    approval: Approval | None = None
     # The approval it was parked for (set when parked, kept once decided): the same
     # request re-sent meanwhile follows this call instead of asking again (resend).
     parked: Approval | None = None

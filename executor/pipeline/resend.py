@@ -18,7 +18,7 @@ from execgate.executor.core.outcomes import Phase, mark
 from execgate.executor.journal.store import CallRecord, Journal
 
 from . import results
-from .calls import CallRequest, ValidCall
+from .calls import Authorized, CallRequest
 from .endings import Endings
 from .events import Batch, EventKind
 from .idempotency import Replay, check_hash
@@ -27,9 +27,11 @@ if TYPE_CHECKING:
     from .inflight import Active
 
 
-async def answered(call: ValidCall, batch: Batch, journal: Journal, endings: Endings) -> bool:
+async def answered(
+    authorized: Authorized, batch: Batch, journal: Journal, endings: Endings
+) -> bool:
     """Answer a re-sent `ask` call whose original finished; False if there is none."""
-    req = call.request
+    call, req = authorized.valid, authorized.request
     if req.idempotency_key:
         owner = await journal.by_idempotency_key(batch.agent, req.idempotency_key)
         if owner is not None and owner.outcome is not None:
@@ -37,18 +39,19 @@ async def answered(call: ValidCall, batch: Batch, journal: Journal, endings: End
                 check_hash(owner.request_hash, call.request_hash)
             except ToolError as err:
                 outcome = results.from_error(err, (mark(Phase.QUEUED),))
-                await endings.reject(req, batch, outcome)
+                await endings.reject(req, batch, outcome, reached=authorized)
                 return True
-            await endings.replay(call, batch, Replay(owner.outcome, owner.call_id, owner.run_id))
+            found = Replay(owner.outcome, owner.call_id, owner.run_id)
+            await endings.replay(call, batch, found, authorized)
             return True
     same = await journal.get(req.run_id, req.call_id)
     if same is None:
         return False
     if same.outcome is not None and req.idempotency_key and _same_request(req, batch, same):
         # Refused (denied, expired): its row keeps no key; the same request asks again.
-        await endings.replay(call, batch, Replay(same.outcome, req.call_id, req.run_id))
+        await endings.replay(call, batch, Replay(same.outcome, req.call_id, req.run_id), authorized)
         return True
-    await endings.refuse_duplicate(req, batch, mark(Phase.QUEUED))
+    await endings.refuse_duplicate(req, batch, mark(Phase.QUEUED), authorized)
     return True
 
 

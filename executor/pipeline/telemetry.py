@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry.trace import Span
@@ -14,16 +14,14 @@ from execgate.executor.core.outcomes import Outcome
 from execgate.executor.telemetry.metrics import Metrics
 from execgate.executor.telemetry.tracing import CallFacts, Tracing
 
-from .calls import CallRequest
+from .calls import Approved, Authorized, CallRequest, Reached
 from .events import Batch
-from .inflight import Active
 
 log = logging.getLogger("execgate.dispatch")
 
 
 class CallTelemetry:
-    def __init__(self, active: Mapping[tuple[str, str], Active], root: str) -> None:
-        self._active = active
+    def __init__(self, root: str) -> None:
         self._root = root  # the workspace: resource keys are rendered against it
         # Set by the server; no-ops until then.
         self.tracing = Tracing(None)
@@ -34,13 +32,10 @@ class CallTelemetry:
         spans follow from `batch.on_finished`. The caller ends the span."""
         span = self.tracing.batch_span(metadata, batch.run_id, batch.batch_id, batch.agent, n)
 
-        def finished(req: CallRequest, outcome: Outcome) -> None:
-            # The call's record leaves the dispatcher when it ends: keep a reference.
-            active = self._active.get((req.run_id, req.call_id))
-            mine = active if active is not None and active.batch is batch else None
+        def finished(req: CallRequest, outcome: Outcome, reached: Reached) -> None:
             # After the FINISHED event is on its way: telemetry never delays an outcome.
             asyncio.get_running_loop().call_soon(
-                self._record, span, req, outcome, batch.agent, mine
+                self._record, span, req, outcome, batch.agent, reached
             )
 
         batch.on_finished = finished
@@ -51,26 +46,26 @@ class CallTelemetry:
         self.metrics.shutdown()
 
     def _record(
-        self, span: Span, req: CallRequest, outcome: Outcome, agent: str, active: Active | None
+        self, span: Span, req: CallRequest, outcome: Outcome, agent: str, reached: Reached
     ) -> None:
         try:
             facts = CallFacts(tool=req.tool, agent=agent)
-            if active is not None:
-                facts = _facts(facts, active, self._root)
+            if reached is not None:
+                facts = _facts(facts, reached, self._root)
             self.tracing.call_spans(span, req.run_id, req.call_id, outcome, facts)
             self.metrics.record(req.tool, outcome)
         except Exception:  # telemetry must never cost a call its outcome
             log.exception("telemetry of call %s failed", req.call_id)
 
 
-def _facts(facts: CallFacts, active: Active, root: str) -> CallFacts:
-    if active.effects is not None:
-        facts.resources = tuple((c.key.render(root), c.mode.value) for c in active.effects.claims)
-    facts.policy_span = active.policy_span
-    if active.decision is not None:
-        facts.policy_effect = active.decision.effect
-        facts.policy_rules = active.decision.rule_ids
-    a = active.approval
+def _facts(facts: CallFacts, reached: Authorized | Approved, root: str) -> CallFacts:
+    authorized = reached.authorized if isinstance(reached, Approved) else reached
+    a = reached.approval if isinstance(reached, Approved) else None
+    claims = authorized.valid.effects.claims
+    facts.resources = tuple((c.key.render(root), c.mode.value) for c in claims)
+    facts.policy_span = authorized.span
+    facts.policy_effect = authorized.record.effect
+    facts.policy_rules = authorized.record.rule_ids
     if a is not None:
         about = {
             "execgate.approval.id": a.id,

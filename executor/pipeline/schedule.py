@@ -1,0 +1,117 @@
+"""Schedule: an approved call waits for its locks, is journaled as started, runs, and
+its outcome is journaled, then reported.
+
+The intent is written only once the locks are granted, just before the tool starts:
+a call still queued when the daemon dies has no row and is known never to have
+started, so recovery never calls it UNKNOWN_OUTCOME.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+
+from execgate.executor.core.outcomes import ErrorClass, Mark, Outcome, Phase, mark, rejected
+from execgate.executor.journal.store import DuplicateCall, Journal
+from execgate.executor.locks import Abandoned, LockBackend, WaitInfo
+from execgate.executor.tools import CancelScope
+
+from .calls import Approved, CallRequest
+from .endings import Endings, record
+from .events import Batch, EventKind
+from .inflight import Active
+
+# Runs the tool of a call whose locks are held: its outcome (FINISHED marked) and raw
+# result, given the marks of its timeline so far.
+RunTool = Callable[[Approved, Batch, CancelScope, tuple[Mark, ...]], Awaitable[tuple[Outcome, str]]]
+
+
+class Scheduler:
+    def __init__(self, journal: Journal, locks: LockBackend, endings: Endings, root: str) -> None:
+        self.journal = journal
+        self._locks = locks
+        self._endings = endings
+        self._root = root  # the workspace: WAITING events render keys against it
+
+    async def schedule(
+        self, approved: Approved, batch: Batch, active: Active, queued: Mark, run: RunTool
+    ) -> Outcome:
+        """Wait for the locks, journal the intent, run, journal the outcome, report it."""
+        req, scope = approved.request, active.scope
+        waited: list[Mark] = []
+        try:
+            lease = await self._locks.acquire(
+                owner(req),
+                approved.valid.lock_plan,
+                cancel=scope.requested,
+                on_wait=lambda info: self._waiting(req, batch, info, waited),
+            )
+            batch.pass_turn(req.index)
+            async with lease:  # released on every exit path, a crashing tool included
+                marks = (queued, *waited, mark(Phase.LOCK_GRANTED))
+                if scope.requested.is_set():
+                    raise Abandoned(owner(req))
+                await self._intent(approved, queued, active)
+                outcome, raw = await self._started(approved, batch, scope, marks, run)
+        except Abandoned:
+            return await self._abandoned(approved, batch, scope, (queued, *waited))
+        except DuplicateCall:
+            return await self._endings.refuse_duplicate(req, batch, queued, approved)
+        # Recorded before it is reported: an outcome nobody can find later is never sent.
+        try:
+            await self.journal.record_outcome(
+                req.run_id, req.call_id, outcome, raw, durable=approved.valid.may_write
+            )
+        except DuplicateCall:  # a read-only call whose id was taken: it changed nothing
+            return await self._endings.refuse_duplicate(req, batch, queued, approved)
+        batch.emit(EventKind.FINISHED, req, outcome=outcome, reached=approved)
+        return outcome
+
+    def _waiting(self, req: CallRequest, batch: Batch, info: WaitInfo, waited: list[Mark]) -> None:
+        """Called once the call is in the lock queue behind others."""
+        batch.pass_turn(req.index)
+        keys = tuple(k.render(self._root) for k in info.keys)
+        waited.append(mark(Phase.WAITING, "behind " + ", ".join(info.blockers)))
+        batch.emit(EventKind.WAITING, req, waiting=(keys, info.blockers))
+
+    async def _intent(self, approved: Approved, queued: Mark, active: Active) -> None:
+        """Journal that the call starts (a writer's durably), then mark it started."""
+        call, req = approved.valid, approved.request
+        rec = record(req, active.batch.agent, call.request_hash, call.may_write, queued.at)
+        rec = replace(rec, decision=approved.authorized.record)
+        if call.may_write:
+            await self.journal.record_intent(rec)
+        else:
+            self.journal.record_intent_nowait(rec)
+        active.started = True
+
+    async def _started(
+        self,
+        approved: Approved,
+        batch: Batch,
+        scope: CancelScope,
+        marks: tuple[Mark, ...],
+        run: RunTool,
+    ) -> tuple[Outcome, str]:
+        if scope.requested.is_set():  # cancelled while its intent was written
+            why = ErrorClass.TIMEOUT if scope.timed_out else ErrorClass.CANCELLED
+            outcome = rejected(why, f"stopped before it started: {scope.reason}", "")
+            return outcome.with_marks(*marks, mark(Phase.CANCEL_REQUESTED)), ""
+        started = mark(Phase.STARTED)
+        batch.emit(EventKind.STARTED, approved.request)
+        return await run(approved, batch, scope, (*marks, started))
+
+    async def _abandoned(
+        self, approved: Approved, batch: Batch, scope: CancelScope, marks: tuple[Mark, ...]
+    ) -> Outcome:
+        """Stopped while it waited for its locks (or as they were granted)."""
+        why = ErrorClass.TIMEOUT if scope.timed_out else ErrorClass.CANCELLED
+        outcome = rejected(why, f"stopped before it started: {scope.reason}", "")
+        outcome = outcome.with_marks(*marks, mark(Phase.CANCEL_REQUESTED, scope.reason))
+        await self._endings.reject(approved.request, batch, outcome, reached=approved)
+        return outcome
+
+
+def owner(req: CallRequest) -> str:
+    """How a call is named in the lock table and in WAITING events."""
+    return f"{req.run_id}/{req.call_id}"
