@@ -206,7 +206,7 @@ class Dispatcher:
         except Exception as exc:
             # A bug before the call was registered (it never started): still an
             # outcome, journaled first, and the daemon keeps serving.
-            await self._endings.crashed(req, batch, queued, exc, False, None)
+            await self._endings.crashed(req, batch, queued, exc)
         finally:
             batch.pass_turn(req.index)  # however it ended, the next call may go
 
@@ -262,7 +262,7 @@ class Dispatcher:
         except Exception as exc:
             # A bug or a journal failure: the call still ends with the outcome that
             # can be vouched for (REJECTED: it never started), journaled first.
-            await self._endings.crashed(req, batch, queued, exc, False, reached)
+            await self._endings.crashed(req, batch, queued, exc, reached)
         return None
 
     @contextlib.asynccontextmanager
@@ -336,7 +336,7 @@ class Dispatcher:
         except Exception as exc:
             # A bug or a journal failure: the call still ends with the outcome that
             # can be vouched for (REJECTED if it never started), journaled first.
-            await self._endings.crashed(req, batch, queued, exc, active.started, approved)
+            await self._endings.crashed(req, batch, queued, exc, approved, started=active.started)
 
     async def _claimed(self, approved: Approved, batch: Batch, queued: Mark) -> bool:
         """Claim the call's idempotency key: False once the call has ended (its key holds

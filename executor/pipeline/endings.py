@@ -55,8 +55,9 @@ class Endings:
         batch: Batch,
         queued: Mark,
         exc: Exception,
-        started: bool,
-        reached: Reached,
+        reached: Reached = None,
+        *,
+        started: bool = False,
     ) -> None:
         """A bug inside the daemon ended the call. It is recorded as what can be vouched
         for (results.from_crash) and journaled before it is reported; if even the journal
