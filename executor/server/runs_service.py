@@ -9,14 +9,12 @@ FAILED_PRECONDITION (the events do not continue the run's history).
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
 import grpc
 
-from execgate.client.loop.results import LIMIT_KEYS
-from execgate.client.loop.states import State, Transition
+from execgate.client.loop.states import State
 from execgate.executor.core import clock
 from execgate.executor.core.errors import MalformedRequest
 from execgate.executor.core.fanout import Lagging
@@ -25,14 +23,14 @@ from execgate.executor.journal.store import CallFilter
 from execgate.executor.pipeline.dispatch import Dispatcher
 from execgate.executor.pipeline.inflight import CancelOrder, NotYours
 from execgate.executor.policy.scope import scope_of
-from execgate.executor.runs.registry import Closing, Refusal, RunRefused, RunStore, Update
+from execgate.executor.runs.registry import Closing, Refusal, RunRefused, RunStore
 from execgate.v1 import runs_pb2 as rpb
 from execgate.v1 import runs_pb2_grpc as rpb_grpc
 
 from . import wire, wirecheck
 from .auth import caller
 from .guard import CLASS_KEY, FIELD_KEY
-from .services import CANCELS_ANY, MAX_REASON_CHARS
+from .services import CANCELS_ANY
 
 _CODE = {
     Refusal.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
@@ -53,29 +51,16 @@ class RunsService(rpb_grpc.RunsServicer):
         self.dispatcher = dispatcher
 
     async def StartRun(self, request: rpb.StartRunRequest, context: Context) -> rpb.Run:
-        limits = {
-            k: wirecheck.non_negative(getattr(request.limits, k), f"limits.{k}")
-            for k in LIMIT_KEYS
-            if getattr(request.limits, k)
-        }
-        asked = Run(
-            run_id=request.run_id,
-            goal=request.goal,
-            owner=caller().name,
-            limits=limits,
-            model=request.model,
-            config_version=request.config_version,
-            labels=dict(request.labels),
-        )
+        asked = wire.run_request(request, owner=caller().name)
         try:
-            return run_msg(await self.store.start(asked))
+            return wire.run_msg(await self.store.start(asked))
         except RunRefused as exc:
             await _abort(context, exc)
 
     async def AppendEvents(self, request: rpb.AppendEventsRequest, context: Context) -> rpb.Run:
         try:
-            events = [_transition(request.run_id, i, e) for i, e in enumerate(request.events)]
-            return run_msg(await self.store.append(request.run_id, events, caller().name))
+            events = wire.transitions(request)
+            return wire.run_msg(await self.store.append(request.run_id, events, caller().name))
         except RunRefused as exc:
             await _abort(context, exc)
 
@@ -89,11 +74,7 @@ class RunsService(rpb_grpc.RunsServicer):
         calls, _ = await self.dispatcher.journal.list(
             CallFilter(run_id=run.run_id, limit=MAX_CALLS_SHOWN)
         )
-        return rpb.RunDetail(
-            run=run_msg(run),
-            events=[event_msg(e) for e in events],
-            calls=[wire.record(c) for c in reversed(calls)],
-        )
+        return wire.run_detail(run, events, reversed(calls))
 
     async def ListRuns(
         self, request: rpb.ListRunsRequest, context: Context
@@ -103,7 +84,7 @@ class RunsService(rpb_grpc.RunsServicer):
             raise MalformedRequest("out_of_range", "limit", "limit: must not be negative")
         scope = scope_of(caller(), self.dispatcher.policy)
         runs = await self.store.find(states, request.owner, request.limit, scope.agents)
-        return rpb.ListRunsResponse(runs=[run_msg(r) for r in runs])
+        return wire.runs(runs)
 
     async def _visible(self, run_id: str) -> Run:
         """The run, if the caller's scope holds its owner; else NOT_FOUND, as for a run
@@ -114,12 +95,9 @@ class RunsService(rpb_grpc.RunsServicer):
         return run
 
     async def CancelRun(self, request: rpb.CancelRunRequest, context: Context) -> rpb.Run:
-        if len(request.reason) > MAX_REASON_CHARS:
-            raise MalformedRequest(
-                "too_large", "reason", f"reason: longer than {MAX_REASON_CHARS} characters"
-            )
+        reason = wire.cancel_reason(request)
         who = caller()
-        ask = CancelAsk(who.name, request.reason or "cancelled", clock.now())
+        ask = CancelAsk(who.name, reason, clock.now())
         try:
             run = await self.store.get(request.run_id)
             if who.name != run.owner and not who.holds_any(CANCELS_ANY):
@@ -144,7 +122,7 @@ class RunsService(rpb_grpc.RunsServicer):
             await self.dispatcher.cancel(order)  # journaled first, then signalled
         except NotYours as exc:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
-        return run_msg(run)
+        return wire.run_msg(run)
 
     async def WatchRun(
         self, request: rpb.WatchRunRequest, context: Context
@@ -157,7 +135,7 @@ class RunsService(rpb_grpc.RunsServicer):
         try:
             async with contextlib.aclosing(updates):
                 async for update in updates:
-                    yield update_msg(update)
+                    yield wire.update_msg(update)
         except Closing as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         except Lagging as exc:
@@ -170,67 +148,3 @@ async def _abort(context: Context, exc: RunRefused) -> NoReturn:
     trailers = ((CLASS_KEY, exc.kind.value), (FIELD_KEY, exc.field))
     await context.abort(code, f"{exc.kind.value}: {where}{exc.message}", trailing_metadata=trailers)
     raise AssertionError("context.abort returned")
-
-
-def _transition(run_id: str, i: int, e: rpb.RunEvent) -> Transition:
-    at = wirecheck.timestamp(e.at, f"events[{i}].at") if e.HasField("at") else clock.now()
-    too_deep = MalformedRequest(
-        "too_deep",
-        f"events[{i}].data_json",
-        f"events[{i}].data_json: nested deeper than {wirecheck.MAX_JSON_DEPTH} levels",
-    )
-    try:
-        data = json.loads(e.data_json or "{}")
-        from_state, to_state = State(e.from_state), State(e.to_state)
-    except RecursionError:
-        raise too_deep from None
-    except ValueError as exc:
-        raise RunRefused(Refusal.MALFORMED, f"event seq {e.seq}: {exc}", "events") from None
-    if wirecheck.nested_deeper(data):
-        raise too_deep
-    if not isinstance(data, dict):
-        raise RunRefused(Refusal.MALFORMED, f"event seq {e.seq}: data_json not an object", "events")
-    return Transition(run_id, e.seq, at, from_state, to_state, e.reason, data)
-
-
-def run_msg(r: Run) -> rpb.Run:
-    msg = rpb.Run(
-        run_id=r.run_id,
-        goal=r.goal,
-        owner=r.owner,
-        limits=rpb.RunLimits(**{k: v for k, v in r.limits.items() if k in LIMIT_KEYS}),
-        model=r.model,
-        config_version=r.config_version,
-        labels=r.labels,
-        state=r.state,
-        terminal=r.terminal,
-        reason=r.reason,
-        last_seq=r.last_seq,
-        created_at=wire.timestamp(r.created_at),
-        updated_at=wire.timestamp(r.updated_at),
-    )
-    if r.cancel is not None:
-        msg.cancel.CopyFrom(_cancel_msg(r.cancel))
-    return msg
-
-
-def event_msg(e: Transition) -> rpb.RunEvent:
-    return rpb.RunEvent(
-        seq=e.seq,
-        at=wire.timestamp(e.at),
-        from_state=e.from_state.value,
-        to_state=e.to_state.value,
-        reason=e.reason,
-        data_json=json.dumps(e.data),
-    )
-
-
-def update_msg(u: Update) -> rpb.RunUpdate:
-    if u.event is not None:
-        return rpb.RunUpdate(event=event_msg(u.event))
-    assert u.cancel is not None
-    return rpb.RunUpdate(cancel=_cancel_msg(u.cancel))
-
-
-def _cancel_msg(c: CancelAsk) -> rpb.CancelRequestRecord:
-    return rpb.CancelRequestRecord(requester=c.requester, reason=c.reason, at=wire.timestamp(c.at))

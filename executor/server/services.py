@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -17,10 +17,9 @@ from execgate.executor.core import clock
 from execgate.executor.core.errors import MalformedRequest
 from execgate.executor.core.fanout import Lagging
 from execgate.executor.pipeline.approve import ApprovalError, Approvals, Refused
-from execgate.executor.pipeline.calls import CallRequest
 from execgate.executor.pipeline.dispatch import Dispatcher
 from execgate.executor.pipeline.events import Event, EventKind
-from execgate.executor.pipeline.inflight import SHARED_RUN, CancelOrder, NotYours
+from execgate.executor.pipeline.inflight import SHARED_RUN, NotYours
 from execgate.executor.pipeline.validate import MAX_ID_CHARS
 from execgate.executor.policy import Policy
 from execgate.executor.policy.explain import explain
@@ -30,19 +29,16 @@ from execgate.executor.policy.scope import scope_of
 from execgate.v1 import executor_pb2 as pb
 from execgate.v1 import executor_pb2_grpc as pb_grpc
 
-from . import wire, wirecheck
+from . import wire
 from .auth import caller
+from .wire import MAX_BATCH, BatchRequest
+from .wire import MAX_REASON_CHARS as MAX_REASON_CHARS  # the limit runs_service shares
 from .wirecheck import PageTokens
 
 log = logging.getLogger("execgate.server")
 
-MAX_BATCH = 1000
 # Who may explain another identity's calls (ExplainPolicy): those who read or decide them.
 _EXPLAINS_ANYONE = frozenset({Role.OPERATOR, Role.APPROVER, Role.ADMIN})
-# Longest cancel `reason` and `requester` taken (characters). They are kept in memory
-# while the run is barred (inflight.RunBar), in every stopped call's timeline and in
-# the journal, so a Cancel carrying megabytes of them is refused, naming the field.
-MAX_REASON_CHARS = 1024
 # Who may cancel anyone's calls; an agent cancels only its own.
 CANCELS_ANY = frozenset({Role.OPERATOR, Role.ADMIN})
 DEFAULT_RUN = SHARED_RUN
@@ -92,49 +88,47 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         request: pb.ListToolsRequest,
         context: grpc.aio.ServicerContext[pb.ListToolsRequest, pb.ListToolsResponse],
     ) -> pb.ListToolsResponse:
-        return pb.ListToolsResponse(
-            tools=[wire.tool_spec(t.spec) for t in self.dispatcher.tools.values()]
-        )
+        return wire.tools(t.spec for t in self.dispatcher.tools.values())
 
     async def Execute(
         self,
         request: pb.ExecuteRequest,
         context: grpc.aio.ServicerContext[pb.ExecuteRequest, pb.ExecuteEvent],
     ) -> AsyncIterator[pb.ExecuteEvent]:
-        run_id, batch_id, calls = await self._batch(request, context)
-        events = self.dispatcher.execute(
-            run_id,
-            batch_id,
-            calls,
-            agent=caller().name,
-            progress=not request.outcomes_only,
-            deadline=_deadline(request),
-            metadata=tuple(context.invocation_metadata() or ()),
-        )
-        unsent: list[Event] = []
-        async with contextlib.aclosing(events):
+        batch = self._batch(request)
+        progress = not batch.outcomes_only
+        async with contextlib.aclosing(self._execute(batch, context, progress)) as events:
             async for event in events:
-                if event.kind in _UNSENT:
-                    unsent.append(event)
-                else:
-                    yield wire.event(event)
-        if unsent:
-            await _abort_unsent(context, unsent)
+                yield wire.event(event)
 
     async def ExecuteBatch(
         self,
         request: pb.ExecuteRequest,
         context: grpc.aio.ServicerContext[pb.ExecuteRequest, pb.ExecuteResponse],
     ) -> pb.ExecuteResponse:
-        run_id, batch_id, calls = await self._batch(request, context)
-        finished: list[pb.ExecuteEvent] = [pb.ExecuteEvent()] * len(calls)
+        batch = self._batch(request)
+        finished: list[Event | None] = [None] * len(batch.calls)
+        async with contextlib.aclosing(self._execute(batch, context, False)) as events:
+            async for event in events:
+                finished[event.index] = event
+        return wire.batch_response(batch.batch_id, finished)
+
+    async def _execute(
+        self,
+        batch: BatchRequest,
+        context: grpc.aio.ServicerContext[pb.ExecuteRequest, Any],
+        progress: bool,
+    ) -> AsyncGenerator[Event, None]:
+        """Execute and ExecuteBatch: the batch's events as they happen. Those that end a
+        call without an outcome (DETACHED, UNRECORDED) are held back: once every call
+        has ended, the RPC ends with an error naming them."""
         events = self.dispatcher.execute(
-            run_id,
-            batch_id,
-            calls,
+            batch.run_id,
+            batch.batch_id,
+            batch.calls,
             agent=caller().name,
-            progress=False,
-            deadline=_deadline(request),
+            progress=progress,
+            deadline=batch.deadline,
             metadata=tuple(context.invocation_metadata() or ()),
         )
         unsent: list[Event] = []
@@ -143,20 +137,17 @@ class ExecutorService(pb_grpc.ExecutorServicer):
                 if event.kind in _UNSENT:
                     unsent.append(event)
                 else:
-                    finished[event.index] = wire.event(event)
+                    yield event
         if unsent:
             await _abort_unsent(context, unsent)
-        return pb.ExecuteResponse(batch_id=batch_id, outcomes=finished)
 
     async def Explain(
         self,
         request: pb.ExecuteRequest,
         context: grpc.aio.ServicerContext[pb.ExecuteRequest, pb.ExplainResponse],
     ) -> pb.ExplainResponse:
-        _, _, calls = await self._batch(request, context)
-        rows = await self.dispatcher.explain(calls, agent=caller().name)
-        root = str(self.dispatcher.workspace.root)
-        return pb.ExplainResponse(calls=[wire.call_plan(r, root) for r in rows])
+        rows = await self.dispatcher.explain(self._batch(request).calls, agent=caller().name)
+        return wire.plan(rows, str(self.dispatcher.workspace.root))
 
     async def ExplainPolicy(
         self,
@@ -183,69 +174,29 @@ class ExecutorService(pb_grpc.ExecutorServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return wire.explanation(explain(self.dispatcher.policy, call))
 
-    async def _batch(
-        self, request: pb.ExecuteRequest, context: grpc.aio.ServicerContext[pb.ExecuteRequest, Any]
-    ) -> tuple[str, str, list[CallRequest]]:
-        """The request's calls as the dispatcher takes them; aborts a malformed envelope."""
-        if len(request.calls) > MAX_BATCH:
-            raise MalformedRequest(
-                "too_large",
-                "calls",
-                f"calls: {len(request.calls)} calls; a batch holds at most {MAX_BATCH}",
-            )
-        if len(request.batch_id) > MAX_ID_CHARS:
-            raise MalformedRequest(
-                "too_large", "batch_id", f"batch_id: longer than {MAX_ID_CHARS} characters"
-            )
-        run_id = request.run_id or DEFAULT_RUN
-        batch_id = request.batch_id or self.dispatcher.new_id("batch")
-        calls = [
-            wire.call_request(
-                c,
-                run_id=run_id,
-                batch_id=batch_id,
-                index=i,
-                call_id=c.call_id or self.dispatcher.new_id("call"),
-            )
-            for i, c in enumerate(request.calls)
-        ]
-        return run_id, batch_id, calls
+    def _batch(self, request: pb.ExecuteRequest) -> BatchRequest:
+        """The request's calls as the dispatcher takes them; raises MalformedRequest."""
+        return wire.batch_request(request, default_run=DEFAULT_RUN, new_id=self.dispatcher.new_id)
 
     async def Cancel(
         self,
         request: pb.CancelRequest,
         context: grpc.aio.ServicerContext[pb.CancelRequest, pb.CancelResponse],
     ) -> pb.CancelResponse:
-        if not (request.run_id or request.call_id or request.batch_id):
-            raise MalformedRequest(
-                "missing", "call_id", "name a run_id, a call_id or a batch_id to cancel"
-            )
         at = clock.now()  # the moment of the request, before anything else happens
-        for name in ("reason", "requester"):
-            if len(getattr(request, name)) > MAX_REASON_CHARS:
-                raise MalformedRequest(
-                    "too_large", name, f"{name}: longer than {MAX_REASON_CHARS} characters"
-                )
-        grace = wirecheck.duration(request.grace, "grace") if request.HasField("grace") else None
-        # A call id is unique within its run (default: the implicit run); a batch or a
-        # run is a target by itself, so a batch in any run is reached without its run.
-        run_id = request.run_id or (DEFAULT_RUN if request.call_id else "")
         who = caller()
-        order = CancelOrder(
-            run_id=run_id,
-            call_id=request.call_id,
-            batch_id=request.batch_id,
-            reason=request.reason or "cancelled by client",
-            grace=grace,
-            requester=_requester(request.requester),
+        order = wire.cancel_order(
+            request,
             at=at,
+            default_run=DEFAULT_RUN,
+            caller=who.name,
             only_agent="" if who.holds_any(CANCELS_ANY) else who.name,
         )
         try:
             hit = await self.dispatcher.cancel(order)
         except NotYours as exc:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
-        return pb.CancelResponse(call_ids=hit)
+        return wire.cancelled(hit)
 
     async def GetCall(
         self,
@@ -281,7 +232,7 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         request: pb.ListCallsRequest,
         context: grpc.aio.ServicerContext[pb.ListCallsRequest, pb.ListCallsResponse],
     ) -> pb.ListCallsResponse:
-        query = _query(request, caller().name)
+        query = wire.page_query(request, caller().name)
         before = self.pages.open(request.page_token, query) if request.page_token else 0
         if request.limit < 0:
             raise MalformedRequest("out_of_range", "limit", "limit: must not be negative")
@@ -291,10 +242,7 @@ class ExecutorService(pb_grpc.ExecutorServicer):
             request, run_id=request.run_id, limit=limit, before_seq=before, agents=scope.agents
         )
         records, next_seq = await self.dispatcher.journal.list(flt)
-        return pb.ListCallsResponse(
-            calls=[wire.record(r) for r in records],
-            next_page_token=self.pages.issue(next_seq, query) if next_seq else "",
-        )
+        return wire.calls_page(records, self.pages.issue(next_seq, query) if next_seq else "")
 
 
 class ApprovalsService(pb_grpc.ApprovalsServicer):
@@ -308,8 +256,7 @@ class ApprovalsService(pb_grpc.ApprovalsServicer):
         request: pb.ListPendingRequest,
         context: grpc.aio.ServicerContext[pb.ListPendingRequest, pb.ListPendingResponse],
     ) -> pb.ListPendingResponse:
-        pending = await self.approvals.pending()
-        return pb.ListPendingResponse(approvals=[wire.approval(a) for a in pending])
+        return wire.approvals(await self.approvals.pending())
 
     async def List(
         self,
@@ -318,9 +265,7 @@ class ApprovalsService(pb_grpc.ApprovalsServicer):
     ) -> pb.ListPendingResponse:
         found = await self.approvals.of_run(request.run_id)
         scope = scope_of(caller(), self.policy(), approvals=True)
-        return pb.ListPendingResponse(
-            approvals=[wire.approval(a) for a in found if scope.allows(a.requester)]
-        )
+        return wire.approvals(a for a in found if scope.allows(a.requester))
 
     async def Watch(
         self,
@@ -350,24 +295,3 @@ class ApprovalsService(pb_grpc.ApprovalsServicer):
             log.warning("refused Decide of %s by %s: %s", request.approval_id, caller().name, err)
             await context.abort(_REFUSED[err.refused], err.message)
         return wire.approval(decided)
-
-
-def _requester(claimed: str) -> str:
-    """Who cancels: the authenticated caller; what the body claims is kept as a claim."""
-    name = caller().name
-    return f"{name} (says: {claimed})" if claimed and claimed != name else name
-
-
-def _deadline(request: pb.ExecuteRequest) -> float | None:
-    return (
-        wirecheck.timestamp(request.deadline, "deadline") if request.HasField("deadline") else None
-    )
-
-
-def _query(request: pb.ListCallsRequest, who: str) -> bytes:
-    """What a page token is bound to: the filter (not the page size) and the caller."""
-    shape = pb.ListCallsRequest()
-    shape.CopyFrom(request)
-    shape.ClearField("page_token")
-    shape.ClearField("limit")
-    return who.encode() + b"\0" + shape.SerializeToString(deterministic=True)

@@ -1,24 +1,46 @@
-"""Protobuf at the edge: `execgate.v1` messages to and from the daemon's dataclasses."""
+"""Protobuf at the edge: `execgate.v1` messages to and from the daemon's dataclasses.
+
+Every message the servicers (services.py, runs_service.py) take apart or send back is
+read or built here; inside the daemon only the dataclasses travel.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import cast
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from execgate.client.loop.results import LIMIT_KEYS
+from execgate.client.loop.states import State, Transition
+from execgate.executor.core import clock
+from execgate.executor.core.errors import MalformedRequest
 from execgate.executor.core.outcomes import ErrorClass, Outcome, Phase, Status, StopMode
+from execgate.executor.core.run import CancelAsk, Run
 from execgate.executor.journal.store import CallFilter, CallRecord
 from execgate.executor.locks import LockMode
 from execgate.executor.pipeline.approve import Approval, ApprovalState
 from execgate.executor.pipeline.calls import CallRequest
 from execgate.executor.pipeline.events import Event, EventKind, PlanRow
+from execgate.executor.pipeline.inflight import CancelOrder
+from execgate.executor.pipeline.validate import MAX_ID_CHARS
 from execgate.executor.policy import PolicyInput
 from execgate.executor.policy.explain import Explanation, RuleVerdict, canonical
+from execgate.executor.runs.registry import Refusal, RunRefused, Update
 from execgate.executor.tools import Mode, ToolSpec
 from execgate.v1 import executor_pb2 as pb
+from execgate.v1 import runs_pb2 as rpb
 
 from . import wirecheck
+
+# The most calls one Execute (or ExecuteBatch, Explain) request may carry.
+MAX_BATCH = 1000
+# Longest cancel `reason` and `requester` taken (characters). They are kept in memory
+# while the run is barred (inflight.RunBar), in every stopped call's timeline and in
+# the journal, so a Cancel carrying megabytes of them is refused, naming the field.
+MAX_REASON_CHARS = 1024
 
 # protoc's .pyi types an enum field as the enum class but its `Value()` as a plain int.
 _STATUS = {
@@ -334,3 +356,237 @@ def policy_input(
         argv=tuple(str(a) for a in argv) if isinstance(argv, list) else None,
         args=args,
     )
+
+
+# -- Executor: requests in ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchRequest:
+    """An Execute, ExecuteBatch or Explain request as the dispatcher takes it."""
+
+    run_id: str
+    batch_id: str
+    calls: list[CallRequest]
+    # The caller wants FINISHED events only.
+    outcomes_only: bool
+    # The run's deadline (wall clock), if the request set one.
+    deadline: float | None
+
+
+def batch_request(
+    request: pb.ExecuteRequest, *, default_run: str, new_id: Callable[[str], str]
+) -> BatchRequest:
+    """The request's calls, ids assigned (`new_id("batch")`, `new_id("call")`) where the
+    client left them out; a malformed envelope is a MalformedRequest naming the field."""
+    if len(request.calls) > MAX_BATCH:
+        raise MalformedRequest(
+            "too_large",
+            "calls",
+            f"calls: {len(request.calls)} calls; a batch holds at most {MAX_BATCH}",
+        )
+    if len(request.batch_id) > MAX_ID_CHARS:
+        raise MalformedRequest(
+            "too_large", "batch_id", f"batch_id: longer than {MAX_ID_CHARS} characters"
+        )
+    run_id = request.run_id or default_run
+    batch_id = request.batch_id or new_id("batch")
+    calls = [
+        call_request(
+            c, run_id=run_id, batch_id=batch_id, index=i, call_id=c.call_id or new_id("call")
+        )
+        for i, c in enumerate(request.calls)
+    ]
+    return BatchRequest(
+        run_id=run_id,
+        batch_id=batch_id,
+        calls=calls,
+        outcomes_only=request.outcomes_only,
+        deadline=_deadline(request),
+    )
+
+
+def _deadline(request: pb.ExecuteRequest) -> float | None:
+    if not request.HasField("deadline"):
+        return None
+    return wirecheck.timestamp(request.deadline, "deadline")
+
+
+def cancel_order(
+    request: pb.CancelRequest, *, at: float, default_run: str, caller: str, only_agent: str
+) -> CancelOrder:
+    """The order a Cancel request gives, made at `at` by `caller` (what the body claims
+    as requester is kept as a claim); a malformed request is a MalformedRequest."""
+    if not (request.run_id or request.call_id or request.batch_id):
+        raise MalformedRequest(
+            "missing", "call_id", "name a run_id, a call_id or a batch_id to cancel"
+        )
+    for name in ("reason", "requester"):
+        if len(getattr(request, name)) > MAX_REASON_CHARS:
+            raise MalformedRequest(
+                "too_large", name, f"{name}: longer than {MAX_REASON_CHARS} characters"
+            )
+    grace = wirecheck.duration(request.grace, "grace") if request.HasField("grace") else None
+    claimed = request.requester
+    # A call id is unique within its run (default: the implicit run); a batch or a
+    # run is a target by itself, so a batch in any run is reached without its run.
+    return CancelOrder(
+        run_id=request.run_id or (default_run if request.call_id else ""),
+        call_id=request.call_id,
+        batch_id=request.batch_id,
+        reason=request.reason or "cancelled by client",
+        grace=grace,
+        requester=f"{caller} (says: {claimed})" if claimed and claimed != caller else caller,
+        at=at,
+        only_agent=only_agent,
+    )
+
+
+def page_query(request: pb.ListCallsRequest, who: str) -> bytes:
+    """What a page token is bound to: the filter (not the page size) and the caller."""
+    shape = pb.ListCallsRequest()
+    shape.CopyFrom(request)
+    shape.ClearField("page_token")
+    shape.ClearField("limit")
+    return who.encode() + b"\0" + shape.SerializeToString(deterministic=True)
+
+
+# -- Executor: responses out --------------------------------------------------------------
+
+
+def tools(specs: Iterable[ToolSpec]) -> pb.ListToolsResponse:
+    return pb.ListToolsResponse(tools=[tool_spec(s) for s in specs])
+
+
+def batch_response(batch_id: str, finished: Sequence[Event | None]) -> pb.ExecuteResponse:
+    """ExecuteBatch's answer: each call's FINISHED event, in proposal order."""
+    return pb.ExecuteResponse(
+        batch_id=batch_id,
+        outcomes=[pb.ExecuteEvent() if e is None else event(e) for e in finished],
+    )
+
+
+def plan(rows: Iterable[PlanRow], root: str) -> pb.ExplainResponse:
+    return pb.ExplainResponse(calls=[call_plan(r, root) for r in rows])
+
+
+def cancelled(call_ids: list[str]) -> pb.CancelResponse:
+    return pb.CancelResponse(call_ids=call_ids)
+
+
+def calls_page(records: Iterable[CallRecord], next_page_token: str) -> pb.ListCallsResponse:
+    return pb.ListCallsResponse(calls=[record(r) for r in records], next_page_token=next_page_token)
+
+
+def approvals(found: Iterable[Approval]) -> pb.ListPendingResponse:
+    return pb.ListPendingResponse(approvals=[approval(a) for a in found])
+
+
+# -- Runs ---------------------------------------------------------------------------------
+
+
+def run_request(request: rpb.StartRunRequest, *, owner: str) -> Run:
+    """The run a StartRun asks for, owned by `owner`."""
+    limits = {
+        k: wirecheck.non_negative(getattr(request.limits, k), f"limits.{k}")
+        for k in LIMIT_KEYS
+        if getattr(request.limits, k)
+    }
+    return Run(
+        run_id=request.run_id,
+        goal=request.goal,
+        owner=owner,
+        limits=limits,
+        model=request.model,
+        config_version=request.config_version,
+        labels=dict(request.labels),
+    )
+
+
+def transitions(request: rpb.AppendEventsRequest) -> list[Transition]:
+    return [transition(request.run_id, i, e) for i, e in enumerate(request.events)]
+
+
+def transition(run_id: str, i: int, e: rpb.RunEvent) -> Transition:
+    at = wirecheck.timestamp(e.at, f"events[{i}].at") if e.HasField("at") else clock.now()
+    too_deep = MalformedRequest(
+        "too_deep",
+        f"events[{i}].data_json",
+        f"events[{i}].data_json: nested deeper than {wirecheck.MAX_JSON_DEPTH} levels",
+    )
+    try:
+        data = json.loads(e.data_json or "{}")
+        from_state, to_state = State(e.from_state), State(e.to_state)
+    except RecursionError:
+        raise too_deep from None
+    except ValueError as exc:
+        raise RunRefused(Refusal.MALFORMED, f"event seq {e.seq}: {exc}", "events") from None
+    if wirecheck.nested_deeper(data):
+        raise too_deep
+    if not isinstance(data, dict):
+        raise RunRefused(Refusal.MALFORMED, f"event seq {e.seq}: data_json not an object", "events")
+    return Transition(run_id, e.seq, at, from_state, to_state, e.reason, data)
+
+
+def cancel_reason(request: rpb.CancelRunRequest) -> str:
+    """Why a CancelRun stops the run; a reason over MAX_REASON_CHARS is malformed."""
+    if len(request.reason) > MAX_REASON_CHARS:
+        raise MalformedRequest(
+            "too_large", "reason", f"reason: longer than {MAX_REASON_CHARS} characters"
+        )
+    return request.reason or "cancelled"
+
+
+def run_msg(r: Run) -> rpb.Run:
+    msg = rpb.Run(
+        run_id=r.run_id,
+        goal=r.goal,
+        owner=r.owner,
+        limits=rpb.RunLimits(**{k: v for k, v in r.limits.items() if k in LIMIT_KEYS}),
+        model=r.model,
+        config_version=r.config_version,
+        labels=r.labels,
+        state=r.state,
+        terminal=r.terminal,
+        reason=r.reason,
+        last_seq=r.last_seq,
+        created_at=timestamp(r.created_at),
+        updated_at=timestamp(r.updated_at),
+    )
+    if r.cancel is not None:
+        msg.cancel.CopyFrom(_cancel_msg(r.cancel))
+    return msg
+
+
+def run_detail(
+    run: Run, events: Iterable[Transition], calls: Iterable[CallRecord]
+) -> rpb.RunDetail:
+    return rpb.RunDetail(
+        run=run_msg(run), events=[event_msg(e) for e in events], calls=[record(c) for c in calls]
+    )
+
+
+def runs(found: Iterable[Run]) -> rpb.ListRunsResponse:
+    return rpb.ListRunsResponse(runs=[run_msg(r) for r in found])
+
+
+def event_msg(e: Transition) -> rpb.RunEvent:
+    return rpb.RunEvent(
+        seq=e.seq,
+        at=timestamp(e.at),
+        from_state=e.from_state.value,
+        to_state=e.to_state.value,
+        reason=e.reason,
+        data_json=json.dumps(e.data),
+    )
+
+
+def update_msg(u: Update) -> rpb.RunUpdate:
+    if u.event is not None:
+        return rpb.RunUpdate(event=event_msg(u.event))
+    assert u.cancel is not None
+    return rpb.RunUpdate(cancel=_cancel_msg(u.cancel))
+
+
+def _cancel_msg(c: CancelAsk) -> rpb.CancelRequestRecord:
+    return rpb.CancelRequestRecord(requester=c.requester, reason=c.reason, at=timestamp(c.at))
