@@ -28,7 +28,7 @@ from execgate.executor.policy import Policy
 from execgate.executor.sandbox.registry import Sandboxes
 from execgate.executor.tools import CancelScope, Limits, Tool
 
-from . import admission, resend, results
+from . import admit, resend, results
 from .approve import Approval, Approvals, Detached, verdict
 from .authorize import Authorizer
 from .calls import Approved, Authorized, CallRequest, Reached
@@ -37,7 +37,7 @@ from .events import ENDS, Batch, Event, EventKind, PlanRow
 from .explain import plan
 from .idempotency import Idempotency
 from .inflight import Active, CancelOrder, InFlight
-from .runtool import call_limits, run_tool
+from .run import call_limits, run_tool
 from .schedule import Scheduler
 from .telemetry import CallTelemetry
 from .validate import Validator
@@ -278,7 +278,7 @@ class Dispatcher:
 
     def _may_start(self, req: CallRequest, batch: Batch) -> None:
         """Raise the REJECTED ToolError of a call that must not start now."""
-        refusal = admission.refusal(
+        refusal = admit.refusal(
             req.run_id,
             batch,
             closing=self._closing,
