@@ -1,5 +1,12 @@
-"""The call pipeline: validate, authorize, approve, idempotency, schedule, intent, run,
-record, report.
+"""The call pipeline: the orchestration of its stages, one module each.
+
+    validate -> ValidCall -> authorize -> Authorized -> approve -> Approved
+      -> admit (its turn in the batch, its idempotency key) -> schedule (locks, intent)
+      -> run (the tool) -> the outcome journaled, then reported
+
+Each stage takes the record the one before returned (calls.py); a call that ends on
+the way ends in `endings` (refused, replayed, a duplicate, a crash), with the
+furthest record it reached.
 
 One `Dispatcher` serves every Execute stream. Each call of a batch runs as its
 own task owned by the dispatcher (not by the RPC), so a client that disconnects
@@ -37,7 +44,7 @@ from .events import ENDS, Batch, Event, EventKind, PlanRow
 from .explain import plan
 from .idempotency import Idempotency
 from .inflight import Active, CancelOrder, InFlight
-from .run import call_limits, run_tool
+from .run import Runner
 from .schedule import Scheduler
 from .telemetry import CallTelemetry
 from .validate import Validator
@@ -70,7 +77,8 @@ class Dispatcher:
         self._idempotency = Idempotency(journal)
         self._endings = Endings(journal)
         self._locks = locks
-        self._scheduler = Scheduler(journal, locks, self._endings, str(workspace.root))
+        runner = Runner(self.authorizer, workspace, sandboxes, limits)
+        self._scheduler = Scheduler(journal, locks, self._endings, runner, str(workspace.root))
         self.sandboxes = sandboxes
         self._root = str(workspace.root)
         # Invariant: every task here is a call that has not yet recorded its outcome.
@@ -321,13 +329,13 @@ class Dispatcher:
         try:
             # Calls of a batch reach the lock queue in proposal order (Batch.turns).
             await batch.my_turn(req.index)
-            if req.idempotency_key and not await self._claimed(approved, batch, queued):
+            if req.idempotency_key and not await admit.claim(
+                approved, batch, queued, self._idempotency, self._endings
+            ):
                 return
             outcome: Outcome | BaseException = RuntimeError("call did not finish")
             try:
-                outcome = await self._scheduler.schedule(
-                    approved, batch, active, queued, self._run_tool
-                )
+                outcome = await self._scheduler.schedule(approved, batch, active, queued)
             finally:
                 if req.idempotency_key:
                     self._idempotency.release(batch.agent, req.idempotency_key, outcome)
@@ -337,44 +345,3 @@ class Dispatcher:
             # A bug or a journal failure: the call still ends with the outcome that
             # can be vouched for (REJECTED if it never started), journaled first.
             await self._endings.crashed(req, batch, queued, exc, approved, started=active.started)
-
-    async def _claimed(self, approved: Approved, batch: Batch, queued: Mark) -> bool:
-        """Claim the call's idempotency key: False once the call has ended (its key holds
-        an outcome, replayed, or belongs to a different request, refused)."""
-        call, req = approved.valid, approved.request
-        try:
-            replay = await self._idempotency.claim(
-                batch.agent,
-                req.idempotency_key,
-                call.request_hash,
-                req.run_id,
-                req.call_id,
-                on_join=lambda: batch.pass_turn(req.index),  # a joiner takes no locks
-            )
-        except ToolError as err:
-            outcome = results.from_error(err, (queued,))
-            await self._endings.reject(req, batch, outcome, reached=approved)
-            return False
-        if replay is not None:
-            await self._endings.replay(call, batch, replay, approved)
-            return False
-        return True
-
-    async def _run_tool(
-        self, approved: Approved, batch: Batch, scope: CancelScope, marks: tuple[Mark, ...]
-    ) -> tuple[Outcome, str]:
-        authorized = approved.authorized
-        set_by = self.policy.limits_for(authorized.policy_input)
-        limits, timeout = call_limits(self.limits, set_by, approved.valid, batch.deadline)
-        return await run_tool(
-            approved.valid,
-            workspace=self.workspace,
-            sandboxes=self.sandboxes,
-            limits=limits,
-            allowed_s=timeout,
-            scope=scope,
-            decided_on=authorized.policy_input,
-            readable=self.authorizer.readable(authorized),
-            hard_links=self.authorizer.hard_links(),
-            marks=marks,
-        )

@@ -1,5 +1,5 @@
-"""Running one admitted call's tool: its sandbox, limits and context, and the outcome
-made of whatever the tool returned or raised."""
+"""Run: one scheduled call's tool, in its sandbox, with its limits and context, and the
+outcome made of whatever the tool returned or raised."""
 
 from __future__ import annotations
 
@@ -18,9 +18,46 @@ from execgate.executor.sandbox.registry import Sandboxes
 from execgate.executor.tools import CancelScope, Limits, ToolContext
 
 from . import results
-from .calls import ValidCall
+from .authorize import Authorizer
+from .calls import Approved, ValidCall
 
 log = logging.getLogger("execgate.dispatch")
+
+
+class Runner:
+    """Runs approved calls' tools under the limits the policy in force sets for each."""
+
+    def __init__(
+        self, authorizer: Authorizer, workspace: Workspace, sandboxes: Sandboxes, limits: Limits
+    ) -> None:
+        self._authorizer = authorizer
+        self._workspace = workspace
+        self._sandboxes = sandboxes
+        self._limits = limits
+
+    async def run(
+        self,
+        approved: Approved,
+        deadline: float | None,
+        scope: CancelScope,
+        marks: tuple[Mark, ...],
+    ) -> tuple[Outcome, str]:
+        """The call's outcome (FINISHED marked) and raw result; `deadline`: its run's."""
+        authorized = approved.authorized
+        set_by = self._authorizer.policy.limits_for(authorized.policy_input)
+        limits, timeout = call_limits(self._limits, set_by, approved.valid, deadline)
+        return await run_tool(
+            approved.valid,
+            workspace=self._workspace,
+            sandboxes=self._sandboxes,
+            limits=limits,
+            allowed_s=timeout,
+            scope=scope,
+            decided_on=authorized.policy_input,
+            readable=self._authorizer.readable(authorized),
+            hard_links=self._authorizer.hard_links(),
+            marks=marks,
+        )
 
 
 async def run_tool(

@@ -8,7 +8,6 @@ started, so recovery never calls it UNKNOWN_OUTCOME.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from execgate.executor.core.outcomes import ErrorClass, Mark, Outcome, Phase, mark, rejected
@@ -20,21 +19,21 @@ from .calls import Approved, CallRequest
 from .endings import Endings, record
 from .events import Batch, EventKind
 from .inflight import Active
-
-# Runs the tool of a call whose locks are held: its outcome (FINISHED marked) and raw
-# result, given the marks of its timeline so far.
-RunTool = Callable[[Approved, Batch, CancelScope, tuple[Mark, ...]], Awaitable[tuple[Outcome, str]]]
+from .run import Runner
 
 
 class Scheduler:
-    def __init__(self, journal: Journal, locks: LockBackend, endings: Endings, root: str) -> None:
+    def __init__(
+        self, journal: Journal, locks: LockBackend, endings: Endings, runner: Runner, root: str
+    ) -> None:
         self.journal = journal
         self._locks = locks
         self._endings = endings
+        self._runner = runner
         self._root = root  # the workspace: WAITING events render keys against it
 
     async def schedule(
-        self, approved: Approved, batch: Batch, active: Active, queued: Mark, run: RunTool
+        self, approved: Approved, batch: Batch, active: Active, queued: Mark
     ) -> Outcome:
         """Wait for the locks, journal the intent, run, journal the outcome, report it."""
         req, scope = approved.request, active.scope
@@ -52,7 +51,7 @@ class Scheduler:
                 if scope.requested.is_set():
                     raise Abandoned(owner(req))
                 await self._intent(approved, queued, active)
-                outcome, raw = await self._started(approved, batch, scope, marks, run)
+                outcome, raw = await self._started(approved, batch, scope, marks)
         except Abandoned:
             return await self._abandoned(approved, batch, scope, (queued, *waited))
         except DuplicateCall:
@@ -91,7 +90,6 @@ class Scheduler:
         batch: Batch,
         scope: CancelScope,
         marks: tuple[Mark, ...],
-        run: RunTool,
     ) -> tuple[Outcome, str]:
         if scope.requested.is_set():  # cancelled while its intent was written
             why = ErrorClass.TIMEOUT if scope.timed_out else ErrorClass.CANCELLED
@@ -99,7 +97,7 @@ class Scheduler:
             return outcome.with_marks(*marks, mark(Phase.CANCEL_REQUESTED)), ""
         started = mark(Phase.STARTED)
         batch.emit(EventKind.STARTED, approved.request)
-        return await run(approved, batch, scope, (*marks, started))
+        return await self._runner.run(approved, batch.deadline, scope, (*marks, started))
 
     async def _abandoned(
         self, approved: Approved, batch: Batch, scope: CancelScope, marks: tuple[Mark, ...]
