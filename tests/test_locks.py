@@ -695,6 +695,7 @@ def test_public_names_are_frozen() -> None:
         "LockError",
         "LockManager",
         "LockMode",
+        "Mode",
         "NoLocks",
         "Snapshot",
         "WaitInfo",

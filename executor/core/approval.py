@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from execgate.executor.pipeline.calls import CallRequest
+from .requests import CallRequest
 
 
 class ApprovalState(enum.Enum):

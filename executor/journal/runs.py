@@ -133,3 +133,13 @@ def ended_runs(conn: sqlite3.Connection) -> dict[str, str]:
         terminal,
     )
     return dict(rows.fetchall())
+
+
+def agents_in(conn: sqlite3.Connection, run_id: str) -> set[str]:
+    """The identities with calls, or calls parked for approval, recorded in `run_id`."""
+    rows = conn.execute(
+        "SELECT agent FROM calls WHERE run_id = ?1 "
+        "UNION SELECT requester FROM approvals WHERE run_id = ?1",
+        (run_id,),
+    )
+    return {r[0] for r in rows}

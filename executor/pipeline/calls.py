@@ -7,24 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+__all__ = ["CallRequest", "ValidCall"]
+
+from execgate.executor.core.requests import CallRequest
 from execgate.executor.locks import Key, LockMode
 from execgate.executor.tools import Tool
 from execgate.executor.tools.effects import CallEffects
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CallRequest:
-    """One call exactly as the client proposed it (after wire decoding)."""
-
-    run_id: str
-    call_id: str
-    batch_id: str
-    index: int
-    tool: str
-    arguments_json: str
-    idempotency_key: str = ""
-    # Seconds; None when the client did not ask for a timeout.
-    timeout: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -13,10 +13,9 @@ from execgate.executor.core.outcomes import Outcome
 
 from .calls import CallRequest, ValidCall
 
-if TYPE_CHECKING:  # approve imports this module
+if TYPE_CHECKING:
+    from execgate.executor.core.approval import Approval
     from execgate.executor.policy import Decision
-
-    from .approve import Approval
 
 
 class EventKind(enum.Enum):

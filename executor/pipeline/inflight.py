@@ -15,16 +15,17 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from execgate.executor.core.requests import SHARED_RUN
+from execgate.executor.journal.runs import agents_in
 from execgate.executor.journal.store import Journal, PolicyRecord
 from execgate.executor.policy import PolicyInput
 from execgate.executor.sandbox.ladder import CancelScope
 
 from .events import Batch
 
-if TYPE_CHECKING:  # approve imports the dispatcher's modules
+if TYPE_CHECKING:
+    from execgate.executor.core.approval import Approval
     from execgate.executor.tools.effects import CallEffects
-
-    from .approve import Approval
 
 
 @dataclass(slots=True)
@@ -76,10 +77,6 @@ class RunBar:
     at: float
     reason: str
     requester: str
-
-
-# The run calls without a run id belong to (services.DEFAULT_RUN).
-SHARED_RUN = "default"
 
 
 class NotYours(Exception):
@@ -174,16 +171,6 @@ def _not_owner(conn: sqlite3.Connection, run_id: str, agent: str) -> str:
         return "nothing is recorded in it (start runs with Runs.StartRun to own them)"
     others = sorted(agents - {agent})
     return f"it has calls by {', '.join(others)}" if others else ""
-
-
-def agents_in(conn: sqlite3.Connection, run_id: str) -> set[str]:
-    """The identities with calls, or calls parked for approval, recorded in `run_id`."""
-    rows = conn.execute(
-        "SELECT agent FROM calls WHERE run_id = ?1 "
-        "UNION SELECT requester FROM approvals WHERE run_id = ?1",
-        (run_id,),
-    )
-    return {r[0] for r in rows}
 
 
 def _insert_cancel(conn: sqlite3.Connection, order: CancelOrder) -> None:

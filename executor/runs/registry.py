@@ -29,11 +29,11 @@ from execgate.client.loop.states import TERMINAL, Machine, State, Transition
 from execgate.executor.core import clock
 from execgate.executor.core.errors import ExecgateError
 from execgate.executor.core.fanout import Closed, Fanout, Lagging
+from execgate.executor.core.requests import MAX_ID_CHARS, SHARED_RUN
 from execgate.executor.core.run import CancelAsk, Run
 from execgate.executor.journal import runs as store
+from execgate.executor.journal.runs import agents_in
 from execgate.executor.journal.store import Journal
-from execgate.executor.pipeline.inflight import SHARED_RUN, agents_in
-from execgate.executor.pipeline.validate import MAX_ID_CHARS
 
 MAX_DATA_BYTES = 1 << 20
 MAX_GOAL_BYTES = 64 * 1024

@@ -20,6 +20,7 @@ from execgate.client.loop.states import State, Transition
 from execgate.executor.core import clock
 from execgate.executor.core.errors import MalformedRequest
 from execgate.executor.core.fanout import Lagging
+from execgate.executor.core.requests import MAX_JSON_DEPTH, nested_deeper
 from execgate.executor.core.run import CancelAsk, Run
 from execgate.executor.journal.store import CallFilter
 from execgate.executor.pipeline.dispatch import Dispatcher
@@ -177,7 +178,7 @@ def _transition(run_id: str, i: int, e: rpb.RunEvent) -> Transition:
     too_deep = MalformedRequest(
         "too_deep",
         f"events[{i}].data_json",
-        f"events[{i}].data_json: nested deeper than {wirecheck.MAX_JSON_DEPTH} levels",
+        f"events[{i}].data_json: nested deeper than {MAX_JSON_DEPTH} levels",
     )
     try:
         data = json.loads(e.data_json or "{}")
@@ -186,7 +187,7 @@ def _transition(run_id: str, i: int, e: rpb.RunEvent) -> Transition:
         raise too_deep from None
     except ValueError as exc:
         raise RunRefused(Refusal.MALFORMED, f"event seq {e.seq}: {exc}", "events") from None
-    if wirecheck.nested_deeper(data):
+    if nested_deeper(data):
         raise too_deep
     if not isinstance(data, dict):
         raise RunRefused(Refusal.MALFORMED, f"event seq {e.seq}: data_json not an object", "events")

@@ -16,12 +16,12 @@ import grpc
 from execgate.executor.core import clock
 from execgate.executor.core.errors import MalformedRequest
 from execgate.executor.core.fanout import Lagging
+from execgate.executor.core.requests import MAX_ID_CHARS, SHARED_RUN
 from execgate.executor.pipeline.approve import ApprovalError, Approvals, Refused
 from execgate.executor.pipeline.calls import CallRequest
 from execgate.executor.pipeline.dispatch import Dispatcher
 from execgate.executor.pipeline.events import Event, EventKind
-from execgate.executor.pipeline.inflight import SHARED_RUN, CancelOrder, NotYours
-from execgate.executor.pipeline.validate import MAX_ID_CHARS
+from execgate.executor.pipeline.inflight import CancelOrder, NotYours
 from execgate.executor.policy import Policy
 from execgate.executor.policy.explain import explain
 from execgate.executor.policy.identity import Role

@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
+from execgate.executor.locks import Mode
 from execgate.executor.sandbox.ladder import CancelScope
 
-from .base import (
-    Limits,
-    Mode,
-    ResourceKind,
-    ResourceTemplate,
-    Tool,
-    ToolContext,
-    ToolOutput,
-    ToolSpec,
-)
+from .base import Limits, ResourceKind, ResourceTemplate, Tool, ToolContext, ToolOutput, ToolSpec
 from .command import RunCommand
 from .files import EditFile, ListDir, ReadFile, WriteFile
 from .search import Search

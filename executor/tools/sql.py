@@ -38,21 +38,15 @@ from execgate.executor.core.outcomes import ErrorClass, Evidence, Mark, Phase, S
 from execgate.executor.core.paths import Workspace
 
 # A module import: sqlanalysis imports tools.base, so either side may load first.
+from execgate.executor.locks import Mode
+
 from . import sqlanalysis, sqlconfine, sqlexec
 
 if TYPE_CHECKING:
     from .effects import CallEffects
 from execgate.executor.core import clock
 
-from .base import (
-    Mode,
-    ResourceKind,
-    ResourceTemplate,
-    ToolContext,
-    ToolOutput,
-    ToolSpec,
-    schema,
-)
+from .base import ResourceKind, ResourceTemplate, ToolContext, ToolOutput, ToolSpec, schema
 
 MAX_QUERY_CHARS = 1024 * 1024
 _HEX = {

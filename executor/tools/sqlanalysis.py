@@ -31,7 +31,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.tokens import TokenType  # type: ignore[attr-defined]
 
-from .base import Mode
+from execgate.executor.locks import Mode
 
 # sqlglot logs the text of statements it cannot fully parse; tool arguments are
 # never logged.
