@@ -44,9 +44,14 @@ install: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 
+# ruff (lint and format) and the import contracts of pyproject.toml's [tool.importlinter]:
+# the daemon's rooms import only downward, no cycles, the client and the daemon apart.
+# .pre-commit-config.yaml runs the same three.
 lint: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,dev]'
 	$(BIN)/ruff check executor client tests bench
+	$(BIN)/ruff format --check executor client tests bench
+	$(BIN)/lint-imports
 
 # mypy checks the import names, so it runs from a tree of symlinks named like them
 # (pyproject.toml maps the folders onto execgate.*). Generated execgate.v1 is not checked.
