@@ -44,7 +44,8 @@ def generate_protos() -> None:
     ]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed for " + " ".join(protos))
-    (PACKAGE_DIR / "__init__.py").write_text('"""Generated from proto/execgate/v1. Do not edit."""\n')
+    init = '"""Generated from proto/execgate/v1. Do not edit."""\n'
+    (PACKAGE_DIR / "__init__.py").write_text(init)
 
 
 # -- the run-state machine ------------------------------------------------------------
@@ -131,6 +132,13 @@ def _strs(mapping: dict[str, str], key: str = "{!r}") -> list[str]:
     return [f"        {key.format(k)}: {v!r}," for k, v in mapping.items()]
 
 
+_EXPORTS = [
+    *("DAEMON_HINTS", "FALLBACK_HINTS", "LIMIT_KEYS", "LIVE", "REFUSAL_HINTS", "RESUME_INTO"),
+    *("STATUS_HINTS", "STOPS", "STOP_PRIORITY", "SUSPENDED", "TERMINAL", "TRANSITIONS"),
+    *("Refusal", "State"),
+]
+
+
 def render_runstates(doc: dict[str, Any]) -> str:
     """The Python module of `doc`: enums, frozensets and read-only mappings, typed."""
     table = _expand(doc)
@@ -153,13 +161,7 @@ def render_runstates(doc: dict[str, Any]) -> str:
         "from typing import Final",
         "",
         "__all__ = [",
-        *(
-            f'    "{n}",'
-            for n in (
-                "DAEMON_HINTS FALLBACK_HINTS LIMIT_KEYS LIVE REFUSAL_HINTS RESUME_INTO "
-                "STATUS_HINTS STOPS STOP_PRIORITY SUSPENDED TERMINAL TRANSITIONS Refusal State"
-            ).split()
-        ),
+        *(f'    "{n}",' for n in _EXPORTS),
         "]",
         "",
         "",
@@ -177,7 +179,7 @@ def render_runstates(doc: dict[str, Any]) -> str:
         '    """Why the loop refused a call itself; the call never reached the daemon."""',
         "",
     ]
-    for name, refusal in refusals.items():
+    for name in refusals:
         out += _comment(doc["refusals"][name], "    ")
         out.append(f"    {_member(name)} = {name!r}")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+
 from execgate.v1.runstates import DAEMON_HINTS, FALLBACK_HINTS, REFUSAL_HINTS, STATUS_HINTS, Refusal
 
 from ..types import Outcome, Status
