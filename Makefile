@@ -27,7 +27,8 @@ test-image: $(STAMP)
 
 # The TypeScript client (client/typescript): install from its lockfile, generate the
 # protobuf code and src/gen/runstates.ts from proto/ and compile, then its tests
-# (node --test) against real daemons from this venv. pytest then runs tests/test_cross_language.py on the build.
+# (node --test) against real daemons from this venv. pytest then runs
+# tests/test_cross_language.py and tests/test_runstates.py on the build.
 TS := client/typescript
 
 test-ts: $(STAMP)
