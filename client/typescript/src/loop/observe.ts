@@ -1,7 +1,7 @@
 /**
  * What the model sees of each tool call: a bounded text that keeps the outcome's
  * meaning, with a short hint saying what kind of next move makes sense
- * (client/loop/observe.py; the same hints, word for word).
+ * (client/loop/observe.py; the hints come from the same data file, runstates.json).
  */
 
 import * as data from "../gen/runstates.js";
