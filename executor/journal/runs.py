@@ -6,9 +6,9 @@ import json
 import sqlite3
 from typing import Any
 
-from execgate.client.loop.states import TERMINAL, State, Transition
 from execgate.executor.core import clock
 from execgate.executor.core.run import CancelAsk, Run
+from execgate.executor.core.runstate import TERMINAL, State, Transition
 
 _RUN_COLUMNS = (
     "run_id, goal, owner, limits_json, model, config_version, labels_json, state, reason, "

@@ -2,9 +2,9 @@
 
 The client moves its state machine; the daemon keeps the moves, in order, and
 refuses any that would corrupt the record. Appended events are checked with the
-same transition table the Python loop uses (`execgate.client.loop.states`), so a
-client in another language cannot write a history the Python loop could not
-replay. A run's row and its events change in one transaction.
+transition table every loop is generated from (proto/execgate/v1/runstates.json,
+read through `core.runstate`), so a client in any language cannot write a history
+the Python loop could not replay. A run's row and its events change in one transaction.
 
 Refusals are typed (`RunRefused.kind`): not_found, exists, forbidden, gap,
 duplicate, discontinuous, illegal, ended, malformed. A terminal run refuses
@@ -24,13 +24,12 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from dataclasses import dataclass, field, replace
 
-from execgate.client.loop.errors import BrokenHistory
-from execgate.client.loop.states import TERMINAL, Machine, State, Transition
 from execgate.executor.core import clock
 from execgate.executor.core.errors import ExecgateError
 from execgate.executor.core.fanout import Closed, Fanout, Lagging
 from execgate.executor.core.requests import MAX_ID_CHARS, SHARED_RUN
 from execgate.executor.core.run import CancelAsk, Run
+from execgate.executor.core.runstate import TERMINAL, BrokenHistory, History, State, Transition
 from execgate.executor.journal import runs as store
 from execgate.executor.journal.runs import agents_in
 from execgate.executor.journal.store import Journal
@@ -50,7 +49,7 @@ class Refusal(enum.StrEnum):
     ENDED = "ended"
     # Someone asked the run to stop: it may end, but not as `completed`.
     CANCEL_REQUESTED = "cancel_requested"
-    # Breakage kinds of a history that does not fit (client.loop.errors.Breakage).
+    # Breakage kinds of a history that does not fit (core.runstate.Breakage).
     GAP = "gap"
     DUPLICATE = "duplicate"
     DISCONTINUOUS = "discontinuous"
@@ -86,7 +85,7 @@ class RunStore:
         self.owners: dict[str, str] = journal.query_now(store.owners)
         # The state machines of runs appended to lately (replayed from the journal
         # when missing): at most MAX_MACHINES, least recently used dropped first.
-        self._machines: OrderedDict[str, Machine] = OrderedDict()
+        self._machines: OrderedDict[str, History] = OrderedDict()
         # Invariant: a run id is here exactly while a WatchRun stream of it is served.
         self._watchers: dict[str, Fanout[Update]] = {}
         # Invariant: a run id is here exactly while an append or cancel of it holds or
@@ -225,13 +224,13 @@ class RunStore:
         for fanout in self._watchers.values():
             fanout.close("the daemon is stopping")
 
-    async def _machine(self, run_id: str) -> Machine:
+    async def _machine(self, run_id: str) -> History:
         found = self._machines.get(run_id)
         if found is None:
-            found = Machine.replay(run_id, await self.events(run_id))
+            found = History.replay(run_id, await self.events(run_id))
         return found
 
-    def _keep(self, run_id: str, machine: Machine) -> None:
+    def _keep(self, run_id: str, machine: History) -> None:
         """Remember `run_id`'s machine (an ended run's is never needed again)."""
         if machine.state in TERMINAL:
             self._machines.pop(run_id, None)

@@ -15,13 +15,12 @@ from typing import Any, NoReturn
 
 import grpc
 
-from execgate.client.loop.results import LIMIT_KEYS
-from execgate.client.loop.states import State, Transition
 from execgate.executor.core import clock
 from execgate.executor.core.errors import MalformedRequest
 from execgate.executor.core.fanout import Lagging
 from execgate.executor.core.requests import MAX_JSON_DEPTH, nested_deeper
 from execgate.executor.core.run import CancelAsk, Run
+from execgate.executor.core.runstate import LIMIT_KEYS, State, Transition
 from execgate.executor.journal.store import CallFilter
 from execgate.executor.pipeline.dispatch import Dispatcher
 from execgate.executor.pipeline.inflight import CancelOrder, NotYours
