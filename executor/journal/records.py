@@ -1,0 +1,76 @@
+"""What the journal records, as the rooms above see it (no SQL, no connection)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from execgate.executor.core.errors import ExecgateError
+from execgate.executor.core.outcomes import Outcome, Status
+
+
+class DuplicateCall(ExecgateError):
+    """The (run_id, call_id) pair is already in the journal."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRecord:
+    """The policy decision a call got: what, by which rules, under which file revision."""
+
+    effect: str
+    rule_ids: tuple[str, ...]
+    revision: str
+    # Rules in shadow mode that matched (logged, not enforced), as "id:effect".
+    shadow: tuple[str, ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "effect": self.effect,
+                "rules": self.rule_ids,
+                "revision": self.revision,
+                "shadow": self.shadow,
+            },
+            separators=(",", ":"),
+        )
+
+    @staticmethod
+    def from_json(text: str) -> PolicyRecord:
+        d = json.loads(text)
+        return PolicyRecord(d["effect"], tuple(d["rules"]), d["revision"], tuple(d["shadow"]))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallRecord:
+    run_id: str
+    call_id: str
+    batch_id: str
+    tool: str
+    arguments_json: str
+    request_hash: str
+    idempotency_key: str
+    agent: str
+    may_write: bool
+    created_at: float
+    # None while the call is running.
+    outcome: Outcome | None = None
+    replay_of: str = ""
+    raw_result: str = ""
+    decision: PolicyRecord | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallFilter:
+    run_id: str = ""
+    statuses: tuple[Status, ...] = ()
+    tool: str = ""
+    since: float | None = None
+    until: float | None = None
+    # Only finished calls whose outcome was recorded at or after this time.
+    finished_since: float | None = None
+    limit: int = 100
+    # Only records with seq below this (paging, newest first); 0 = no bound.
+    before_seq: int = 0
+    # Only calls made by agents matching these names or * ? globs, or made in runs
+    # such agents own (scope.Scope); None = all.
+    agents: tuple[str, ...] | None = None
