@@ -74,3 +74,56 @@ class CallFilter:
     # Only calls made by agents matching these names or * ? globs, or made in runs
     # such agents own (scope.Scope); None = all.
     agents: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelRecord:
+    """One Cancel request as the journal keeps it. Without call_id and batch_id it
+    cancels its whole run (the run is barred: no later call of it starts)."""
+
+    at: float
+    requester: str
+    reason: str
+    run_id: str
+    batch_id: str = ""
+    call_id: str = ""
+    grace: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunClaim:
+    """Who may speak for a run id: the owner of its runs row (None if it was never
+    started with StartRun) and every identity with calls, or calls parked for
+    approval, recorded under it."""
+
+    owner: str | None
+    agents: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class RunConflict:
+    """Why a run could not be started under its id: it exists already, or `others`
+    (identities other than its owner) have calls recorded under it."""
+
+    exists: bool = False
+    others: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpanRecord:
+    """One finished OpenTelemetry span, as the journal keeps it (ids in hex, times in
+    epoch seconds, attributes and events as JSON)."""
+
+    trace_id: str
+    span_id: str
+    # "" for a root span.
+    parent_id: str
+    name: str
+    start: float
+    end: float
+    status: str
+    # From the span's execgate.run_id / execgate.call_id attributes ("" if none).
+    run_id: str
+    call_id: str
+    attributes_json: str
+    events_json: str
