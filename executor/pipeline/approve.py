@@ -1,15 +1,16 @@
 """Approvals: a call a policy `ask` rule decided waits here for a human.
 
-One approval is one row of the journal's `approvals` table:
+One approval is one record of the journal's approval store (`ApprovalStore`):
 
     pending ──Decide(approve)──> approved   the call joins the lock queue and runs
        ├──────Decide(deny)─────> denied     the call is REJECTED (approval_denied)
        └──ttl / cancel / stop──> expired    the call is REJECTED (approval_expired,
                                             or cancelled / timeout when it was stopped)
 
-Every transition is one conditional UPDATE (`WHERE state='pending'`) committed with
-fsync, so a decision and an expiry racing each other cannot both win, and nothing is
-reported (to the parked call or to watchers) before it is on disk.
+Every transition is one conditional write (`ApprovalStore.transition`: only from
+pending) committed with fsync, so a decision and an expiry racing each other cannot
+both win, and nothing is reported (to the parked call or to watchers) before it is
+on disk.
 
 A parked call holds no resource locks: the dispatcher parks it before it joins the
 lock queue.
