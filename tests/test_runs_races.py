@@ -12,7 +12,6 @@ import pytest
 
 from execgate.client.loop.states import Machine, State
 from execgate.executor.core.run import CancelAsk, Run
-from execgate.executor.journal.approvals import insert
 from execgate.executor.journal.store import Journal
 from execgate.executor.pipeline.approve import Approval, Approvals, ApprovalState
 from execgate.executor.policy.identity import Identity, Role
@@ -42,7 +41,7 @@ def test_a_cancel_racing_the_final_append_never_leaves_a_completed_run_with_a_ca
         return final.state, final.cancel is not None
 
     async def main() -> list[tuple[str, bool]]:
-        store = RunStore(Journal(tmp_path / "j.db"))
+        store = RunStore(Journal(tmp_path / "j.db").runs)
         return [await one(store, i) for i in range(30)]
 
     for state, cancelled in asyncio.run(main()):
@@ -55,7 +54,7 @@ def test_a_watcher_sees_the_terminal_event_even_when_the_run_ends_mid_history(
     tmp_path: Path,
 ) -> None:
     async def main() -> list[str]:
-        store = RunStore(Journal(tmp_path / "j.db"))
+        store = RunStore(Journal(tmp_path / "j.db").runs)
         run = await store.start(Run(run_id="", goal="g", owner="bot"))
         m = Machine(run.run_id)
         await store.append(run.run_id, [m.advance(State.REQUESTING_MODEL, "go")], "bot")
@@ -78,7 +77,7 @@ def test_a_watcher_sees_the_terminal_event_even_when_the_run_ends_mid_history(
 @pytest.mark.parametrize("run_id", ["default", "x" * 300])
 def test_the_shared_run_and_overlong_ids_cannot_be_started(tmp_path: Path, run_id: str) -> None:
     async def main() -> RunRefused:
-        store = RunStore(Journal(tmp_path / "j.db"))
+        store = RunStore(Journal(tmp_path / "j.db").runs)
         with pytest.raises(RunRefused) as refused:
             await store.start(Run(run_id=run_id, goal="g", owner="bob"))
         return refused.value
@@ -93,7 +92,7 @@ def test_an_approval_decided_before_the_reparked_call_waits_is_not_waited_for_fo
 ) -> None:
     async def main() -> ApprovalState:
         journal = Journal(tmp_path / "j.db")
-        approvals = Approvals(journal)
+        approvals = Approvals(journal.approvals)
         now = time.time()
         left = Approval(
             id="appr_x", run_id="r", call_id="c", batch_id="b", tool="run_command",
@@ -101,7 +100,7 @@ def test_an_approval_decided_before_the_reparked_call_waits_is_not_waited_for_fo
             approvers=("approver",), created_at=now, expires_at=now + 0.5,
             state=ApprovalState.PENDING,
         )  # fmt: skip
-        await journal.write(lambda c: insert(c, left, None), durable=True)
+        await journal.approvals.insert(left, None)
         # The restarted daemon read `left` as pending; a Decide lands before the
         # re-parked call reaches its wait.
         alice = Identity(name="alice", roles=frozenset({Role.APPROVER}))

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 from execgate.executor.core.errors import ToolError
 from execgate.executor.core.outcomes import ErrorClass, Mark, Outcome, Phase, mark, rejected
 from execgate.executor.core.paths import Workspace
-from execgate.executor.journal.store import DuplicateCall, Journal
+from execgate.executor.journal.base import JournalStore
+from execgate.executor.journal.store import DuplicateCall
 from execgate.executor.locks import Abandoned, LockBackend, WaitInfo
 from execgate.executor.policy import Decision, Policy
 from execgate.executor.sandbox.registry import Sandboxes
@@ -52,7 +53,7 @@ class Dispatcher:
         self,
         *,
         tools: dict[str, Tool],
-        journal: Journal,
+        journal: JournalStore,
         policy: Policy,
         workspace: Workspace,
         limits: Limits,
@@ -73,8 +74,8 @@ class Dispatcher:
         self._root = str(workspace.root)
         # Invariant: every task here is a call that has not yet recorded its outcome.
         self._tasks: set[asyncio.Task[None]] = set()
-        self._inflight = InFlight(journal)
-        self.approvals = Approvals(journal)
+        self._inflight = InFlight(journal.cancels, journal.runs)
+        self.approvals = Approvals(journal.approvals)
         self._active = self._inflight.calls
         # Set by close(): calls that arrive afterwards are REJECTED, never started.
         self._closing = False

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 from execgate.executor.core import clock
 from execgate.executor.core.outcomes import ErrorClass, Mark, Outcome, Phase, mark, rejected
-from execgate.executor.journal.store import CallRecord, DuplicateCall, Journal, PolicyRecord
+from execgate.executor.journal.base import CallStore
+from execgate.executor.journal.store import CallRecord, DuplicateCall, PolicyRecord
 
 from . import results
 from .calls import CallRequest, ValidCall
@@ -27,7 +28,7 @@ log = logging.getLogger("execgate.dispatch")
 
 
 class Endings:
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: CallStore) -> None:
         self.journal = journal
 
     async def reject(

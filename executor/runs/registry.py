@@ -19,7 +19,6 @@ import copy
 import enum
 import json
 import secrets
-import sqlite3
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from dataclasses import dataclass, field, replace
@@ -30,9 +29,7 @@ from execgate.executor.core.fanout import Closed, Fanout, Lagging
 from execgate.executor.core.requests import MAX_ID_CHARS, SHARED_RUN
 from execgate.executor.core.run import CancelAsk, Run
 from execgate.executor.core.runstate import TERMINAL, BrokenHistory, History, State, Transition
-from execgate.executor.journal import runs as store
-from execgate.executor.journal.runs import agents_in
-from execgate.executor.journal.store import Journal
+from execgate.executor.journal.base import RunRecordStore
 
 MAX_DATA_BYTES = 1 << 20
 MAX_GOAL_BYTES = 64 * 1024
@@ -77,12 +74,12 @@ class Update:
 
 
 class RunStore:
-    def __init__(self, journal: Journal) -> None:
-        self.journal = journal
+    def __init__(self, records: RunRecordStore) -> None:
+        self.records = records
         # run id -> terminal state, for the dispatcher (no tool call of an ended run).
-        self.ended: dict[str, str] = journal.query_now(store.ended_runs)
+        self.ended: dict[str, str] = records.ended()
         # run id -> owner, for the dispatcher: only the owner's calls join a started run.
-        self.owners: dict[str, str] = journal.query_now(store.owners)
+        self.owners: dict[str, str] = records.owners()
         # The state machines of runs appended to lately (replayed from the journal
         # when missing): at most MAX_MACHINES, least recently used dropped first.
         self._machines: OrderedDict[str, History] = OrderedDict()
@@ -104,38 +101,35 @@ class RunStore:
         )
         _check_id(run.run_id)
 
-        def insert(conn: sqlite3.Connection) -> str:
-            # A run id other identities have used is theirs too: starting it would let
-            # one agent claim (and then cancel) another's calls.
-            others = sorted(agents_in(conn, run.run_id) - {run.owner})
-            if others:
-                return f"run {run.run_id!r} already has calls by {', '.join(others)}"
-            return "" if store.insert_run(conn, run) else f"run {run.run_id!r} exists already"
-
-        why = await self.journal.write(insert, durable=True)
-        if why:
-            kind = Refusal.EXISTS if why.endswith("exists already") else Refusal.FORBIDDEN
-            raise RunRefused(kind, why, "run_id")
+        # A run id other identities have used is theirs too: starting it would let
+        # one agent claim (and then cancel) another's calls (the store checks that).
+        conflict = await self.records.insert(run)
+        if conflict is not None and conflict.others:
+            why = f"run {run.run_id!r} already has calls by {', '.join(conflict.others)}"
+            raise RunRefused(Refusal.FORBIDDEN, why, "run_id")
+        if conflict is not None:
+            raise RunRefused(Refusal.EXISTS, f"run {run.run_id!r} exists already", "run_id")
         self.owners[run.run_id] = run.owner
         return run
 
     async def get(self, run_id: str) -> Run:
-        found = await self.journal.read(lambda c: store.run_rows(c, "WHERE run_id = ?", (run_id,)))
-        if not found:
+        found = await self.records.get(run_id)
+        if found is None:
             raise RunRefused(Refusal.NOT_FOUND, f"no run {run_id!r}", "run_id")
-        return found[0]
+        return found
 
     async def events(self, run_id: str, after_seq: int = 0) -> list[Transition]:
-        return await self.journal.read(lambda c: store.event_rows(c, run_id, after_seq))
+        return await self.records.events(run_id, after_seq)
 
     async def find(
         self, states: Iterable[str], owner: str, limit: int, owners: tuple[str, ...] | None = None
     ) -> list[Run]:
-        where, params = store.list_filter(list(states), owner, owners)
-        params.append(max(1, min(limit or 100, 1000)))
-        return await self.journal.read(
-            lambda c: store.run_rows(c, f"{where} ORDER BY created_at DESC LIMIT ?", tuple(params))
-        )
+        wanted = list(states)
+        if "active" in wanted:  # every state a run can still leave
+            wanted = [s for s in wanted if s != "active"] + [
+                s.value for s in State if s not in TERMINAL
+            ]
+        return await self.records.find(wanted, owner, max(1, min(limit or 100, 1000)), owners)
 
     async def append(self, run_id: str, events: list[Transition], who: str) -> Run:
         """Check `events` against the run's history and store all of them, or none."""
@@ -160,9 +154,7 @@ class RunStore:
                 except BrokenHistory as exc:
                     raise RunRefused(Refusal(exc.kind.value), str(exc), "events") from None
             last = events[-1] if events else None
-            updated = await self.journal.write(
-                lambda c: store.insert_events(c, run_id, events), durable=True
-            )
+            updated = await self.records.append(run_id, events)
             self._keep(run_id, machine)
         if last is not None and last.to_state in TERMINAL:
             self.ended[run_id] = last.to_state.value
@@ -177,9 +169,7 @@ class RunStore:
         async with self._lock(run_id):
             run = await self.get(run_id)
             if run.cancel is None and not run.terminal:
-                run = await self.journal.write(
-                    lambda c: store.set_cancel(c, run_id, ask), durable=True
-                )
+                run = await self.records.request_cancel(run_id, ask)
                 self._publish(run_id, Update(cancel=ask))
         return run
 
@@ -279,6 +269,3 @@ def _check_id(run_id: str) -> None:
 def _check_text(text: str, cap: int, field_name: str) -> None:
     if len(text.encode()) > cap:
         raise RunRefused(Refusal.MALFORMED, f"{field_name}: more than {cap} bytes", field_name)
-
-
-# -- SQL ------------------------------------------------------------------------------
