@@ -215,7 +215,7 @@ class RunStore:
                     if update.event.to_state in TERMINAL:
                         return
         except Lagging as exc:
-            raise Lagging(f"{exc}; resume with after_seq={sent}") from None
+            raise Lagging(exc.backlog, f"resume with after_seq={sent}") from None
         finally:
             fanout.unsubscribe(watcher)
             if not fanout:
