@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from execgate.executor.pipeline.calls import CallRequest
 
+from .errors import ExecgateError
+
 
 class ApprovalState(enum.Enum):
     PENDING = "pending"
@@ -54,7 +56,7 @@ class Approval:
         )
 
 
-class Detached(Exception):
+class Detached(ExecgateError):
     """The daemon is stopping while the call awaits approval: the approval stays
     pending and the next daemon resumes the call; this one stops following it."""
 

@@ -39,6 +39,11 @@ T = TypeVar("T")
 class DuplicateCall(ExecgateError):
     """The (run_id, call_id) pair is already in the journal."""
 
+    def __init__(self, run_id: str, call_id: str) -> None:
+        super().__init__(f"call_id {call_id!r} is already used in run {run_id!r}")
+        self.run_id = run_id
+        self.call_id = call_id
+
 
 @dataclass(frozen=True, slots=True)
 class PolicyRecord:
@@ -147,7 +152,7 @@ class Journal:
                 (clock.now(), outcome.status.value, outcome_to_json(outcome), raw, run_id, call_id),
             ).rowcount
             if updated != 1:  # our intent never landed: the id belongs to another call
-                raise DuplicateCall(f"call_id {call_id!r} is already used in run {run_id!r}")
+                raise DuplicateCall(run_id, call_id)
 
         await self._writer.submit(write, durable=durable)
 
@@ -291,9 +296,7 @@ def _insert(conn: sqlite3.Connection, rec: CallRecord, outcome: Outcome | None, 
         )
     except sqlite3.IntegrityError as exc:
         if "calls.run_id, calls.call_id" in str(exc):
-            raise DuplicateCall(
-                f"call_id {rec.call_id!r} is already used in run {rec.run_id!r}"
-            ) from exc
+            raise DuplicateCall(rec.run_id, rec.call_id) from exc
         raise
 
 

@@ -58,7 +58,11 @@ class Refusal(enum.StrEnum):
 
 
 class Closing(ExecgateError):
-    """The daemon is stopping: a WatchRun stream ends before its run did."""
+    """The daemon is stopping: a WatchRun stream of `run_id` ends before its run did."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"the daemon is stopping; run {run_id!r} is still open")
+        self.run_id = run_id
 
 
 class RunRefused(ExecgateError):
@@ -206,7 +210,7 @@ class RunStore:
                 try:
                     update = await watcher.get()
                 except Closed:
-                    raise Closing(f"the daemon is stopping; run {run_id!r} is still open") from None
+                    raise Closing(run_id) from None
                 if update.event is not None and update.event.seq <= sent:
                     continue  # read from the table already
                 yield update
