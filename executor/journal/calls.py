@@ -52,7 +52,7 @@ class SqliteCalls:
                 (clock.now(), outcome.status.value, outcome_to_json(outcome), raw, run_id, call_id),
             ).rowcount
             if updated != 1:  # our intent never landed: the id belongs to another call
-                raise DuplicateCall(f"call_id {call_id!r} is already used in run {run_id!r}")
+                raise DuplicateCall(run_id, call_id)
 
         await self._db.write(write, durable=durable)
 
@@ -148,9 +148,7 @@ def _insert(conn: sqlite3.Connection, rec: CallRecord, outcome: Outcome | None, 
         )
     except sqlite3.IntegrityError as exc:
         if "calls.run_id, calls.call_id" in str(exc):
-            raise DuplicateCall(
-                f"call_id {rec.call_id!r} is already used in run {rec.run_id!r}"
-            ) from exc
+            raise DuplicateCall(rec.run_id, rec.call_id) from exc
         raise
 
 

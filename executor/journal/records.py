@@ -12,6 +12,11 @@ from execgate.executor.core.outcomes import Outcome, Status
 class DuplicateCall(ExecgateError):
     """The (run_id, call_id) pair is already in the journal."""
 
+    def __init__(self, run_id: str, call_id: str) -> None:
+        super().__init__(f"call_id {call_id!r} is already used in run {run_id!r}")
+        self.run_id = run_id
+        self.call_id = call_id
+
 
 @dataclass(frozen=True, slots=True)
 class PolicyRecord:

@@ -14,6 +14,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from execgate.executor.core.errors import ExecgateError
 from execgate.executor.core.requests import SHARED_RUN
 from execgate.executor.journal.base import CancelStore, RunRecordStore
 from execgate.executor.journal.records import CancelRecord, RunClaim
@@ -79,8 +80,13 @@ class RunBar:
     requester: str
 
 
-class NotYours(Exception):
-    """A caller who may stop only its own calls named someone else's."""
+class NotYours(ExecgateError):
+    """A caller who may stop only its own calls (`agent`) named someone else's."""
+
+    def __init__(self, agent: str, message: str) -> None:
+        super().__init__(message)
+        self.agent = agent
+        self.message = message
 
 
 class InFlight:
@@ -130,14 +136,15 @@ class InFlight:
         others = sorted({a.batch.agent for a in targets} - {me})
         if others:
             raise NotYours(
+                me,
                 f"{me} may cancel only its own calls; the target includes calls by "
-                f"{', '.join(others)} (an operator or admin may cancel them)"
+                f"{', '.join(others)} (an operator or admin may cancel them)",
             )
         if order.whole_run:
             # Barring a run stops its future calls too: the run must be the caller's.
             why = _not_owner(await self.runs.claim(order.run_id), order.run_id, me)
             if why:
-                raise NotYours(f"{me} may not cancel run {order.run_id!r}: {why}")
+                raise NotYours(me, f"{me} may not cancel run {order.run_id!r}: {why}")
 
     def cancel_all(self, reason: str) -> None:
         for active in list(self.calls.values()):

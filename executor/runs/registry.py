@@ -54,7 +54,11 @@ class Refusal(enum.StrEnum):
 
 
 class Closing(ExecgateError):
-    """The daemon is stopping: a WatchRun stream ends before its run did."""
+    """The daemon is stopping: a WatchRun stream of `run_id` ends before its run did."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"the daemon is stopping; run {run_id!r} is still open")
+        self.run_id = run_id
 
 
 class RunRefused(ExecgateError):
@@ -195,7 +199,7 @@ class RunStore:
                 try:
                     update = await watcher.get()
                 except Closed:
-                    raise Closing(f"the daemon is stopping; run {run_id!r} is still open") from None
+                    raise Closing(run_id) from None
                 if update.event is not None and update.event.seq <= sent:
                     continue  # read from the table already
                 yield update
@@ -204,7 +208,7 @@ class RunStore:
                     if update.event.to_state in TERMINAL:
                         return
         except Lagging as exc:
-            raise Lagging(f"{exc}; resume with after_seq={sent}") from None
+            raise Lagging(exc.backlog, f"resume with after_seq={sent}") from None
         finally:
             fanout.unsubscribe(watcher)
             if not fanout:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from execgate.executor.core import ranges
+from execgate.executor.core.errors import ExecgateError
 
 # Every process a call starts carries this variable (unless it clears its own
 # environment): the last-resort sweep and the tests find a call's processes by it.
@@ -98,8 +99,12 @@ class Probe:
     detail: str
 
 
-class SandboxError(Exception):
-    """The sandbox could not start the call (not: the call failed)."""
+class SandboxError(ExecgateError):
+    """The sandbox could not start the call (not: the call failed); `message` says why."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 class Running(Protocol):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc
 
@@ -31,15 +31,9 @@ from execgate.v1 import runs_pb2_grpc as rpb_grpc
 
 from . import wire, wirecheck
 from .auth import caller
-from .guard import CLASS_KEY, FIELD_KEY
 from .services import CANCELS_ANY, MAX_REASON_CHARS
+from .status import abort_for
 
-_CODE = {
-    Refusal.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    Refusal.EXISTS: grpc.StatusCode.ALREADY_EXISTS,
-    Refusal.FORBIDDEN: grpc.StatusCode.PERMISSION_DENIED,
-    Refusal.MALFORMED: grpc.StatusCode.INVALID_ARGUMENT,
-}
 MAX_CALLS_SHOWN = 1000
 # What ListRuns `states` may hold: the loop's states, and "active" (every non-terminal one).
 RUN_STATES = frozenset({"active", *(s.value for s in State)})
@@ -70,20 +64,20 @@ class RunsService(rpb_grpc.RunsServicer):
         try:
             return run_msg(await self.store.start(asked))
         except RunRefused as exc:
-            await _abort(context, exc)
+            await abort_for(context, exc)
 
     async def AppendEvents(self, request: rpb.AppendEventsRequest, context: Context) -> rpb.Run:
         try:
             events = [_transition(request.run_id, i, e) for i, e in enumerate(request.events)]
             return run_msg(await self.store.append(request.run_id, events, caller().name))
         except RunRefused as exc:
-            await _abort(context, exc)
+            await abort_for(context, exc)
 
     async def GetRun(self, request: rpb.GetRunRequest, context: Context) -> rpb.RunDetail:
         try:
             run = await self._visible(request.run_id)
         except RunRefused as exc:
-            await _abort(context, exc)
+            await abort_for(context, exc)
         events = await self.store.events(run.run_id)
         # Every call of a run the caller may see (its owner's, and refusals of others').
         calls, _ = await self.dispatcher.journal.list(
@@ -131,7 +125,7 @@ class RunsService(rpb_grpc.RunsServicer):
                 )
             run = await self.store.request_cancel(run.run_id, ask)
         except RunRefused as exc:
-            await _abort(context, exc)
+            await abort_for(context, exc)
         order = CancelOrder(
             run_id=run.run_id,
             reason=ask.reason,
@@ -143,7 +137,7 @@ class RunsService(rpb_grpc.RunsServicer):
         try:
             await self.dispatcher.cancel(order)  # journaled first, then signalled
         except NotYours as exc:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+            await abort_for(context, exc)
         return run_msg(run)
 
     async def WatchRun(
@@ -152,24 +146,14 @@ class RunsService(rpb_grpc.RunsServicer):
         try:
             await self._visible(request.run_id)
         except RunRefused as exc:
-            await _abort(context, exc)
+            await abort_for(context, exc)
         updates = self.store.watch(request.run_id, request.after_seq)
         try:
             async with contextlib.aclosing(updates):
                 async for update in updates:
                     yield update_msg(update)
-        except Closing as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        except Lagging as exc:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-
-
-async def _abort(context: Context, exc: RunRefused) -> NoReturn:
-    code = _CODE.get(exc.kind, grpc.StatusCode.FAILED_PRECONDITION)
-    where = f"{exc.field}: " if exc.field and not exc.message.startswith(exc.field) else ""
-    trailers = ((CLASS_KEY, exc.kind.value), (FIELD_KEY, exc.field))
-    await context.abort(code, f"{exc.kind.value}: {where}{exc.message}", trailing_metadata=trailers)
-    raise AssertionError("context.abort returned")
+        except (Closing, Lagging) as exc:
+            await abort_for(context, exc)
 
 
 def _transition(run_id: str, i: int, e: rpb.RunEvent) -> Transition:

@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 
 import regex
 
-from execgate.executor.core.errors import ToolError, invalid
+from execgate.executor.core.errors import ExecgateError, ToolError, invalid
 from execgate.executor.core.outcomes import ErrorClass, Evidence, Phase, StopMode, mark
 from execgate.executor.core.regexbound import check_pattern
 from execgate.executor.locks import Mode
@@ -210,7 +210,7 @@ class _Walk:
         yield path, fd
 
 
-class _Cancelled(Exception):
+class _Cancelled(ExecgateError):
     """The call's cancel scope fired; raised inside the worker thread."""
 
 
