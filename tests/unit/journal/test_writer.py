@@ -1,5 +1,5 @@
-"""Unit tests of the daemon's logic that need no daemon: lock, group commit, bounding,
-argument parsing, policy loading, and the client's public surface."""
+"""SqliteWriter: group commit, the inline fast path, cancelled submits, failed commits and
+checkpoints, on real SQLite files."""
 
 from __future__ import annotations
 
@@ -11,23 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
-import execgate.client
-from execgate.executor.core.errors import PolicyError, ToolError
-from execgate.executor.core.outcomes import ErrorClass, Status
 from execgate.executor.journal.writer import SqliteWriter
-from execgate.executor.pipeline import results
-from execgate.executor.pipeline.validate import parse_arguments
-from execgate.executor.policy import Effect, PolicyInput, default_policy_path, load_policy
 
 
 def run_async(fn: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(asyncio.wait_for(fn(), timeout=10))  # type: ignore[arg-type]
-
-
-# ---------------------------------------------------------------- SqliteWriter
 
 
 def _writer(path: Path) -> tuple[SqliteWriter, list[str]]:
@@ -192,278 +181,6 @@ def test_writer_submit_sync(tmp_path: Path) -> None:
     assert _count(db) == [5]
 
 
-# ---------------------------------------------------------------- results.bound
-
-
-def test_bound_examples() -> None:
-    assert results.bound("hello", 10) == ("hello", False, 5)
-    assert results.bound("hello", 5) == ("hello", False, 5)
-    assert results.bound("hello", 4) == ("hell", True, 4)
-    # "é" is 2 bytes, "€" 3, "😀" 4: never half a character.
-    assert results.bound("éé", 3) == ("é", True, 2)
-    assert results.bound("€€", 5) == ("€", True, 3)
-    assert results.bound("a😀", 4) == ("a", True, 1)
-    assert results.bound("😀", 3) == ("", True, 0)
-    assert results.bound("", 0) == ("", False, 0)
-    assert results.bound("x", 0) == ("", True, 0)
-
-
-@given(st.text(alphabet=st.characters(exclude_categories=("Cs",))), st.integers(0, 200))
-def test_bound_properties(text: str, cap: int) -> None:
-    cut, truncated, returned = results.bound(text, cap)
-    data = cut.encode("utf-8")
-    assert len(data) <= cap
-    assert returned == len(data)
-    assert text.startswith(cut)
-    assert truncated == (len(text.encode("utf-8")) > cap)
-    if truncated:  # maximal: the next character would not have fit
-        nxt = text[len(cut)]
-        assert len(data) + len(nxt.encode("utf-8")) > cap
-    else:
-        assert cut == text
-
-
-# ---------------------------------------------------------------- parse_arguments
-
-
-def _rejected(text: str, max_bytes: int = 1000) -> ToolError:
-    with pytest.raises(ToolError) as info:
-        parse_arguments(text, max_bytes)
-    assert info.value.status is Status.REJECTED
-    return info.value
-
-
-@pytest.mark.parametrize("text", ["", "   ", "\n\t"])
-def test_parse_arguments_empty_is_empty_object(text: str) -> None:
-    assert parse_arguments(text, 100) == {}
-
-
-def test_parse_arguments_object() -> None:
-    assert parse_arguments('{"a": [1, {"b": null}], "c": "é"}', 100) == {
-        "a": [1, {"b": None}],
-        "c": "é",
-    }
-
-
-@pytest.mark.parametrize("text", ["[]", "1", '"x"', "null", "true", "[{}]"])
-def test_parse_arguments_not_an_object(text: str) -> None:
-    err = _rejected(text)
-    assert err.error_class is ErrorClass.INVALID_ARGUMENT
-    assert err.field == "arguments_json"
-    assert "object" in err.message
-
-
-@pytest.mark.parametrize("text", ["{", '{"a": 1,}', "{'a': 1}", '{"a": 1} x', "nope"])
-def test_parse_arguments_not_json(text: str) -> None:
-    err = _rejected(text)
-    assert err.error_class is ErrorClass.INVALID_ARGUMENT
-    assert err.field == "arguments_json"
-
-
-def test_parse_arguments_duplicate_keys_refused() -> None:
-    err = _rejected('{"path": "a", "path": "b"}')
-    assert err.field == "arguments_json"
-    assert "duplicate key 'path'" in err.message
-
-
-def test_parse_arguments_nested_duplicate_keys_refused() -> None:
-    err = _rejected('{"env": {"A": "1", "A": "2"}}')
-    assert "duplicate key 'A'" in err.message
-
-
-@pytest.mark.parametrize("const", ["NaN", "Infinity", "-Infinity"])
-def test_parse_arguments_non_json_constants_refused(const: str) -> None:
-    err = _rejected(f'{{"x": {const}}}')
-    assert err.error_class is ErrorClass.INVALID_ARGUMENT
-    assert const.lstrip("-") in err.message
-
-
-def test_parse_arguments_deep_nesting_is_rejected_not_a_crash() -> None:
-    depth = 100_000
-    err = _rejected('{"a": ' + "[" * depth + "]" * depth + "}", max_bytes=10 * depth)
-    assert err.error_class is ErrorClass.INVALID_ARGUMENT
-
-
-def test_parse_arguments_size_counts_utf8_bytes() -> None:
-    text = '{"a": "' + "é" * 10 + '"}'  # 19 characters, 29 bytes
-    assert len(text) == 19
-    assert len(text.encode()) == 29
-    assert parse_arguments(text, 29) == {"a": "é" * 10}
-    err = _rejected(text, max_bytes=28)
-    assert err.error_class is ErrorClass.RESOURCE_EXHAUSTED
-    assert err.field == "arguments_json"
-    assert "29 bytes" in err.message
-    assert "28" in err.message
-
-
-# ---------------------------------------------------------------- policy
-
-
-def _policy(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "policy.yaml"
-    path.write_text(text)
-    return path
-
-
-ALLOW_THEN_DENY = """
-version: 1
-default: allow
-rules:
-  - {id: allow-run, effect: allow, tools: [run_command], reason: ok}
-  - {id: deny-run, effect: deny, tools: ["run_*"], reason: no commands}
-"""
-DENY_THEN_ALLOW = """
-version: 1
-default: allow
-rules:
-  - {id: deny-run, effect: deny, tools: ["run_*"], reason: no commands}
-  - {id: allow-run, effect: allow, tools: [run_command], reason: ok}
-"""
-
-
-@pytest.mark.parametrize("text", [ALLOW_THEN_DENY, DENY_THEN_ALLOW])
-def test_policy_deny_beats_allow_in_any_order(tmp_path: Path, text: str) -> None:
-    policy = load_policy(_policy(tmp_path, text))
-    decision = policy.decide(PolicyInput(tool="run_command"))
-    assert decision.effect is Effect.DENY
-    assert decision.rule_ids == ("deny-run",)
-    assert decision.reason == "no commands"
-    assert policy.decide(PolicyInput(tool="read_file")).effect is Effect.ALLOW  # the file's default
-
-
-def test_policy_default_is_deny(tmp_path: Path) -> None:
-    policy = load_policy(
-        _policy(
-            tmp_path,
-            """
-version: 1
-rules:
-  - {id: reads, effect: allow, tools: [read_file]}
-""",
-        )
-    )
-    assert policy.decide(PolicyInput(tool="read_file")).effect is Effect.ALLOW
-    decision = policy.decide(PolicyInput(tool="write_file"))
-    assert decision.effect is Effect.DENY
-    assert decision.rule_ids == ()
-
-
-def test_shipped_policy_allows_builtins_and_denies_the_rest() -> None:
-    policy = load_policy(default_policy_path())
-    for tool in (
-        "read_file",
-        "write_file",
-        "edit_file",
-        "list_dir",
-        "search",
-        "run_command",
-        "noop",
-    ):
-        assert policy.decide(PolicyInput(tool=tool)).effect is Effect.ALLOW, tool
-    assert policy.decide(PolicyInput(tool="delete_everything")).effect is Effect.DENY
-
-
-@pytest.mark.parametrize(
-    ("text", "key"),
-    [
-        ("version: 1\ndefualt: allow\n", "defualt"),
-        ("version: 1\nrules:\n  - {id: a, effect: allow, tools: [x], tool: y}\n", "tool"),
-        ("version: 1\nrules:\n  - {id: a, effect: allow, tools: [x], unless: always}\n", "unless"),
-    ],
-)
-def test_policy_unknown_key_refused_by_name(tmp_path: Path, text: str, key: str) -> None:
-    path = _policy(tmp_path, text)
-    with pytest.raises(PolicyError) as info:
-        load_policy(path)
-    assert repr(key) in str(info.value)
-    assert str(path) in str(info.value)
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "version: 2\n",
-        "- a\n- b\n",
-        "version: 1\ndefault: maybe\n",
-        "version: 1\nrules: {a: 1}\n",
-        "version: 1\nrules:\n  - {id: a, effect: allow}\n",
-        "version: 1\nrules:\n  - {id: a, effect: allow, tools: [x]}\n"
-        "  - {id: a, effect: deny, tools: [y]}\n",
-        "version: 1\nrules: [\n",
-    ],
-)
-def test_policy_malformed_refused(tmp_path: Path, text: str) -> None:
-    with pytest.raises(PolicyError):
-        load_policy(_policy(tmp_path, text))
-
-
-def test_policy_missing_file_refused(tmp_path: Path) -> None:
-    with pytest.raises(PolicyError, match="cannot read policy"):
-        load_policy(tmp_path / "absent.yaml")
-
-
-# ---------------------------------------------------------------- the client's surface
-
-
-def test_client_public_names_are_frozen() -> None:
-    """Changing the public surface of `execgate.client` must be a deliberate act."""
-    assert execgate.client.__all__ == [
-        "Approval",
-        "ApprovalNotPending",
-        "ApprovalState",
-        "AsyncClient",
-        "Call",
-        "CallNotFound",
-        "CallPlan",
-        "CallRecord",
-        "CancelNotice",
-        "Client",
-        "DaemonUnavailable",
-        "Event",
-        "EventKind",
-        "Evidence",
-        "ExecgateClientError",
-        "Loop",
-        "LoopResult",
-        "Mark",
-        "Outcome",
-        "PermissionDenied",
-        "PolicyDecision",
-        "RequestError",
-        "RunDetail",
-        "RunInfo",
-        "RunNotFound",
-        "RunRefused",
-        "Runs",
-        "SoFar",
-        "Status",
-        "StopMode",
-        "TlsConfig",
-        "ToolSpec",
-        "Unauthenticated",
-        "Verdict",
-    ]
-    for name in execgate.client.__all__:
-        assert getattr(execgate.client, name) is not None
-    namespace: dict[str, Any] = {}
-    exec("from execgate.client import *", namespace)
-    assert set(namespace) - {"__builtins__"} == set(execgate.client.__all__)
-
-
-def test_client_does_not_import_the_daemon() -> None:
-    import subprocess
-    import sys
-
-    code = (
-        "import sys, execgate.client; "
-        "print(sorted(m for m in sys.modules if m.startswith('execgate.executor')))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=30
-    )
-    assert out.stdout.strip() == "[]"
-
-
 def test_writer_survives_a_cancelled_submit(tmp_path: Path) -> None:
     """A caller that stops waiting (its task is cancelled) must not break the writer."""
     db = tmp_path / "w.db"
@@ -517,3 +234,58 @@ def test_writer_checkpoints_on_its_own_thread(
     assert len(checkpoints) == 3  # after commits 10, 20 and 30 (1-in-10 via the thread)
     assert "PRAGMA wal_autocheckpoint=0" in statements
     assert _count(db) == list(range(35))
+
+
+# ---------------------------------------------------------------------------------------
+# BUG 5: SqliteWriter._inline does not roll back when COMMIT itself fails: the shared
+# connection stays inside the transaction and every later write fails ("cannot start a
+# transaction within a transaction"). The writer-thread path (_commit) handles it.
+
+
+def _fk_writer(tmp_path: Path) -> SqliteWriter:
+    conn = sqlite3.connect(tmp_path / "w.db", isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    conn.execute("CREATE TABLE p (id INTEGER PRIMARY KEY)")
+    conn.execute(
+        "CREATE TABLE c (id INTEGER PRIMARY KEY, "
+        "pid INTEGER REFERENCES p(id) DEFERRABLE INITIALLY DEFERRED)"
+    )
+    return SqliteWriter(conn)
+
+
+def _bad_child(conn: sqlite3.Connection) -> None:
+    conn.execute("INSERT INTO c (pid) VALUES (42)")  # fails only at COMMIT
+
+
+def _good_parent(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("INSERT INTO p DEFAULT VALUES").lastrowid or 0)
+
+
+def test_writer_inline_commit_failure_leaves_connection_usable(tmp_path: Path) -> None:
+    writer = _fk_writer(tmp_path)
+
+    async def body() -> Any:
+        with pytest.raises(sqlite3.IntegrityError):
+            await writer.submit(_bad_child, durable=False)  # fast path
+        return await writer.submit(_good_parent, durable=False)
+
+    try:
+        assert asyncio.run(body()) == 1
+    finally:
+        writer.close()
+
+
+def test_writer_thread_commit_failure_leaves_connection_usable(tmp_path: Path) -> None:
+    """Pinned (correct): the same failure on the writer thread is rolled back."""
+    writer = _fk_writer(tmp_path)
+
+    async def body() -> Any:
+        with pytest.raises(sqlite3.IntegrityError):
+            await writer.submit(_bad_child, durable=True)  # writer thread
+        return await writer.submit(_good_parent, durable=True)
+
+    try:
+        assert asyncio.run(body()) == 1
+    finally:
+        writer.close()

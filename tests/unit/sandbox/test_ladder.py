@@ -1,33 +1,21 @@
-"""Unit tests of the logic around cancellation and sandboxes, without a daemon.
+"""The cancellation ladder (executor.sandbox.ladder.supervise), without a daemon.
 
-The ladder (executor.cancel.supervise) is driven with a scripted fake `Running`:
+It is driven with a scripted fake `Running`:
 these tests pin its decisions (cooperative vs force, marks and their order, the
 grace it grants, what it reports about survivors). The real processes, namespaces
-and containers are tested through the daemon in test_cancel.py,
-test_sandbox_probes.py and test_docker_sandbox.py.
+and containers are tested through the daemon in integration/test_cancel.py,
+security/test_sandbox_probes.py and integration/test_docker_sandbox.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-from pathlib import Path
 from typing import Any
 
-import pytest
-
-from execgate.executor.core.errors import PolicyError
-from execgate.executor.core.outcomes import ErrorClass, Phase, Status, StopMode
-from execgate.executor.core.paths import Workspace
-from execgate.executor.pipeline import results
-from execgate.executor.policy import load_policy
-from execgate.executor.sandbox import Captured, Confinement, Exit
+from execgate.executor.core.outcomes import ErrorClass, Phase, StopMode
+from execgate.executor.sandbox import Captured, Exit
 from execgate.executor.sandbox.ladder import CancelScope, grace_for, supervise
-from execgate.executor.sandbox.registry import Sandboxes
-from execgate.executor.tools import Limits, ToolContext
-from execgate.executor.tools.fileio import WriteAbandoned, atomic_write
-from execgate.executor.tools.files import WriteFile
 
 
 class FakeRunning:
@@ -151,20 +139,6 @@ def test_a_slow_survivor_scan_does_not_stretch_the_grace() -> None:
     assert 0.18 <= waited < 0.5, waited
 
 
-def test_marks_keep_their_intervals_when_the_wall_clock_steps(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # A time sync stepping the wall clock mid-call must not bend a grace period.
-    from execgate.executor.core import clock
-
-    before = clock.now()
-    real = time.time
-    monkeypatch.setattr(time, "time", lambda: real() + 10.0)
-    after = clock.now()
-    assert 0 <= after - before < 1.0
-    assert abs(clock.now() - real()) < 1.0
-
-
 def test_reported_survivors_when_nothing_kills_them() -> None:
     class Immortal(FakeRunning):
         async def kill(self) -> str:
@@ -256,100 +230,6 @@ def test_force_ends_a_running_grace_period() -> None:
     assert grace_mark.detail == "forced: no grace"
 
 
-# ---------------------------------------------------------------- atomic writes
-
-
-def test_write_stopped_before_the_rename_leaves_the_file_untouched(tmp_path: Path) -> None:
-    ws = Workspace(tmp_path)
-    target = tmp_path / "f.txt"
-    target.write_text("old")
-    with pytest.raises(WriteAbandoned):
-        atomic_write(
-            ws,
-            target,
-            b"new",
-            "arguments.path",
-            make_dirs=False,
-            hard_links_ok=False,
-            stop=lambda: True,
-        )
-    assert target.read_text() == "old"
-    assert os.listdir(tmp_path) == ["f.txt"]  # no temp file left
-
-
-def test_cancelled_write_file_is_a_known_failure(tmp_path: Path) -> None:
-    ws = Workspace(tmp_path)
-    scope = CancelScope()
-    scope.cancel("user stop")
-    ctx = ToolContext(ws, Limits(), 5.0, scope)
-    out = asyncio.run(WriteFile().run({"path": "a.txt", "content": "x"}, ctx))
-    assert not (tmp_path / "a.txt").exists()
-    outcome = results.from_output(out, may_write=True, cap=1000, marks=())
-    # A write that may have happened would be UNKNOWN_OUTCOME; this one provably did not.
-    assert outcome.status is Status.FAILURE
-    assert outcome.error_class is ErrorClass.CANCELLED
-    assert outcome.stopped_how is StopMode.COOPERATIVE
-
-
-# ---------------------------------------------------------------- policy and registry
-
-
-def policy_file(tmp_path: Path, sandbox: str) -> Path:
-    path = tmp_path / "p.yaml"
-    path.write_text(
-        "version: 1\ndefault: deny\nrules:\n"
-        "  - {id: all, effect: allow, tools: ['*']}\n"
-        f"sandbox:\n{sandbox}"
-    )
-    return path
-
-
-@pytest.mark.parametrize(
-    ("entry", "complaint"),
-    [
-        ("  - {tools: [x], backend: vm}\n", "sandbox[0].backend"),
-        ("  - {tools: [x], network: 'yes'}\n", "sandbox[0].network"),
-        ("  - {tools: [x], limits: {memory_mb: -1}}\n", "sandbox[0].limits.memory_mb"),
-        ("  - {tools: [x], limits: {ram: 3}}\n", "unknown key 'ram'"),
-        ("  - {backend: bwrap}\n", "sandbox[0].tools"),
-        ("  - {tools: [x], color: red}\n", "unknown key 'color'"),
-    ],
-)
-def test_bad_sandbox_entries_are_named(tmp_path: Path, entry: str, complaint: str) -> None:
-    with pytest.raises(PolicyError, match=complaint.replace("[", r"\[").replace("]", r"\]")):
-        load_policy(policy_file(tmp_path, entry))
-
-
-class Named:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-
-def test_first_matching_sandbox_rule_decides(tmp_path: Path) -> None:
-    policy = load_policy(
-        policy_file(
-            tmp_path,
-            "  - {tools: [run_command], backend: process, network: true,"
-            " limits: {memory_mb: 64, processes: 16}}\n"
-            "  - {tools: ['run_*'], backend: docker}\n",
-        )
-    )
-    backends: dict[str, Any] = {n: Named(n) for n in ("bwrap", "process", "docker")}
-    base = Confinement()
-    boxes = Sandboxes(backends, "bwrap", policy.sandbox_for, base)
-    box, conf = boxes.for_call("run_command")
-    assert box.name == "process"
-    assert conf.network is True
-    assert conf.memory_bytes == 64 << 20
-    assert conf.processes == 16
-    assert conf.cpu_seconds == base.cpu_seconds
-    assert boxes.for_call("run_other")[0].name == "docker"
-    box, conf = boxes.for_call("work")  # no rule: the default, no network
-    assert box.name == "bwrap"
-    assert conf == base
-    assert conf.network is False
-
-
 def test_the_stop_time_is_when_the_backend_saw_the_process_end() -> None:
     class Early(FakeRunning):
         async def wait(self) -> Exit:
@@ -370,46 +250,3 @@ def test_the_stop_time_is_when_the_backend_saw_the_process_end() -> None:
     stop = stopped.marks[-1]
     assert stop.phase is Phase.STOPPED
     assert stop.at == running.ended_at  # not the 0.2 s later the status came
-
-
-def test_pidwatch_sees_the_end_and_signals_through_the_pidfd() -> None:
-    import signal
-    import subprocess
-
-    from execgate.executor.sandbox.pidwatch import PidWatch
-
-    proc = subprocess.Popen(["sleep", "30"])
-
-    async def go() -> tuple[float | None, float]:
-        watch = PidWatch(proc.pid)
-        assert watch.gone_at is None
-        sent = time.time()
-        assert watch.send(signal.SIGTERM)
-        for _ in range(200):
-            if watch.gone_at is not None:
-                break
-            await asyncio.sleep(0.005)
-        watch.close()
-        assert not watch.send(signal.SIGTERM)  # closed: no signal can reach a reused pid
-        return watch.gone_at, sent
-
-    gone_at, sent = asyncio.run(go())
-    assert proc.wait(5) == -signal.SIGTERM
-    assert gone_at is not None
-    assert sent <= gone_at < sent + 1
-
-
-def test_memory_is_the_cgroups_limit_where_there_is_one(tmp_path: Path) -> None:
-    from execgate.executor.sandbox.cgroup import CallCgroup
-    from execgate.executor.sandbox.spawn import DASH, launcher
-
-    if DASH is None:
-        pytest.skip("the dash launcher is used only where dash is installed")
-    conf = Confinement(memory_bytes=64 << 20)
-    group = CallCgroup((tmp_path,))
-    script = launcher(conf, group)[2]
-    assert f"ulimit -v {64 << 10}" in script  # no memory cgroup: the address-space rlimit
-    assert f"echo 0 > {tmp_path}/cgroup.procs" in script
-    group.limits_memory = True
-    assert "ulimit -v" not in launcher(conf, group)[2]  # resident memory, by the cgroup
-    assert "ulimit -p 256" in launcher(conf, None)[2]
