@@ -10,12 +10,23 @@ security/test_sandbox_probes.py and integration/test_docker_sandbox.py.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
+import pytest
+
+import execgate.executor.sandbox.ladder as ladder_module
 from execgate.executor.core.outcomes import ErrorClass, Phase, StopMode
 from execgate.executor.sandbox import Captured, Exit
 from execgate.executor.sandbox.ladder import CancelScope, grace_for, supervise
+from tests.fakeclock import FakeClock
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    """The ladder's grace periods, deadlines and marks on a fake clock: no test sleeps."""
+    clock = FakeClock()
+    clock.install(monkeypatch, ladder_module)
+    return clock
 
 
 class FakeRunning:
@@ -59,7 +70,7 @@ class FakeRunning:
         self.log.append("release")
 
 
-def ladder(running: FakeRunning, scope: CancelScope, **kw: Any) -> Any:
+def ladder(fake: FakeClock, running: FakeRunning, scope: CancelScope, **kw: Any) -> Any:
     async def go() -> Any:
         task = asyncio.ensure_future(
             supervise(
@@ -75,16 +86,16 @@ def ladder(running: FakeRunning, scope: CancelScope, **kw: Any) -> Any:
             scope.cancel("stop please", kw.get("ask_grace"), requester="tester")
         return await task
 
-    return asyncio.run(asyncio.wait_for(go(), 10))
+    return fake.run(asyncio.wait_for(go(), 10))
 
 
 def phases(stopped: Any) -> list[Phase]:
     return [m.phase for m in stopped.marks]
 
 
-def test_cooperative_stop_marks_and_mode() -> None:
+def test_cooperative_stop_marks_and_mode(fake: FakeClock) -> None:
     scope = CancelScope()
-    stopped = ladder(FakeRunning(exit_after=0.01), scope)
+    stopped = ladder(fake, FakeRunning(exit_after=0.01), scope)
     assert stopped.how is StopMode.COOPERATIVE
     assert stopped.reason is ErrorClass.CANCELLED
     assert phases(stopped) == [Phase.CANCEL_REQUESTED, Phase.SIGNAL_SENT, Phase.STOPPED]
@@ -94,9 +105,9 @@ def test_cooperative_stop_marks_and_mode() -> None:
     assert stopped.survivors == 0
 
 
-def test_force_when_the_main_process_ignores_the_signal() -> None:
+def test_force_when_the_main_process_ignores_the_signal(fake: FakeClock) -> None:
     running = FakeRunning(exit_after=None)
-    stopped = ladder(running, CancelScope(), grace=0.2)
+    stopped = ladder(fake, running, CancelScope(), grace=0.2)
     assert stopped.how is StopMode.FORCE_TERMINATED
     assert phases(stopped) == [
         Phase.CANCEL_REQUESTED,
@@ -113,17 +124,17 @@ def test_force_when_the_main_process_ignores_the_signal() -> None:
     assert running.log[:2] == ["terminate", "kill"]
 
 
-def test_stragglers_make_a_cooperative_exit_a_forced_one() -> None:
+def test_stragglers_make_a_cooperative_exit_a_forced_one(fake: FakeClock) -> None:
     # The main process stops politely, but a grandchild it left keeps running: the
     # call did not stop cooperatively, and the grandchild is killed after the grace.
     running = FakeRunning(exit_after=0.01, stragglers=2)
-    stopped = ladder(running, CancelScope(), grace=0.2)
+    stopped = ladder(fake, running, CancelScope(), grace=0.2)
     assert stopped.how is StopMode.FORCE_TERMINATED
     assert "kill" in running.log
     assert stopped.survivors == 0
 
 
-def test_a_slow_survivor_scan_does_not_stretch_the_grace() -> None:
+def test_a_slow_survivor_scan_does_not_stretch_the_grace(fake: FakeClock) -> None:
     # The main process exits at once but the scan for what it left hangs (a /proc read
     # stuck on a loaded machine): the grace still ends on time and the kill follows.
     class SlowScan(FakeRunning):
@@ -132,14 +143,14 @@ def test_a_slow_survivor_scan_does_not_stretch_the_grace() -> None:
                 await asyncio.sleep(5)
             return []
 
-    stopped = ladder(SlowScan(exit_after=0.01), CancelScope(), grace=0.2)
+    stopped = ladder(fake, SlowScan(exit_after=0.01), CancelScope(), grace=0.2)
     by_phase = {m.phase: m for m in stopped.marks}
     assert stopped.how is StopMode.FORCE_TERMINATED
     waited = by_phase[Phase.GRACE_EXPIRED].at - by_phase[Phase.SIGNAL_SENT].at
     assert 0.18 <= waited < 0.5, waited
 
 
-def test_reported_survivors_when_nothing_kills_them() -> None:
+def test_reported_survivors_when_nothing_kills_them(fake: FakeClock) -> None:
     class Immortal(FakeRunning):
         async def kill(self) -> str:
             self.exited.set()
@@ -151,21 +162,23 @@ def test_reported_survivors_when_nothing_kills_them() -> None:
     old = cancel_mod.REAP_SECONDS
     cancel_mod.REAP_SECONDS = 0.2
     try:
-        stopped = ladder(running, CancelScope(), grace=0.05)
+        stopped = ladder(fake, running, CancelScope(), grace=0.05)
     finally:
         cancel_mod.REAP_SECONDS = old
     assert stopped.survivors == 3
     assert stopped.marks[-1].detail.startswith("3 survived")
 
 
-def test_timeout_takes_the_same_path_with_reason_timeout() -> None:
-    stopped = ladder(FakeRunning(exit_after=0.01), CancelScope(), time_limit=0.1, cancel=False)
+def test_timeout_takes_the_same_path_with_reason_timeout(fake: FakeClock) -> None:
+    stopped = ladder(
+        fake, FakeRunning(exit_after=0.01), CancelScope(), time_limit=0.1, cancel=False
+    )
     assert stopped.how is StopMode.COOPERATIVE
     assert stopped.reason is ErrorClass.TIMEOUT
     assert stopped.marks[0].detail == "timeout after 0.1s"
 
 
-def test_deadline_cancel_is_a_timeout() -> None:
+def test_deadline_cancel_is_a_timeout(fake: FakeClock) -> None:
     scope = CancelScope()
 
     async def go() -> Any:
@@ -176,10 +189,10 @@ def test_deadline_cancel_is_a_timeout() -> None:
         scope.cancel("run deadline passed", timed_out=True)
         return await task
 
-    assert asyncio.run(go()).reason is ErrorClass.TIMEOUT
+    assert fake.run(go()).reason is ErrorClass.TIMEOUT
 
 
-def test_completed_call_is_finished_not_signalled() -> None:
+def test_completed_call_is_finished_not_signalled(fake: FakeClock) -> None:
     running = FakeRunning(exit_after=None)
 
     async def go() -> Any:
@@ -190,7 +203,7 @@ def test_completed_call_is_finished_not_signalled() -> None:
         running.exited.set()
         return await task
 
-    stopped = asyncio.run(go())
+    stopped = fake.run(go())
     assert stopped.how is StopMode.COMPLETED
     assert stopped.marks == ()
     assert running.log == ["finish"]
@@ -208,7 +221,7 @@ def test_grace_asked_by_the_canceller_is_capped() -> None:
     assert grace_for(default, 2.0, 60.0) == 2.0
 
 
-def test_force_ends_a_running_grace_period() -> None:
+def test_force_ends_a_running_grace_period(fake: FakeClock) -> None:
     running = FakeRunning(exit_after=None)
     scope = CancelScope()
 
@@ -222,15 +235,15 @@ def test_force_ends_a_running_grace_period() -> None:
         scope.force("second signal")
         return await task
 
-    started = time.monotonic()
-    stopped = asyncio.run(asyncio.wait_for(go(), 5))
-    assert time.monotonic() - started < 2  # not the 30 s grace
+    started = fake.monotonic()
+    stopped = fake.run(asyncio.wait_for(go(), 5))
+    assert fake.monotonic() - started < 2  # not the 30 s grace
     assert stopped.how is StopMode.FORCE_TERMINATED
     grace_mark = next(m for m in stopped.marks if m.phase is Phase.GRACE_EXPIRED)
     assert grace_mark.detail == "forced: no grace"
 
 
-def test_the_stop_time_is_when_the_backend_saw_the_process_end() -> None:
+def test_the_stop_time_is_when_the_backend_saw_the_process_end(fake: FakeClock) -> None:
     class Early(FakeRunning):
         async def wait(self) -> Exit:
             await self.exited.wait()
@@ -239,14 +252,14 @@ def test_the_stop_time_is_when_the_backend_saw_the_process_end() -> None:
 
         async def terminate(self) -> str:
             def end() -> None:
-                self.ended_at = time.time()
+                self.ended_at = fake.now()  # the wall clock, on the fake clock
                 self.exited.set()
 
             asyncio.get_running_loop().call_later(0.01, end)
             return "SIGTERM"
 
     running = Early(exit_after=None)
-    stopped = ladder(running, CancelScope(), grace=1)
+    stopped = ladder(fake, running, CancelScope(), grace=1)
     stop = stopped.marks[-1]
     assert stop.phase is Phase.STOPPED
     assert stop.at == running.ended_at  # not the 0.2 s later the status came
