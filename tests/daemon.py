@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-import weakref
 from pathlib import Path
 
 import grpc
@@ -39,9 +38,10 @@ def scaled(seconds: float) -> float:
     return seconds * load_factor()
 
 
-# Every daemon this process started and has not seen exit: killed when it exits, so that a
-# test that forgot to stop one (or died before it could) leaves none behind.
-_running: weakref.WeakSet[Daemon] = weakref.WeakSet()
+# Every daemon this process started and has not stopped or killed: killed when this process
+# exits, so that a test that forgot to stop one (or died before it could) leaves none behind.
+# Strong references: a Daemon dropped while its process runs must still be found here.
+_running: set[Daemon] = set()
 
 
 @atexit.register
