@@ -11,7 +11,7 @@ RUNSTATES := proto/execgate/v1/runstates.json
 
 # `make run`'s daemon: the shipped policy, and an `agent` and an `operator` identity made
 # once under ./var/ (tokens in var/tokens/, owner-only; see executor/policy/local_identities.py).
-# tests/test_local_approvals.py starts its daemon with these same arguments.
+# tests/integration/test_local_approvals.py starts its daemon with these same arguments.
 RUN_ARGS := --policy policies/default.yaml --local-identities
 
 run: $(STAMP)
@@ -28,7 +28,7 @@ test-image: $(STAMP)
 # The TypeScript client (client/typescript): install from its lockfile, generate the
 # protobuf code and src/gen/runstates.ts from proto/ and compile, then its tests
 # (node --test) against real daemons from this venv. pytest then runs
-# tests/test_cross_language.py and tests/test_runstates.py on the build.
+# tests/integration/test_cross_language.py and tests/integration/test_runstates.py on the build.
 TS := client/typescript
 
 test-ts: $(STAMP)

@@ -26,7 +26,7 @@ from execgate.client import CallNotFound, Client, Status, Unauthenticated
 from tests.daemon import Daemon
 from tests.support import wait_until
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "execgate.executor.cli"]
 
 

@@ -12,7 +12,7 @@ import yaml
 from execgate.executor.cli.main import main
 from execgate.executor.policy import default_policy_path
 
-POLICIES = Path(__file__).resolve().parent.parent / "policies"
+POLICIES = Path(__file__).resolve().parents[3] / "policies"
 SCHEMA = json.loads((POLICIES / "policy.schema.json").read_text())
 
 

@@ -20,7 +20,7 @@ from execgate.executor.core.errors import PolicyError
 from execgate.executor.policy import parse_policy
 from tests.daemon import Daemon
 
-POLICIES = Path(__file__).resolve().parent.parent / "policies"
+POLICIES = Path(__file__).resolve().parents[2] / "policies"
 
 # Five independent mistakes, one per line marked with its column.
 MANY = """\

@@ -165,7 +165,7 @@ def _rpc(stub: pb_grpc.ExecutorStub, rpc: str, tag: str, md: Any) -> Callable[[]
         ),
         "ListCalls": lambda: stub.ListCalls(pb.ListCallsRequest(limit=5), metadata=md),
         # A call of the run, not the run: barring a whole run also needs its ownership
-        # (tests/test_cancel_ownership.py), which is not what this matrix is about.
+        # (tests/integration/test_cancel_ownership.py), which is not what this matrix is about.
         "Cancel": lambda: stub.Cancel(pb.CancelRequest(run_id=tag, call_id="c"), metadata=md),
         "ExplainPolicy": lambda: stub.ExplainPolicy(
             pb.ExplainPolicyRequest(tool="write_file", paths=[f"matrix/{tag}.txt"]), metadata=md

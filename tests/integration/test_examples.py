@@ -14,7 +14,7 @@ from execgate.client.loop.states import State
 from tests.daemon import Daemon
 from tests.loop_support import start_daemon, stop
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from execgate.v1 import runstates
 
 observe = importlib.import_module("execgate.client.loop.observe")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "proto" / "execgate" / "v1" / "runstates.json"
 TS_TABLES = ROOT / "client" / "typescript" / "dist" / "src" / "gen" / "runstates.js"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 from execgate.client import Call, Client, Event, EventKind, Outcome, Status
 from tests.daemon import Daemon
+from tests.support import Streamer
 
 
 def wait_until(predicate: Callable[[], object], what: str, timeout: float = 15.0) -> None:
@@ -269,3 +271,81 @@ def test_replays_and_taken_call_ids_are_not_logged_as_errors(
     assert outcomes[1].error_class == "duplicate_call_id"
     assert outcomes[3].status is Status.SUCCESS  # the very same keyed call: a replay
     assert " ERROR " not in daemon.log(), daemon.log()
+
+
+# ---------------------------------------------------------------- from a review of the scheduler
+
+
+def _run() -> str:
+    return "rev-" + uuid.uuid4().hex[:10]
+
+
+def _work(path: str, *, write: bool, seconds: float, call_id: str, key: str = "") -> Call:
+    return Call(
+        tool="work",
+        arguments={"path": path, "write": write, "seconds": seconds},
+        call_id=call_id,
+        idempotency_key=key,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# BUG 3 (consistency): a client retrying its batch (same call id, same idempotency key)
+# while the original is still running gets REJECTED/duplicate_call_id instead of joining
+# it, though the docs say retry with the same key is how a disconnected client recovers.
+
+
+def test_retry_of_running_call_with_same_id_and_key_joins(client: Client, daemon: Daemon) -> None:
+    run = _run()
+    call = _work("r.txt", write=True, seconds=1.0, call_id="r1", key="k-" + run)
+    first = Streamer(daemon.address, [call], run_id=run)
+    wait_until(lambda: first.seen(EventKind.STARTED, "r1"), "r1 started")
+    retry = client.execute([call], run_id=run)[0]
+    first.join(20)
+    original = first.outcome("r1")
+    assert original.status is Status.SUCCESS
+    assert retry.status is Status.SUCCESS, (retry.status, retry.error_class, retry.message)
+
+
+def test_retry_of_finished_call_with_same_id_and_key_is_replayed(client: Client) -> None:
+    """Pinned (correct): the very same call resent after it finished is answered from
+    the journal, with replay_of naming itself, and does not run again."""
+    run = _run()
+    call = _work("s.txt", write=True, seconds=0, call_id="s1", key="k-" + run)
+    first = client.execute([call], run_id=run)[0]
+    again = client.execute([call], run_id=run)[0]
+    assert first.status is Status.SUCCESS
+    assert again.status is Status.SUCCESS
+    assert again.replay_of == "s1"
+    assert again.text == first.text  # the counter read the same value: it ran once
+
+
+# ---------------------------------------------------------------------------------------
+# Pinned (correct): a joiner of an in-flight owner never hangs, and passes its turn so a
+# later call of its batch is not held up by the owner's run.
+
+
+def test_joiner_passes_turn_and_gets_owner_outcome(client: Client, daemon: Daemon) -> None:
+    run = _run()
+    key = "j-" + run
+    owner = Streamer(
+        daemon.address, [_work("j.txt", write=True, seconds=1.0, call_id="o", key=key)], run_id=run
+    )
+    wait_until(lambda: owner.seen(EventKind.STARTED, "o"), "owner started")
+    t0 = time.monotonic()
+    events = list(
+        client.stream(
+            [
+                _work("j.txt", write=True, seconds=1.0, call_id="j", key=key),
+                Call(tool="noop", arguments={"echo": "hi"}, call_id="n"),
+            ],
+            run_id=run,
+        )
+    )
+    finished = {e.call_id: e for e in events if e.kind is EventKind.FINISHED}
+    first_finished = next(e.call_id for e in events if e.kind is EventKind.FINISHED)
+    assert first_finished == "n"  # the noop did not wait for the owner
+    assert time.monotonic() - t0 < 10
+    assert finished["j"].outcome is not None
+    assert finished["j"].outcome.replay_of == "o"
+    owner.join(20)

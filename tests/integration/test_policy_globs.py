@@ -19,7 +19,7 @@ from execgate.executor.cli.main import main
 from execgate.executor.policy import Effect, PolicyInput, Rule, parse_policy, path_glob
 from tests.daemon import Daemon
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "policy.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "policy.md"
 _ROW = re.compile(r"^\| `(?P<pattern>[^`]+)` \| `(?P<name>[^`]+)` \| (?P<verdict>yes|no) \|$")
 
 

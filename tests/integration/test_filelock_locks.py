@@ -1,7 +1,7 @@
 """The file-lock backend: several daemons (processes) on one host share one lock table.
 
-The process tests run this module as a script (`python -m tests.test_filelock_locks hammer
-...` from the repository root):
+The process tests run this module as a script
+(`python -m tests.integration.test_filelock_locks hammer ...` from the repository root):
 each worker is a separate "daemon" with its own FileLockManager.
 """
 
@@ -37,7 +37,7 @@ from execgate.executor.locks import (
     plan,
 )
 from execgate.executor.tools import Mode
-from tests.test_locks import Run, calls
+from tests.unit.locks.test_locks import Run, calls
 
 SHARED = "shared.txt"
 
@@ -120,10 +120,10 @@ def worker_once(lock_dir: str, instance_id: str) -> None:
 
 def spawn(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.test_filelock_locks", *args],
+        [sys.executable, "-m", "tests.integration.test_filelock_locks", *args],
         stdout=subprocess.PIPE,
         text=True,
-        cwd=Path(__file__).parent.parent,
+        cwd=Path(__file__).parents[2],
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import textwrap
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -687,3 +688,109 @@ def test_shipped_policy_denies_unknown_tools(shipped: Policy) -> None:
     for tool in ("delete_everything", "Read_file", "read_file ", "fetch"):
         decision = shipped.decide(PolicyInput(tool=tool, paths=("a.txt",)))
         assert (decision.effect, decision.rule_ids) == (Effect.DENY, ()), tool
+
+
+# ---------------------------------------------------------------- loading and precedence
+
+
+def _policy(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    return path
+
+
+ALLOW_THEN_DENY = """
+version: 1
+default: allow
+rules:
+  - {id: allow-run, effect: allow, tools: [run_command], reason: ok}
+  - {id: deny-run, effect: deny, tools: ["run_*"], reason: no commands}
+"""
+DENY_THEN_ALLOW = """
+version: 1
+default: allow
+rules:
+  - {id: deny-run, effect: deny, tools: ["run_*"], reason: no commands}
+  - {id: allow-run, effect: allow, tools: [run_command], reason: ok}
+"""
+
+
+@pytest.mark.parametrize("text", [ALLOW_THEN_DENY, DENY_THEN_ALLOW])
+def test_policy_deny_beats_allow_in_any_order(tmp_path: Path, text: str) -> None:
+    policy = load_policy(_policy(tmp_path, text))
+    decision = policy.decide(PolicyInput(tool="run_command"))
+    assert decision.effect is Effect.DENY
+    assert decision.rule_ids == ("deny-run",)
+    assert decision.reason == "no commands"
+    assert policy.decide(PolicyInput(tool="read_file")).effect is Effect.ALLOW  # the file's default
+
+
+def test_policy_default_is_deny(tmp_path: Path) -> None:
+    policy = load_policy(
+        _policy(
+            tmp_path,
+            """
+version: 1
+rules:
+  - {id: reads, effect: allow, tools: [read_file]}
+""",
+        )
+    )
+    assert policy.decide(PolicyInput(tool="read_file")).effect is Effect.ALLOW
+    decision = policy.decide(PolicyInput(tool="write_file"))
+    assert decision.effect is Effect.DENY
+    assert decision.rule_ids == ()
+
+
+def test_shipped_policy_allows_builtins_and_denies_the_rest() -> None:
+    policy = load_policy(default_policy_path())
+    for tool in (
+        "read_file",
+        "write_file",
+        "edit_file",
+        "list_dir",
+        "search",
+        "run_command",
+        "noop",
+    ):
+        assert policy.decide(PolicyInput(tool=tool)).effect is Effect.ALLOW, tool
+    assert policy.decide(PolicyInput(tool="delete_everything")).effect is Effect.DENY
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("version: 1\ndefualt: allow\n", "defualt"),
+        ("version: 1\nrules:\n  - {id: a, effect: allow, tools: [x], tool: y}\n", "tool"),
+        ("version: 1\nrules:\n  - {id: a, effect: allow, tools: [x], unless: always}\n", "unless"),
+    ],
+)
+def test_policy_unknown_key_refused_by_name(tmp_path: Path, text: str, key: str) -> None:
+    path = _policy(tmp_path, text)
+    with pytest.raises(PolicyError) as info:
+        load_policy(path)
+    assert repr(key) in str(info.value)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "version: 2\n",
+        "- a\n- b\n",
+        "version: 1\ndefault: maybe\n",
+        "version: 1\nrules: {a: 1}\n",
+        "version: 1\nrules:\n  - {id: a, effect: allow}\n",
+        "version: 1\nrules:\n  - {id: a, effect: allow, tools: [x]}\n"
+        "  - {id: a, effect: deny, tools: [y]}\n",
+        "version: 1\nrules: [\n",
+    ],
+)
+def test_policy_malformed_refused(tmp_path: Path, text: str) -> None:
+    with pytest.raises(PolicyError):
+        load_policy(_policy(tmp_path, text))
+
+
+def test_policy_missing_file_refused(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match="cannot read policy"):
+        load_policy(tmp_path / "absent.yaml")

@@ -21,7 +21,7 @@ import pytest
 from execgate.executor.cli.entry import DAEMON_ONLY
 from tests.daemon import Daemon
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # What an agent gets: the wire (grpcio, protobuf) and the tracing API, nothing else.
 THIN = {"grpcio", "protobuf", "opentelemetry-api"}
 PIP_WHEEL = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]

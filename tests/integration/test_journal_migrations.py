@@ -22,7 +22,7 @@ from execgate.executor.server.config import JOURNAL_NAME
 from tests.daemon import Daemon
 
 SERVE = [sys.executable, "-m", "execgate.executor.cli", "serve"]
-OLD = Path(__file__).parent / "fixtures" / "journal_unversioned.sql"
+OLD = Path(__file__).parents[1] / "fixtures" / "journal_unversioned.sql"
 
 
 def _old_journal(state: Path) -> Path:

@@ -41,7 +41,7 @@ from tests.cancel_support import at, detail, in_order, new_tag, phases, sh, tagg
 from tests.daemon import Daemon
 from tests.support import Streamer, wait_until
 
-POLICIES = Path(__file__).resolve().parent.parent / "policies"
+POLICIES = Path(__file__).resolve().parents[2] / "policies"
 HEAD = "version: 1\nrules:\n  - {id: all, effect: allow, tools: ['*']}\n"
 
 

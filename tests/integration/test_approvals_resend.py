@@ -15,8 +15,8 @@ import pytest
 
 from execgate.client import Call, EventKind, Outcome, Status
 from tests.daemon import Daemon
+from tests.integration.test_approvals import TOKENS, as_, calls_with_id, park, start
 from tests.support import Streamer, wait_until
-from tests.test_approvals import TOKENS, as_, calls_with_id, park, start
 
 RUN = "resend"
 

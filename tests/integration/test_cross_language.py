@@ -30,7 +30,7 @@ from execgate.client.models.scripted import ScriptedModel
 from tests.auth_support import Who, write_identities
 from tests.daemon import Daemon, give
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 AGENT = ROOT / "client" / "typescript" / "dist" / "test" / "support" / "counter-agent.js"
 INCREMENT = ["sh", "-c", "n=$(cat counter.txt); echo $((n+1)) > counter.txt"]
 N = 10

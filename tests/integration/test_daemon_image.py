@@ -25,7 +25,7 @@ from tests.support import wait_until
 
 pytestmark = [pytest.mark.image, pytest.mark.timeout(1800)]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BASE = "execgate-base:bookworm"
 BASE_RECIPE = "debootstrap-bookworm-1"  # docker/make-base-image.sh's label
 IMAGE = "execgate-test-daemon:latest"
