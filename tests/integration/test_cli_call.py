@@ -35,29 +35,48 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     stop(d)
 
 
-def test_a_call_queued_behind_another_says_behind_which(daemon: Daemon) -> None:
+def test_a_call_queued_behind_another_says_behind_which(daemon: Daemon, tmp_path: Path) -> None:
+    # The holder keeps the workspace until the test releases it, once the second call has
+    # said it is queued: no race against how long a CLI takes to start on a busy machine.
+    release = daemon.workspace / "release-holder"
+    wait_for_release = f"while [ ! -e {release.name} ]; do sleep 0.02; done"
     holder = Streamer(
         daemon.address,
-        [Call(tool="run_command", arguments={"argv": ["sleep", "1.5"]}, call_id="holder")],
+        [
+            Call(
+                tool="run_command",
+                arguments={"argv": ["sh", "-c", wait_for_release]},
+                call_id="holder",
+            )
+        ],
         token=TOKENS["bot"],
         run_id="lock-run",
     )
     with as_(daemon, "bot") as bot:
         wait_until(lambda: any(r.running for r in bot.list_calls(run_id="lock-run")), "holder")
     args = ["call", "run_command", "--args-json", '{"argv": ["sleep", "0"]}', "--run", "lock-run"]
-    result = subprocess.run(
-        cli(daemon.address, *args, "--call-id", "second", who="bot"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env(),
-    )
+    stderr_path = tmp_path / "second.stderr"
+    with open(stderr_path, "w") as stderr:
+        second = subprocess.Popen(
+            cli(daemon.address, *args, "--call-id", "second", who="bot"),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=env(),
+        )
+    try:
+        wait_until(lambda: "queued behind" in stderr_path.read_text(), "second call queued")
+    except BaseException:
+        second.kill()
+        raise
+    finally:
+        release.touch()
+    stdout, _ = second.communicate(timeout=60)
     holder.join()
-    assert result.returncode == 0, result.stderr
-    assert re.search(r"^execgate: second: queued behind lock-run/holder", result.stderr, re.M), (
-        result.stderr
-    )
-    assert result.stdout.startswith("SUCCESS  run lock-run  call second")
+    err = stderr_path.read_text()
+    assert second.returncode == 0, err
+    assert re.search(r"^execgate: second: queued behind lock-run/holder", err, re.M), err
+    assert stdout.startswith("SUCCESS  run lock-run  call second")
 
 
 def test_a_parked_call_names_its_approval_and_who_can_decide(daemon: Daemon) -> None:
