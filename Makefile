@@ -4,12 +4,14 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PROTOS := $(wildcard proto/execgate/v1/*.proto)
+# The run-state machine's data: both clients' tables and the daemon's are generated from it.
+RUNSTATES := proto/execgate/v1/runstates.json
 
 .PHONY: run test test-ts test-image install proto lint typecheck bench fuzz clean
 
 # `make run`'s daemon: the shipped policy, and an `agent` and an `operator` identity made
 # once under ./var/ (tokens in var/tokens/, owner-only; see executor/policy/local_identities.py).
-# tests/test_local_approvals.py starts its daemon with these same arguments.
+# tests/integration/test_local_approvals.py starts its daemon with these same arguments.
 RUN_ARGS := --policy policies/default.yaml --local-identities
 
 run: $(STAMP)
@@ -24,16 +26,18 @@ test-image: $(STAMP)
 	$(BIN)/python -m pytest -m image
 
 # The TypeScript client (client/typescript): install from its lockfile, generate the
-# protobuf code from proto/ and compile, then its tests (node --test) against real
-# daemons from this venv. pytest then runs tests/test_cross_language.py on the build.
+# protobuf code and src/gen/runstates.ts from proto/ and compile, then its tests
+# (node --test) against real daemons from this venv. pytest then runs
+# tests/integration/test_cross_language.py and tests/integration/test_runstates.py on the build.
 TS := client/typescript
 
 test-ts: $(STAMP)
 	cd $(TS) && npm ci --no-audit --no-fund --loglevel=error && npm run build && npm test
 
 # Creates the venv and installs execgate (editable) with the test extras. Reinstalls
-# when pyproject.toml, setup.py or a .proto changes, which regenerates execgate.v1.
-$(STAMP): pyproject.toml setup.py $(PROTOS)
+# when pyproject.toml, setup.py, a .proto or runstates.json changes, which regenerates
+# execgate.v1 (protobuf code and execgate.v1.runstates).
+$(STAMP): pyproject.toml setup.py $(PROTOS) $(RUNSTATES)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --progress-bar on -e '.[daemon,test]'
@@ -44,12 +48,18 @@ install: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 
+# ruff (lint and format) and the import contracts of pyproject.toml's [tool.importlinter]:
+# the daemon's rooms import only downward, no cycles, the client and the daemon apart.
+# .pre-commit-config.yaml runs the same three.
 lint: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,dev]'
 	$(BIN)/ruff check executor client tests bench
+	$(BIN)/ruff format --check executor client tests bench
+	$(BIN)/lint-imports
 
 # mypy checks the import names, so it runs from a tree of symlinks named like them
-# (pyproject.toml maps the folders onto execgate.*). Generated execgate.v1 is not checked.
+# (pyproject.toml maps the folders onto execgate.*). Generated execgate.v1 is not checked
+# itself, but its types are read: execgate.v1.runstates is annotated for that.
 MYPY_TREE := build/mypy/execgate
 
 typecheck: $(STAMP)

@@ -1,19 +1,39 @@
-"""Exceptions of the client.
+"""Exceptions of the client: one tree, rooted here, for every class `execgate.client` raises.
 
-    ExecgateClientError            root
-    ├── DaemonUnavailable          nothing answers at the address (carries `address`)
-    ├── CallNotFound               GetCall for an id the journal does not have
-    ├── ApprovalNotPending         approve/deny of an approval that does not exist or is
-    │                              no longer pending (decided or expired)
-    ├── Unauthenticated            the daemon does not know who we are: no token, a wrong or
-    │                              revoked one, or an unknown client certificate
-    ├── PermissionDenied           our identity lacks the role the RPC needs
-    ├── RunNotFound                a Runs call for a run the daemon does not have
-    ├── RunRefused                 the daemon refused a run change: `kind` is gap, duplicate,
-    │                              discontinuous, illegal, ended, exists or malformed
-    ├── RequestError               the daemon refused the request envelope
-    │                              (carries the gRPC `code` name and `details`)
-    └── LoopError                  the loop core's own faults (execgate.client.loop.errors)
+Each package may define its own classes in its own `errors` module; every one of them is
+drawn here, under the base it derives from, with the module that defines it (a test walks
+the package and holds this drawing to the code: tests/unit/test_error_trees.py).
+
+    ExecgateClientError             errors          root
+    ├── DaemonUnavailable           errors          nothing answers at the address (carries
+    │                                               `address`, `details`)
+    ├── CallNotFound                errors          GetCall for an id the journal does not
+    │                                               have (`run_id`, `call_id`)
+    ├── ApprovalNotPending          errors          approve/deny of an approval that does not
+    │                                               exist or is no longer pending (decided or
+    │                                               expired; `approval_id`, `details`)
+    ├── Unauthenticated             errors          the daemon does not know who we are: no
+    │                                               token, a wrong or revoked one, or an
+    │                                               unknown client certificate
+    ├── PermissionDenied            errors          our identity lacks the role the RPC needs
+    ├── RunNotFound                 errors          a Runs call for a run the daemon does not
+    │                                               have (`run_id`)
+    ├── RunRefused                  errors          the daemon refused a run change: `kind`
+    │                                               is gap, duplicate, discontinuous, illegal,
+    │                                               ended, exists or malformed
+    ├── RequestError                errors          the daemon refused the request envelope
+    │                                               (the gRPC `code` name and `details`)
+    ├── LoopError                   loop.errors     the loop core's own faults
+    │   ├── IllegalTransition       loop.errors     a move the transition table forbids
+    │   │                                           (`from_state`, `to_state`)
+    │   └── BrokenHistory           loop.errors     recorded transitions that cannot be one
+    │                                               run's history (`run_id`, `seq`, `kind`)
+    └── ModelError                  models.errors   a model adapter's failure (`model`)
+        ├── ModelUnavailable        models.errors   nothing answered usefully; retry later
+        ├── ModelRateLimited        models.errors   429 (`retry_after`)
+        ├── ModelRequestRejected    models.errors   any other 4xx (`status`, `error_type`)
+        ├── ModelBadResponse        models.errors   a 2xx whose body we cannot use (`what`)
+        └── ScriptExhausted         models.errors   a ScriptedModel ran out of turns (`turns`)
 
 A tool call that fails is never an exception: it is an `Outcome`.
 """

@@ -16,9 +16,9 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from execgate.v1 import runs_pb2 as rpb
 from execgate.v1 import runs_pb2_grpc as rpb_grpc
+from execgate.v1.runstates import LIMIT_KEYS
 
 from . import wire
-from .loop.results import LIMIT_KEYS
 from .loop.states import State, Transition
 from .types import CallRecord
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,6 +17,37 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 # Under a root daemon the process sandbox runs commands as an unprivileged user (by
 # default the workspace's owner): test workspaces are given to this one.
 RUN_AS_UID = 65534
+
+# A deadline in this file is stretched by the machine's load per core, up to this factor: a
+# daemon that starts in 2s on an idle machine may take 10s beside a second test run.
+MAX_LOAD_FACTOR = 8.0
+
+
+def load_factor() -> float:
+    """How much slower than idle this machine is likely to be now: the 1-minute load average
+    per core, at least 1, at most `MAX_LOAD_FACTOR`."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # no load average on this platform
+        return 1.0
+    return min(MAX_LOAD_FACTOR, max(1.0, load / (os.cpu_count() or 1)))
+
+
+def scaled(seconds: float) -> float:
+    """`seconds`, stretched for the machine's current load (`load_factor`)."""
+    return seconds * load_factor()
+
+
+# Every daemon this process started and has not stopped or killed: killed when this process
+# exits, so that a test that forgot to stop one (or died before it could) leaves none behind.
+# Strong references: a Daemon dropped while its process runs must still be found here.
+_running: set[Daemon] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for daemon in list(_running):
+        daemon.kill_group()
 
 
 def reachable_workspace(workspace: Path, uid: int = RUN_AS_UID) -> None:
@@ -64,6 +97,9 @@ class Daemon:
         self.uid: int | None = None
 
     def start(self, timeout: float = 20.0) -> Daemon:
+        """Start the daemon and wait until its health service reports SERVING, for `timeout`
+        seconds scaled for the machine's load. A daemon that exits first, or is not serving by
+        then, is killed with its whole process group, and the error raised carries its log."""
         reachable_workspace(self.workspace)
         cmd = [
             sys.executable,
@@ -86,9 +122,17 @@ class Daemon:
             stderr=subprocess.STDOUT,
             cwd=self.root,
             env={**os.environ, **self.env},
+            # Its own process group: a daemon that fails to start is killed with everything
+            # it spawned (`kill_group`).
+            start_new_session=True,
         )
         log.close()
-        self.wait_serving(timeout)
+        _running.add(self)
+        try:
+            self.wait_serving(timeout)
+        except BaseException:
+            self.kill_group()
+            raise
         return self
 
     def start_as(self, uid: int, timeout: float = 20.0) -> Daemon:
@@ -97,21 +141,31 @@ class Daemon:
         return self.start(timeout)
 
     def wait_serving(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc is not None
+        """Wait until the health service (grpc.health.v1 Check) reports SERVING, for
+        `timeout` seconds scaled for the machine's load; raise with the daemon's log if it
+        exits first or the deadline passes. The caller kills a daemon this raises for."""
+        budget = scaled(timeout)
+        deadline = time.monotonic() + budget
+        assert self.proc is not None
+        while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
-            if self.socket.exists() and self.serving():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(
+                    f"daemon not serving after {budget:.1f}s ({timeout}s scaled for load"
+                    f" {load_factor():.1f}x):\n{self.log()}"
+                )
+            if self.socket.exists() and self.serving(timeout=min(left, scaled(1.0))):
                 return
-            time.sleep(0.05)
-        raise TimeoutError(f"daemon not serving after {timeout}s:\n{self.log()}")
+            time.sleep(0.05)  # a poll interval: what ends the wait is the health check
 
-    def serving(self) -> bool:
+    def serving(self, timeout: float = 1.0) -> bool:
+        """Whether the daemon's health service answers SERVING within `timeout` seconds."""
         with grpc.insecure_channel(self.address) as channel:
             try:
                 reply = health_pb2_grpc.HealthStub(channel).Check(
-                    health_pb2.HealthCheckRequest(service=""), timeout=1
+                    health_pb2.HealthCheckRequest(service=""), timeout=timeout
                 )
             except grpc.RpcError:
                 return False
@@ -121,17 +175,40 @@ class Daemon:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def stop(self, timeout: float = 30.0) -> int:
-        """SIGTERM and wait: the daemon drains and exits."""
+        """SIGTERM and wait (`timeout` scaled for load): the daemon drains and exits. One
+        that has not exited by then is killed with its process group, and this raises with
+        its log."""
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        try:
+            code = self.proc.wait(scaled(timeout))
+        except subprocess.TimeoutExpired as exc:
+            self.kill_group()
+            raise TimeoutError(
+                f"daemon did not exit within {exc.timeout:.1f}s of SIGTERM; killed:\n{self.log()}"
+            ) from exc
+        _running.discard(self)
+        return code
 
     def kill(self) -> None:
         """SIGKILL: a crash, as far as the journal can tell."""
         assert self.proc is not None
         os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
+        _running.discard(self)
+
+    def kill_group(self) -> None:
+        """SIGKILL the daemon and every process left in its process group, and reap it."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()  # in case it has left its group (it never should)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+        _running.discard(self)
 
     def restart(self) -> Daemon:
         return self.start()

@@ -11,11 +11,11 @@ Error classes come from the daemon (the proto's `ErrorClass`, lower-cased by
 
 from __future__ import annotations
 
-import enum
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
+
+from execgate.v1.runstates import DAEMON_HINTS, FALLBACK_HINTS, REFUSAL_HINTS, STATUS_HINTS, Refusal
 
 from ..types import Outcome, Status
 
@@ -36,84 +36,14 @@ DEFAULT_CAP = 4000
 _MIN_CAP = 64
 
 
-class Refusal(enum.StrEnum):
-    """Why the loop refused a call itself; the call never reached the daemon."""
-
-    # The model called a tool this run did not offer it.
-    TOOL_NOT_OFFERED = "tool_not_offered"
-    # The same call already got the same result as often as the run allows.
-    REPEATED_CALL = "repeated_call"
-    # The run stopped (a stop rule, a cancel) before this call could run.
-    RUN_STOPPED = "run_stopped"
-
-
-# One hint per error class the daemon emits (the proto's ErrorClass, minus unspecified).
-DAEMON_HINTS: Mapping[str, str] = MappingProxyType(
-    {
-        "none": "",
-        "invalid_argument": "fix the arguments and call again",
-        "unknown_tool": "no such tool: call one of the tools you were given",
-        "not_found": "check the name/path; it does not exist",
-        "permission_denied": "do not retry: this is outside what the call may touch "
-        "(stay inside the workspace)",
-        "policy_denied": "do not retry: policy forbids this call; find another way or ask the user",
-        "approval_denied": "do not retry: a person denied this call; find another way or ask "
-        "the user why",
-        "approval_expired": "no one approved this call in time and it did not run; ask the "
-        "user before trying again",
-        "timeout": "it took too long: narrow the request (smaller range, tighter pattern) or "
-        "allow more time; do not repeat it unchanged",
-        "cancelled": "the call was cancelled; do not retry unless asked to",
-        "resource_exhausted": "a limit was hit (size, memory): ask for less, e.g. a smaller "
-        "range or fewer rows",
-        "sandbox_error": "the sandbox failed, not the call: do not retry now; report it",
-        "internal": "the daemon failed on this call: do not retry it unchanged; report it if "
-        "it persists",
-        "interrupted": "the daemon stopped during the call and nothing changed: it is safe to "
-        "call again",
-        "idempotency_conflict": "the idempotency key belongs to a different request: use a "
-        "new key, or repeat the original request exactly",
-        "no_match": "the old text does not occur: read the file again and copy the text exactly",
-        "ambiguous_match": "the old text occurs more than once: include more surrounding "
-        "text, or replace all",
-        "nonzero_exit": "the command ran and failed: read its output, fix the cause, then "
-        "run it again",
-        "duplicate_call_id": "this call id was already used in the run and did not run; use "
-        "a new call id",
-        "io_error": "the file system refused (disk, directory, file type): check the path; "
-        "retrying unchanged rarely helps",
-    }
-)
-
-REFUSAL_HINTS: Mapping[Refusal, str] = MappingProxyType(
-    {
-        Refusal.TOOL_NOT_OFFERED: "this tool is not available in this run: use one of the "
-        "tools you were given",
-        Refusal.REPEATED_CALL: "this exact call already got the same result several times: "
-        "change the arguments or the approach",
-        Refusal.RUN_STOPPED: "the run stopped before this call ran; it had no effect",
-    }
-)
-
+# The hints, and the loop's own refusals, are data: proto/execgate/v1/runstates.json,
+# generated into execgate.v1.runstates (the TypeScript loop's are generated from the same file).
+# `DAEMON_HINTS`: one hint per error class the daemon emits (the proto's ErrorClass, minus
+# unspecified). `REFUSAL_HINTS`: one per `Refusal`.
 # These statuses say more than any error class, so their hint wins.
-_STATUS_HINTS: Mapping[str, str] = MappingProxyType(
-    {
-        Status.SUCCESS.value: "",
-        Status.PARTIAL.value: "the result was cut: continue from where it stopped, or "
-        "narrow the request",
-        Status.UNKNOWN_OUTCOME.value: "the effect is unknown: reconcile (check the state) "
-        "before repeating; do not repeat blindly",
-    }
-)
-
+_STATUS_HINTS: Mapping[str, str] = STATUS_HINTS
 # For an error class this client does not know (a newer daemon): go by the status.
-_FALLBACK: Mapping[str, str] = MappingProxyType(
-    {
-        Status.REJECTED.value: "the call did not run: change the input before calling again",
-        Status.FAILURE.value: "the call failed: read the message and change something before "
-        "calling again",
-    }
-)
+_FALLBACK: Mapping[str, str] = FALLBACK_HINTS
 _HINTS: Mapping[str, str] = {**DAEMON_HINTS, **{r.value: h for r, h in REFUSAL_HINTS.items()}}
 
 

@@ -10,6 +10,8 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
+from execgate.v1.runstates import LIMIT_KEYS
+
 from ..models.base import Turn
 from ..types import Outcome
 from .backing import Verification
@@ -96,16 +98,10 @@ def monotonic_start(created_at: float) -> float:
     return time.monotonic() - max(time.time() - created_at, 0.0)
 
 
-# The run limits (runs.proto RunLimits) and the StopRules.default keyword each sets.
-STOP_KWARGS = {
-    "max_steps": "max_steps",
-    "max_tokens": "max_tokens",
-    "max_cost": "max_cost",
-    "deadline_seconds": "deadline_s",
-    "max_consecutive_errors": "max_consecutive_errors",
-    "max_repeats": "max_repeats",
-}
-LIMIT_KEYS = tuple(STOP_KWARGS)
+# The run limits (runs.proto RunLimits; runstates.json `limit_keys`) and the
+# StopRules.default keyword each sets: its own name but for the deadline's.
+_RENAMED = {"deadline_seconds": "deadline_s"}
+STOP_KWARGS = {k: _RENAMED.get(k, k) for k in LIMIT_KEYS}
 
 
 def stop_kwargs(limits: Mapping[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,9 @@ what the run is doing (and why it stopped) lives here, as data the daemon can pe
 restarted client can replay. The model *proposes*; every proposal -- tool calls or a final
 answer -- passes the `validating` gate, and only the harness moves the run.
 
-Edges (every other pair is illegal; `TRANSITIONS` is the same table as data):
+The table is data, defined once in proto/execgate/v1/runstates.json and generated into
+`execgate.v1.runstates` at build time (the daemon's Runs service and the TypeScript loop
+read the same file). Edges (every other pair is illegal; `TRANSITIONS` is the table):
 
     from               to                  when
     -----------------  ------------------  -----------------------------------------------
@@ -44,12 +46,13 @@ Decisions:
 
 from __future__ import annotations
 
-import enum
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
+
+# The table's data, generated from proto/execgate/v1/runstates.json (see the docstring).
+from execgate.v1.runstates import LIVE, RESUME_INTO, STOPS, TERMINAL, TRANSITIONS, State
 
 from .errors import Breakage, BrokenHistory, IllegalTransition
 
@@ -66,63 +69,6 @@ __all__ = [
     "Transition",
     "check_transition",
 ]
-
-
-class State(enum.StrEnum):
-    CREATED = "created"
-    REQUESTING_MODEL = "requesting_model"
-    VALIDATING = "validating"
-    AWAITING_APPROVAL = "awaiting_approval"
-    RUNNING_TOOLS = "running_tools"
-    # Suspended, resumable: waits for an event without calling the model.
-    WAITING = "waiting"
-    # Terminal.
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    BUDGET_EXHAUSTED = "budget_exhausted"
-    # A step cap or a deadline.
-    EXPIRED = "expired"
-    # No progress, or it needs a human.
-    ESCALATED = "escalated"
-
-
-# The terminals a run is stopped into; everything terminal except success.
-STOPS: frozenset[State] = frozenset(
-    {State.FAILED, State.CANCELLED, State.BUDGET_EXHAUSTED, State.EXPIRED, State.ESCALATED}
-)
-TERMINAL: frozenset[State] = STOPS | {State.COMPLETED}
-# Suspended from -> resumed into. `created` has not started, so it resumes by starting.
-RESUME_INTO: Mapping[State, State] = MappingProxyType(
-    {
-        State.CREATED: State.REQUESTING_MODEL,
-        State.REQUESTING_MODEL: State.REQUESTING_MODEL,
-        State.VALIDATING: State.VALIDATING,
-        State.AWAITING_APPROVAL: State.AWAITING_APPROVAL,
-        State.RUNNING_TOOLS: State.RUNNING_TOOLS,
-    }
-)
-# The states in which the run executes: those it can be suspended from.
-LIVE: frozenset[State] = frozenset(RESUME_INTO)
-
-
-def _edges(*to: State) -> frozenset[State]:
-    return frozenset(to) | STOPS | {State.WAITING}
-
-
-TRANSITIONS: Mapping[State, frozenset[State]] = MappingProxyType(
-    {
-        State.CREATED: _edges(State.REQUESTING_MODEL),
-        State.REQUESTING_MODEL: _edges(State.VALIDATING),
-        State.VALIDATING: _edges(
-            State.RUNNING_TOOLS, State.AWAITING_APPROVAL, State.REQUESTING_MODEL, State.COMPLETED
-        ),
-        State.AWAITING_APPROVAL: _edges(State.RUNNING_TOOLS, State.REQUESTING_MODEL),
-        State.RUNNING_TOOLS: _edges(State.REQUESTING_MODEL, State.AWAITING_APPROVAL),
-        State.WAITING: frozenset(RESUME_INTO.values()) | STOPS,
-    }
-    | {terminal: frozenset() for terminal in TERMINAL}
-)
 
 
 def check_transition(from_state: State, to_state: State) -> None:

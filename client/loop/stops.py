@@ -18,6 +18,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from execgate.v1.runstates import STOP_PRIORITY
+
 from .states import STOPS, State
 from .tally import CancelRequest, Tally, canonical_arguments, fingerprint
 
@@ -205,21 +207,10 @@ class NoProgress:
         return Stop(self.name, State.ESCALATED, reason, tally.figures(now), evidence)
 
 
-# The order in which rules decide when several fire at once. A cancel is an authorized
-# person's instruction and overrides every automatic judgement. Then the hard resources, from
-# the one no one can extend to the ones configured as limits: time, then tokens and cost, then
-# the step cap. Judgements about the run's behaviour come last: repeated errors are a fact
-# (the run failed, whether or not the errors repeat), while no-progress is a heuristic with
-# false positives, so it decides only when nothing firmer does.
-PRIORITY: tuple[str, ...] = (
-    "cancelled",
-    "deadline",
-    "max_tokens",
-    "max_cost",
-    "max_steps",
-    "max_consecutive_errors",
-    "no_progress",
-)
+# The order in which rules decide when several fire at once: a cancel first, then time,
+# tokens and cost, the step cap, and the judgements about the run's behaviour last
+# (`stop_priority` in proto/execgate/v1/runstates.json says why, and is the one copy).
+PRIORITY: tuple[str, ...] = STOP_PRIORITY
 
 
 class StopRules:

@@ -1,23 +1,26 @@
 """Exceptions of the model adapters. Each carries the `model` name and says what happened.
 
-    ModelError                 root
-    ├── ModelUnavailable       nothing answered usefully: connection refused, timeout,
-    │                          5xx (Anthropic's 529 overloaded_error among them); retry later
-    ├── ModelRateLimited       429; `retry_after` seconds when the provider said, else None
-    ├── ModelRequestRejected   any other 4xx: the request is wrong (bad key, bad model,
-    │                          bad schema); carries `status`, `error_type`, the provider's
-    │                          `provider_message`; retrying will not help
-    ├── ModelBadResponse       a 2xx whose body we cannot use: not JSON, a missing field, an
-    │                          unknown tool-call shape, arguments that are not JSON
-    └── ScriptExhausted        a ScriptedModel was asked for more turns than its script has
+    ExecgateClientError            root of the client (execgate.client.errors)
+    └── ModelError                 root of execgate.client.models
+        ├── ModelUnavailable       nothing answered usefully: connection refused, timeout,
+        │                          5xx (Anthropic's 529 overloaded_error among them); retry later
+        ├── ModelRateLimited       429; `retry_after` seconds when the provider said, else None
+        ├── ModelRequestRejected   any other 4xx: the request is wrong (bad key, bad model,
+        │                          bad schema); carries `status`, `error_type`, the provider's
+        │                          `provider_message`; retrying will not help
+        ├── ModelBadResponse       a 2xx whose body we cannot use: not JSON, a missing field, an
+        │                          unknown tool-call shape, arguments that are not JSON
+        └── ScriptExhausted        a ScriptedModel was asked for more turns than its script has
 
 No message ever contains an api key: adapters redact it from anything a server echoes.
 """
 
 from __future__ import annotations
 
+from ..errors import ExecgateClientError
 
-class ModelError(Exception):
+
+class ModelError(ExecgateClientError):
     """Root of the model exceptions."""
 
     def __init__(self, model: str, message: str) -> None:

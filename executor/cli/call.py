@@ -29,6 +29,7 @@ from execgate.client import (
     Status,
 )
 
+from . import common
 from . import lookup as cli_lookup
 from . import show as cli_show
 
@@ -136,9 +137,7 @@ def run_call(args: argparse.Namespace, client: Client, arguments: dict[str, Any]
         print(f"execgate: {call.call_id}: the stream ended without an outcome", file=sys.stderr)
         return 1
     if args.json:
-        from .calls import _jsonable, _print_json
-
-        _print_json({"run_id": run_id, **_jsonable(outcome)})
+        common.print_json({"run_id": run_id, **common.jsonable(outcome)})
     else:
         cli_show.print_outcome(Console(highlight=False), outcome, run_id)
     return 0 if outcome.status is Status.SUCCESS else 1

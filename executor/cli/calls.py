@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
-import enum
 import getpass
 import json
 import sys
@@ -22,25 +20,25 @@ from execgate.client import (
     Client,
     DaemonUnavailable,
     Status,
-    TlsConfig,
 )
 from execgate.client._transport import sync_channel
 from execgate.client.wire import resolve_address
-from execgate.executor.policy.local_identities import cli_token
 
+from . import common
 from . import lookup as cli_lookup
 from . import options as cli_options
 from . import show as cli_show
+from .call import run_call
 from .table import Col, print_table
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    common = cli_options.common()
+    parent = cli_options.common()
 
-    p = sub.add_parser("tools", parents=[common], help="list the daemon's tools")
+    p = sub.add_parser("tools", parents=[parent], help="list the daemon's tools")
     p.set_defaults(handler=_tools)
 
-    p = sub.add_parser("call", parents=[common], help="run one tool call")
+    p = sub.add_parser("call", parents=[parent], help="run one tool call")
     p.add_argument("tool")
     p.add_argument(
         "--arg",
@@ -69,7 +67,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     calls = sub.add_parser("calls", help="read the journal").add_subparsers(
         dest="calls_cmd", required=True
     )
-    p = calls.add_parser("list", parents=[common], help="recent calls, newest first")
+    p = calls.add_parser("list", parents=[parent], help="recent calls, newest first")
     p.add_argument("--run", default="", help="only this run's calls (default: every run)")
     p.add_argument(
         "--status",
@@ -81,13 +79,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--tool", default="", help="only this tool's calls (default: any)")
     p.add_argument("--limit", type=int, default=50, help="at most this many calls")
     p.set_defaults(handler=_calls_list)
-    p = calls.add_parser("show", parents=[common], help="one call's full record")
+    p = calls.add_parser("show", parents=[parent], help="one call's full record")
     p.add_argument("call_id", help="a call id, or a unique prefix of one")
     p.add_argument("--run", default="", help="the call's run (default: any run)")
     p.add_argument("--raw", action="store_true", help="include the raw result")
     p.set_defaults(handler=_calls_show)
 
-    p = sub.add_parser("cancel", parents=[common], help="stop a call, a batch or a run")
+    p = sub.add_parser("cancel", parents=[parent], help="stop a call, a batch or a run")
     p.add_argument("--run", default="", help="every call of this run")
     p.add_argument("--call", default="", help="this call (an id or a unique prefix)")
     p.add_argument("--batch", default="", help="every call of this batch")
@@ -101,7 +99,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.set_defaults(handler=_cancel)
 
     p = sub.add_parser(
-        "explain", parents=[common], help="show how a batch would be scheduled, run nothing"
+        "explain", parents=[parent], help="show how a batch would be scheduled, run nothing"
     )
     p.add_argument(
         "batch",
@@ -110,44 +108,15 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--run", default="", help="run id (default: the implicit run)")
     p.set_defaults(handler=_explain)
 
-    p = sub.add_parser("health", parents=[common], help="exit 0 if the daemon is serving")
+    p = sub.add_parser("health", parents=[parent], help="exit 0 if the daemon is serving")
     p.set_defaults(handler=_health)
-
-    from . import approvals as cli_approvals  # they import this module's helpers
-    from . import kills as cli_kills
-    from . import runs as cli_runs
-    from .trace import command as cli_trace
-
-    cli_approvals.add_commands(sub, common)
-    cli_runs.add_commands(sub, common)
-    cli_trace.add_commands(sub, common)
-    cli_kills.add_commands(sub, common)
-
-
-def _client(args: argparse.Namespace, *, run_id: str = "", identity: str = "agent") -> Client:
-    """A client as --token, $EXECGATE_TOKEN, or else the local `identity`'s token beside
-    the daemon's socket (`make run`'s, see local_identities): `agent` makes calls,
-    `operator` decides approvals."""
-    token = args.token
-    if token is None:
-        token = cli_token(resolve_address(args.addr), identity)
-    return Client(args.addr, run_id=run_id, token=token, tls=_tls(args))
-
-
-def _tls(args: argparse.Namespace) -> TlsConfig | None:
-    given = (args.tls_ca, args.tls_cert, args.tls_key)
-    if not any(given):
-        return None
-    if not all(given):
-        raise SystemExit("execgate: --tls-ca, --tls-cert and --tls-key go together")
-    return TlsConfig(args.tls_ca, args.tls_cert, args.tls_key)
 
 
 def _tools(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with common.client(args) as client:
         tools = client.list_tools()
     if args.json:
-        _print_json([dataclasses.asdict(t) for t in tools])
+        common.print_json([dataclasses.asdict(t) for t in tools])
         return 0
     columns = [Col("tool", keep=True, style="bold"), Col("effects"), Col("arguments")]
     columns.append(Col("description"))
@@ -165,9 +134,8 @@ def _tools(args: argparse.Namespace) -> int:
 
 
 def _call(args: argparse.Namespace) -> int:
-    from .call import run_call
 
-    with _client(args, run_id=args.run) as client:
+    with common.client(args, run_id=args.run) as client:
         return run_call(args, client, _arguments(client, args))
 
 
@@ -195,7 +163,7 @@ def _json_or_text(value: str) -> Any:
 
 
 def _calls_list(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with common.client(args) as client:
         records = client.list_calls(
             run_id=args.run,
             statuses=[Status(s) for s in args.status],
@@ -203,7 +171,7 @@ def _calls_list(args: argparse.Namespace) -> int:
             limit=args.limit,
         )
     if args.json:
-        _print_json([_jsonable(r) for r in records])
+        common.print_json([common.jsonable(r) for r in records])
         return 0
     columns = [
         Col("call", keep=True, style="bold"),
@@ -228,7 +196,7 @@ def _calls_list(args: argparse.Namespace) -> int:
                 r.tool,
                 "" if o is None else o.error_class,
                 ms,
-                _when_short(r.created_at),
+                common.when_short(r.created_at),
             ]
         )
     print_table(Console(highlight=False), columns, rows, title=f"calls: {len(rows)}")
@@ -236,17 +204,17 @@ def _calls_list(args: argparse.Namespace) -> int:
 
 
 def _calls_show(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with common.client(args) as client:
         record = cli_lookup.call(client, args.call_id, args.run, raw=args.raw)
     if args.json:
-        _print_json(_jsonable(record))
+        common.print_json(common.jsonable(record))
         return 0
     cli_show.print_record(Console(highlight=False), record, raw=args.raw)
     return 0
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with common.client(args) as client:
         run_id, call_id = args.run, args.call
         if call_id:
             record = cli_lookup.call(client, call_id, run_id)
@@ -261,7 +229,7 @@ def _cancel(args: argparse.Namespace) -> int:
         )
     where = run_id or cli_lookup.DEFAULT_RUN
     if args.json:
-        _print_json({"run_id": where, "cancelled": hit})
+        common.print_json({"run_id": where, "cancelled": hit})
     else:
         reached = ": " + ", ".join(hit) if hit else ""
         print(f"cancel reached {len(hit)} call(s) of run {where}{reached}")
@@ -274,10 +242,10 @@ def _explain(args: argparse.Namespace) -> int:
         calls = [Call(**item) for item in json.loads(text)]
     except (ValueError, TypeError) as exc:
         raise SystemExit(f"execgate: {args.batch}: not a JSON list of calls: {exc}") from exc
-    with _client(args, run_id=args.run) as client:
+    with common.client(args, run_id=args.run) as client:
         plans = client.explain(calls)
     if args.json:
-        _print_json([_jsonable(p) for p in plans])
+        common.print_json([common.jsonable(p) for p in plans])
         return 0
     columns = [
         Col("#", justify="right", min_width=2),
@@ -324,7 +292,7 @@ def _policy_cell(plan: CallPlan) -> str:
 def _health(args: argparse.Namespace) -> int:
     address = resolve_address(args.addr)
     # Health needs no credentials, but a TLS listener still needs the TLS handshake.
-    with sync_channel(address, _tls(args)) as channel:
+    with sync_channel(address, common.tls(args)) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
@@ -336,32 +304,7 @@ def _health(args: argparse.Namespace) -> int:
     serving = reply.status == health_pb2.HealthCheckResponse.SERVING
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     if args.json:
-        _print_json({"address": address, "status": status, "serving": serving})
+        common.print_json({"address": address, "status": status, "serving": serving})
     else:
         print(status)
     return 0 if serving else 1
-
-
-def _when(seconds: float) -> str:
-    return datetime.datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-
-
-def _when_short(seconds: float) -> str:
-    """`12-02 03:44:56`: wraps at the space into a narrow column."""
-    return datetime.datetime.fromtimestamp(seconds).strftime("%m-%d %H:%M:%S")
-
-
-def _jsonable(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    return value
-
-
-def _print_json(data: Any) -> None:
-    print(json.dumps(data, indent=2, ensure_ascii=False))

@@ -20,7 +20,7 @@ from execgate.executor.server import wire
 from execgate.v1 import executor_pb2 as pb
 from execgate.v1 import executor_pb2_grpc as pb_grpc
 
-from .calls import _tls
+from . import common
 
 
 def explain_remote(args: argparse.Namespace, values: dict[str, Any]) -> Explanation:
@@ -38,7 +38,7 @@ def explain_remote(args: argparse.Namespace, values: dict[str, Any]) -> Explanat
     address = resolve_address(args.addr)
     token = args.token if args.token is not None else cli_token(address, "operator")
     metadata = call_metadata(resolve_token(token))
-    with sync_channel(address, _tls(args)) as channel:
+    with sync_channel(address, common.tls(args)) as channel:
         try:
             reply = pb_grpc.ExecutorStub(channel).ExplainPolicy(
                 request, metadata=metadata, timeout=30

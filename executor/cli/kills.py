@@ -20,7 +20,8 @@ from rich.console import Console
 from execgate.client import CallRecord, Status
 from execgate.executor.cli.trace.rows import StopCause, call_row
 
-from .calls import _client, _jsonable, _print_json, _when_short
+from . import common
+from . import options as cli_options
 from .table import Col, print_table
 from .trace import text as words
 
@@ -57,10 +58,9 @@ class Kill:
     force_how: str
 
 
-def add_commands(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
-    p = sub.add_parser("kills", parents=[common], help="calls the daemon force-terminated, and how")
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parent = cli_options.common()
+    p = sub.add_parser("kills", parents=[parent], help="calls the daemon force-terminated, and how")
     p.add_argument(
         "--since",
         type=age,
@@ -122,7 +122,7 @@ def kill_of(record: CallRecord) -> Kill | None:
 
 def _kills(args: argparse.Namespace) -> int:
     since = time.time() - args.since if args.since is not None else None
-    with _client(args) as client:
+    with common.client(args) as client:
         # The daemon keeps only calls finished inside the window (a call created before
         # it may have been killed inside it); here, only those whose SIGKILL was.
         records = client.list_calls(
@@ -130,7 +130,7 @@ def _kills(args: argparse.Namespace) -> int:
         )
     found = kills(records, since)
     if args.json:
-        _print_json([_jsonable(k) for k in found])
+        common.print_json([common.jsonable(k) for k in found])
         return 0
     _print_table(found)
     return 0
@@ -169,7 +169,7 @@ def _print_table(found: list[Kill]) -> None:
                 words.dur(k.grace_used) if k.grace_used is not None else "?",
                 _exit(k),
                 f"{k.tool} (agent {k.agent})",
-                _when_short(k.requested),
+                common.when_short(k.requested),
             ]
         )
     title = f"forced terminations: {len(found)}"

@@ -25,6 +25,7 @@ from execgate.client import (
     RunInfo,
     RunNotFound,
 )
+from execgate.executor.core.errors import ExecgateError
 
 # How many recent records a prefix is looked up among.
 SCAN = 5000
@@ -33,7 +34,7 @@ NO_RECORD = "no run record"
 DEFAULT_RUN = "default"
 
 
-class AmbiguousPrefix(ExecgateClientError):
+class AmbiguousPrefix(ExecgateError, ExecgateClientError):
     """`prefix` starts more than one `kind` id (`matches`, the first few)."""
 
     def __init__(self, kind: str, prefix: str, matches: Iterable[str]) -> None:

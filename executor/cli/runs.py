@@ -12,8 +12,9 @@ from rich.markup import escape
 from execgate.client import RunDetail, RunInfo
 from execgate.client.loop.states import State
 
+from . import common
 from . import lookup as cli_lookup
-from .calls import _client, _jsonable, _print_json, _when, _when_short
+from . import options as cli_options
 from .table import Col, print_table
 
 STATE_STYLE = {
@@ -26,33 +27,32 @@ STATE_STYLE = {
 }
 
 
-def add_commands(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parent = cli_options.common()
     runs = sub.add_parser(
         "runs", help="agent loops recorded by the daemon: list, show, cancel"
     ).add_subparsers(dest="runs_cmd", required=True)
-    p = runs.add_parser("list", parents=[common], help="runs, newest first")
+    p = runs.add_parser("list", parents=[parent], help="runs, newest first")
     p.add_argument("--state", action="append", default=[], help="a state, or 'active' (repeatable)")
     p.add_argument("--owner", default="", help="only this identity's runs (default: any)")
     p.add_argument("--limit", type=int, default=50, help="at most this many runs")
     p.set_defaults(handler=_list)
-    p = runs.add_parser("show", parents=[common], help="a run's transitions and calls")
+    p = runs.add_parser("show", parents=[parent], help="a run's transitions and calls")
     p.add_argument(
         "run_id", help="a run id (or a unique prefix): any run calls used, `default` included"
     )
     p.set_defaults(handler=_show)
-    p = runs.add_parser("cancel", parents=[common], help="ask a run to stop")
+    p = runs.add_parser("cancel", parents=[parent], help="ask a run to stop")
     p.add_argument("run_id", help="the run's id")
     p.add_argument("--reason", default="cancelled from the CLI", help="recorded with the cancel")
     p.set_defaults(handler=_cancel)
 
 
 def _list(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with common.client(args) as client:
         runs = client.runs.find(states=args.state, owner=args.owner, limit=args.limit)
     if args.json:
-        _print_json([_jsonable(r) for r in runs])
+        common.print_json([common.jsonable(r) for r in runs])
         return 0
     columns = [
         Col("run", keep=True, style="bold"),
@@ -71,7 +71,7 @@ def _list(args: argparse.Namespace) -> int:
             str(r.last_seq),
             r.reason,
             _short(r.goal),
-            _when_short(r.created_at),
+            common.when_short(r.created_at),
         ]
         for r in runs
     ]
@@ -80,10 +80,10 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with common.client(args) as client:
         detail = cli_lookup.run_detail(client, args.run_id)
     if args.json:
-        _print_json(_jsonable(detail))
+        common.print_json(common.jsonable(detail))
         return 0
     _print_detail(detail)
     return 0
@@ -107,7 +107,7 @@ def _print_detail(detail: RunDetail) -> None:
         console.print(line, markup=False)
     if run.cancel is not None:
         ask = run.cancel
-        console.print(f"cancel requested by {ask.requester} at {_when(ask.at)}: {ask.reason}")
+        console.print(f"cancel requested by {ask.requester} at {common.when(ask.at)}: {ask.reason}")
     if detail.events:
         _print_events(console, detail)
     columns = [
@@ -141,13 +141,13 @@ def _print_events(console: Console, detail: RunDetail) -> None:
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with common.client(args) as client:
         run = client.runs.cancel(args.run_id, args.reason)
     if args.json:
-        _print_json(_jsonable(run))
+        common.print_json(common.jsonable(run))
         return 0
     c = run.cancel
-    who = f" by {c.requester} at {_when(c.at)}" if c is not None else ""
+    who = f" by {c.requester} at {common.when(c.at)}" if c is not None else ""
     print(f"run {run.run_id}: cancel requested{who}; state now {run.state.value}")
     return 0
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from execgate.executor.pipeline.calls import CallRequest
+from .errors import ExecgateError
+from .requests import CallRequest
 
 
 class ApprovalState(enum.Enum):
@@ -54,7 +55,7 @@ class Approval:
         )
 
 
-class Detached(Exception):
+class Detached(ExecgateError):
     """The daemon is stopping while the call awaits approval: the approval stays
     pending and the next daemon resumes the call; this one stops following it."""
 

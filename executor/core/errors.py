@@ -1,23 +1,80 @@
-"""Exceptions of the daemon.
+"""Exceptions of the daemon: one tree, rooted here, for every class `execgate.executor` raises.
 
-    ExecgateError                 root; never crosses the gRPC edge
-    ├── ToolError                 an expected, typed failure of one call
-    │   (carries the Status, ErrorClass, message and offending field)
-    ├── ConfigError               bad daemon configuration (CLI flags, paths)
-    │   └── IdentityError         an identities file that cannot be loaded (file:line:column)
-    ├── PolicyError               a policy file that cannot be loaded
-    │   └── PolicyErrors          every error of one file (`.errors`), read as the first
-    └── MalformedRequest          an RPC's request the daemon cannot use at all
-        (carries the class and the offending field; answered INVALID_ARGUMENT)
+Each room may define its own classes in its own modules; every one of them is drawn here,
+under the base it derives from, with the module that defines it (a test walks the package
+and holds this drawing to the code: tests/unit/test_error_trees.py).
+
+    ExecgateError                   core.errors         root
+    ├── ToolError                   core.errors         an expected, typed failure of one call
+    │                                                   (Status, ErrorClass, message, field)
+    ├── ConfigError                 core.errors         bad daemon configuration (flags, paths)
+    │   ├── SettingError            core.ranges         a number outside its range (setting,
+    │   │                                               value, allowed)
+    │   └── JournalTooNew           journal.schema      a journal of a newer daemon (found,
+    │                                                   latest schema versions)
+    ├── LocatedError                core.errors         a file that cannot be used (path, line,
+    │   │                                               column)
+    │   ├── PolicyError             core.errors         a policy file that cannot be loaded
+    │   │   └── PolicyErrors        core.errors         every error of one file (`.errors`)
+    │   └── IdentityError           core.errors         an identities file that cannot be
+    │                                                   loaded (also a ConfigError)
+    ├── MalformedRequest            core.errors         an RPC's request the daemon cannot use
+    │                                                   (kind, field, message)
+    ├── Detached                    core.approval       the daemon stops while a call awaits
+    │                                                   approval (approval)
+    ├── Lagging                     core.fanout         a watcher fell behind (backlog, resume)
+    ├── Closed                      core.fanout         the fan-out closed under a watcher (why)
+    ├── _TooBig                     core.regexbound     a regex past the bound, mid-estimate
+    ├── DuplicateCall               journal.store       (run_id, call_id) already journaled
+    ├── LockError                   locks.base          root of the lock room
+    │   ├── Abandoned               locks.base          a waiter gave up (owner)
+    │   └── BackendClosed           locks.base          the lock backend was closed
+    ├── Undecided                   policy.model        a `matches` regex ran out of time (arg)
+    ├── RunRefused                  runs.registry       a run change refused (kind, message,
+    │                                                   field)
+    ├── Closing                     runs.registry       the daemon stops under a WatchRun
+    │                                                   (run_id)
+    ├── SandboxError                sandbox.base        the sandbox could not start the call
+    │   │                                               (message)
+    │   ├── ProgramNotFound         sandbox.process     (program)
+    │   ├── ProgramNotExecutable    sandbox.process     (program)
+    │   └── ContainerGone           sandbox.dockerd     dockerd forgot the container
+    │                                                   (explanation)
+    ├── WriteAbandoned              tools.fileio        a write stopped before its rename (path)
+    ├── _Cancelled                  tools.search        a search's cancel, inside its thread
+    ├── NoStatements                tools.sqlanalysis   SQL text without a statement (also a
+    │                                                   ValueError)
+    ├── Interrupted                 tools.sqlexec       SQLite work aborted by cancel or timeout
+    ├── CommitUncertain             tools.sqlexec       no proof nothing was committed (message;
+    │                                                   also a RuntimeError)
+    ├── ApprovalError               pipeline.approve    a Decide that cannot be done (refused,
+    │                                                   message)
+    ├── NotYours                    pipeline.inflight   a cancel of another's calls (agent,
+    │                                                   message)
+    ├── _Corrupt                    server.guard        the wire format breaks (request guard)
+    ├── RpcError                    server.status       an RPC the server ends itself (message)
+    │   ├── AccessRefused           server.status       the caller may not make this RPC
+    │   │   ├── Unauthenticated     server.status       no, a wrong or a revoked credential
+    │   │   └── PermissionDenied    server.status       a known caller without the rights
+    │   ├── CallNotFound            server.status       GetCall of a call not there for it
+    │   │                                               (run_id, call_id)
+    │   ├── BadArgument             server.status       a field a servicer cannot use (field)
+    │   ├── OutcomesUnrecorded      server.status       outcomes the journal lost (call_ids)
+    │   └── OutcomesDetached        server.status       calls parked across a restart (parked)
+    └── AmbiguousPrefix             cli.lookup          an id prefix of several ids (kind,
+                                                        prefix, matches; also the client's
+                                                        ExecgateClientError, as the CLI
+                                                        reports it)
 
 A `ToolError` raised by validation or a tool becomes that call's Outcome; it never
 reaches gRPC. Anything else escaping a tool becomes FAILURE/internal (read-only
 tools) or UNKNOWN_OUTCOME/internal (writing tools) -- see `dispatch`.
 
-A `MalformedRequest` is the one exception meant to cross the edge: the request guard
-(`requests.py`) answers it with INVALID_ARGUMENT, the class and field in the trailing
-metadata (`execgate-error-class`, `execgate-field`) and in the details
-("CLASS: FIELD: message"), logged as one line.
+The errors that end an RPC are mapped to gRPC statuses in one place, at the edge:
+`execgate.executor.server.status` (`RULES`, `abort_for`). A `MalformedRequest` raised
+anywhere below the servicers is answered INVALID_ARGUMENT, with the class and field in the
+trailing metadata (`execgate-error-class`, `execgate-field`) and in the details
+("CLASS: FIELD: message"), logged as one line by the request guard (`server.guard`).
 """
 
 from __future__ import annotations

@@ -23,11 +23,22 @@ MAX_BACKLOG = 1024
 
 
 class Lagging(ExecgateError):
-    """A watcher fell more than MAX_BACKLOG updates behind; its stream ends."""
+    """A watcher fell more than `backlog` updates behind; its stream ends. `resume` says
+    how its client picks up again (WatchRun: from the last seq it was sent)."""
+
+    def __init__(self, backlog: int, resume: str = "watch again") -> None:
+        super().__init__(f"the watcher fell more than {backlog} updates behind; {resume}")
+        self.backlog = backlog
+        self.resume = resume
 
 
 class Closed(ExecgateError):
-    """The fan-out was closed (the daemon is stopping) while a watcher waited."""
+    """The fan-out was closed (the daemon is stopping) while a watcher waited; `why` says
+    why it was."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
 
 
 class Watcher(Generic[T]):
@@ -57,7 +68,7 @@ class Watcher(Generic[T]):
         try:
             self._queue.put_nowait(item)
         except asyncio.QueueFull:
-            self.end(Lagging(f"the watcher fell more than {self._queue.maxsize} updates behind"))
+            self.end(Lagging(self._queue.maxsize))
             return False
         self._wake.set()
         return True

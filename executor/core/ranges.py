@@ -16,15 +16,10 @@ from __future__ import annotations
 
 import math
 import resource
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .errors import ConfigError
-
-if TYPE_CHECKING:
-    from execgate.executor.sandbox.base import Confinement
-    from execgate.executor.tools import Limits
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -95,18 +90,6 @@ OUTPUT_CAP_KB = Range(low=1, high=64 * KIB, unit="KiB")
 FILE_CAP_KB = Range(low=1, high=MIB, unit="KiB")
 
 
-def check_limits(limits: Limits) -> None:
-    """The daemon's call limits (`--grace`, `--default-timeout`, `--output-cap`, `--file-cap`)."""
-    GRACE.check("--grace", limits.grace)
-    GRACE.check("max_grace", limits.max_grace)
-    TIMEOUT.check("--default-timeout", limits.default_timeout)
-    TIMEOUT.check("max_timeout", limits.max_timeout)
-    OUTPUT_CAP.check("--output-cap", limits.output_cap_bytes)
-    RAW_CAP.check("raw_cap_bytes", limits.raw_cap_bytes)
-    FILE_CAP.check("--file-cap", limits.file_cap_bytes)
-    ARGUMENTS.check("max_arguments_bytes", limits.max_arguments_bytes)
-
-
 # ---------------------------------------------------------------- sandbox limits (rlimits)
 
 # Where the host's hard limit is unlimited.
@@ -115,7 +98,7 @@ _FALLBACK_CEILING = {
     "memory_bytes": 16 << 40,
     "file_size_bytes": 16 << 40,
 }
-_RLIMITS = {
+RLIMITS = {
     "cpu_seconds": resource.RLIMIT_CPU,
     "memory_bytes": resource.RLIMIT_AS,
     "file_size_bytes": resource.RLIMIT_FSIZE,
@@ -134,7 +117,7 @@ _FLOOR = {
 
 def ceiling(field: str) -> int:
     """The largest value `field` of a Confinement may have on this host."""
-    hard = resource.getrlimit(_RLIMITS[field])[1]
+    hard = resource.getrlimit(RLIMITS[field])[1]
     if hard != resource.RLIM_INFINITY:
         return int(hard)
     if field == "processes":
@@ -153,17 +136,6 @@ def confinement_range(field: str, unit: int = 1) -> Range:
         integer=True,
         unit=names.get(unit, ""),
     )
-
-
-def fit_confinement(conf: Confinement) -> tuple[Confinement, list[str]]:
-    """The daemon's built-in limits lowered to this host's ceilings (they are no flag an
-    operator could fix), and what was lowered."""
-    notes = []
-    for f in _RLIMITS:
-        if getattr(conf, f) > (top := ceiling(f)):
-            notes.append(f"{f} {getattr(conf, f)} -> {top} (this host's hard limit)")
-            conf = replace(conf, **{f: top})  # type: ignore[arg-type]  # an int field
-    return conf, notes
 
 
 def _pid_max() -> int:

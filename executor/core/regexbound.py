@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import re
 
+from .errors import ExecgateError
+
 # ~50 ms of `regex.compile` on this project's CI machine; `a{65535}` takes ~13 ms.
 MAX_COST = 200_000
 MAX_DEPTH = 64
@@ -37,8 +39,8 @@ def check_pattern(pattern: str, max_chars: int) -> str | None:
     return None
 
 
-class _TooBig(Exception):
-    pass
+class _TooBig(ExecgateError):
+    """Past the bound before the estimate is done; `check_pattern` answers its text."""
 
 
 def _estimate(pattern: str) -> tuple[int, int]:

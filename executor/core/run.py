@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from execgate.client.loop.states import TERMINAL, State
+from .runstate import TERMINAL, State
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,10 @@
-"""The `approvals` table: rows in and out (executor/pipeline/approve.py decides what they say)."""
+"""The `approvals` table: rows in and out (executor/pipeline/approve.py decides what they say).
+
+`SqliteApprovals` implements `base.ApprovalStore`. Every write is durable (fsync
+before the await returns): nothing about an approval is reported before it is on
+disk. A decision is one conditional UPDATE (`WHERE state='pending'`), so a decision
+and an expiry racing each other cannot both win.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,11 @@ import json
 import sqlite3
 from typing import Any
 
+from execgate.executor.core import clock
 from execgate.executor.core.approval import Approval, ApprovalState
 
-from .store import Journal, PolicyRecord
+from .db import SqliteDb
+from .records import PolicyRecord
 
 _COLUMNS = (
     "id, run_id, call_id, batch_id, tool, arguments_json, requester, rule_id, reason, "
@@ -17,7 +25,60 @@ _COLUMNS = (
 )
 
 
-def insert(conn: sqlite3.Connection, a: Approval, decision: PolicyRecord | None) -> None:
+class SqliteApprovals:
+    """The approvals of a SQLite journal (`base.ApprovalStore`)."""
+
+    def __init__(self, db: SqliteDb) -> None:
+        self._db = db
+
+    async def insert(self, approval: Approval, decision: PolicyRecord | None) -> None:
+        """Write a new (pending) approval, durably."""
+        await self._db.write(lambda c: _insert(c, approval, decision), durable=True)
+
+    async def transition(
+        self, approval_id: str, state: ApprovalState, by: str, comment: str
+    ) -> Approval | None:
+        """Move a pending approval to `state`, durably; None if it was not pending."""
+
+        def write(conn: sqlite3.Connection) -> Approval | None:
+            updated = conn.execute(
+                "UPDATE approvals SET state=?, decided_by=?, comment=?, decided_at=? "
+                "WHERE id=? AND state='pending'",
+                (state.value, by, comment, clock.now(), approval_id),
+            ).rowcount
+            if updated != 1:
+                return None
+            return _rows(conn, "WHERE id = ?", (approval_id,))[0]
+
+        return await self._db.write(write, durable=True)
+
+    async def get(self, approval_id: str) -> Approval | None:
+        found = await self._select("WHERE id = ?", (approval_id,))
+        return found[0] if found else None
+
+    async def parked(self, run_id: str, call_id: str) -> Approval | None:
+        found = await self._select(
+            "WHERE run_id = ? AND call_id = ? AND state = 'pending'", (run_id, call_id)
+        )
+        return found[0] if found else None
+
+    async def pending(self) -> list[Approval]:
+        return await self._select("WHERE state = 'pending' ORDER BY created_at", ())
+
+    async def of_run(self, run_id: str) -> list[Approval]:
+        return await self._select("WHERE run_id = ? ORDER BY created_at", (run_id,))
+
+    def left_pending(self) -> list[Approval]:
+        """At startup: the approvals a previous daemon left pending, oldest first."""
+        return self._db.write_sync(
+            lambda c: _rows(c, "WHERE state = 'pending' ORDER BY created_at", ()), durable=True
+        )
+
+    async def _select(self, where: str, params: tuple[object, ...]) -> list[Approval]:
+        return await self._db.read(lambda c: _rows(c, where, params))
+
+
+def _insert(conn: sqlite3.Connection, a: Approval, decision: PolicyRecord | None) -> None:
     conn.execute(
         f"INSERT INTO approvals ({_COLUMNS}, decision_json) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -45,9 +106,9 @@ def insert(conn: sqlite3.Connection, a: Approval, decision: PolicyRecord | None)
     )
 
 
-def rows(conn: sqlite3.Connection, where: str, params: tuple[object, ...]) -> list[Approval]:
-    rows = conn.execute(f"SELECT {_COLUMNS} FROM approvals {where}", params).fetchall()
-    return [_approval(r) for r in rows]
+def _rows(conn: sqlite3.Connection, where: str, params: tuple[object, ...]) -> list[Approval]:
+    found = conn.execute(f"SELECT {_COLUMNS} FROM approvals {where}", params).fetchall()
+    return [_approval(r) for r in found]
 
 
 def _approval(r: tuple[Any, ...]) -> Approval:
@@ -71,8 +132,3 @@ def _approval(r: tuple[Any, ...]) -> Approval:
         idempotency_key=r[16],
         timeout=r[17],
     )
-
-
-def left_pending(journal: Journal) -> list[Approval]:
-    """At startup: the approvals a previous daemon left pending, oldest first."""
-    return journal.write_now(lambda c: rows(c, "WHERE state = 'pending' ORDER BY created_at", ()))

@@ -156,7 +156,16 @@ RECORD_COLUMNS = (
 
 
 class JournalTooNew(ConfigError):
-    """The journal was written by a newer daemon: opening it could lose what it records."""
+    """The journal was written by a newer daemon: opening it could lose what it records.
+    `found` is its schema version, `latest` this daemon's."""
+
+    def __init__(self, found: int, latest: int) -> None:
+        super().__init__(
+            f"the journal's schema is version {found}, newer than this daemon's {latest}: "
+            "it was written by a newer execgate; run that version (or a newer one) on it"
+        )
+        self.found = found
+        self.latest = latest
 
 
 @dataclass(frozen=True)
@@ -201,10 +210,7 @@ def migrate(conn: sqlite3.Connection) -> list[Migration]:
     """Bring a journal (new, unversioned or older) to LATEST; the migrations applied."""
     found = version(conn)
     if found > LATEST:
-        raise JournalTooNew(
-            f"the journal's schema is version {found}, newer than this daemon's {LATEST}: "
-            "it was written by a newer execgate; run that version (or a newer one) on it"
-        )
+        raise JournalTooNew(found, LATEST)
     conn.executescript(SCHEMA)  # every table and index, IF NOT EXISTS: nothing is dropped
     applied = []
     for step in MIGRATIONS:

@@ -28,7 +28,7 @@ from .base import (
 from .filelock_backend import FileLockManager
 from .keys import Key, net_key, path_key, table_key, workspace_key
 from .manager import LockManager, explain
-from .modes import Claim, LockMode, combine, compatible, plan, plans_conflict
+from .modes import Claim, LockMode, Mode, combine, compatible, plan, plans_conflict
 from .null import NoLocks
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "LockError",
     "LockManager",
     "LockMode",
+    "Mode",
     "NoLocks",
     "Snapshot",
     "WaitInfo",

@@ -19,9 +19,14 @@ import enum
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-from execgate.executor.tools.base import Mode
-
 from .keys import Key
+
+
+class Mode(enum.Enum):
+    """What a claim does to its key: reads it, or may change it."""
+
+    READ = "read"
+    WRITE = "write"
 
 
 class LockMode(enum.Enum):

@@ -1,15 +1,16 @@
 """Approvals: a call a policy `ask` rule decided waits here for a human.
 
-One approval is one row of the journal's `approvals` table:
+One approval is one record of the journal's approval store (`ApprovalStore`):
 
     pending ──Decide(approve)──> approved   the call joins the lock queue and runs
        ├──────Decide(deny)─────> denied     the call is REJECTED (approval_denied)
        └──ttl / cancel / stop──> expired    the call is REJECTED (approval_expired,
                                             or cancelled / timeout when it was stopped)
 
-Every transition is one conditional UPDATE (`WHERE state='pending'`) committed with
-fsync, so a decision and an expiry racing each other cannot both win, and nothing is
-reported (to the parked call or to watchers) before it is on disk.
+Every transition is one conditional write (`ApprovalStore.transition`: only from
+pending) committed with fsync, so a decision and an expiry racing each other cannot
+both win, and nothing is reported (to the parked call or to watchers) before it is
+on disk.
 
 A parked call holds no resource locks: the dispatcher parks it before it joins the
 lock queue.
@@ -27,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import secrets
-import sqlite3
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
@@ -36,10 +36,8 @@ from execgate.executor.core.approval import Approval, ApprovalState, Detached
 from execgate.executor.core.errors import ExecgateError, ToolError
 from execgate.executor.core.fanout import Closed, Fanout
 from execgate.executor.core.outcomes import ErrorClass, Status
-from execgate.executor.journal.approvals import insert as _insert
-from execgate.executor.journal.approvals import left_pending
-from execgate.executor.journal.approvals import rows as _rows
-from execgate.executor.journal.store import Journal, PolicyRecord
+from execgate.executor.journal.base import ApprovalStore
+from execgate.executor.journal.store import PolicyRecord
 from execgate.executor.policy import Rule
 from execgate.executor.policy.identity import Identity, Role
 from execgate.executor.sandbox.ladder import CancelScope
@@ -54,7 +52,6 @@ __all__ = [
     "Approvals",
     "Detached",
     "Refused",
-    "left_pending",
     "may_decide",
     "verdict",
 ]
@@ -92,8 +89,8 @@ def may_decide(approval: Approval, who: Identity) -> str:
 
 
 class Approvals:
-    def __init__(self, journal: Journal) -> None:
-        self.journal = journal
+    def __init__(self, store: ApprovalStore) -> None:
+        self.store = store
         # Invariant: an id here is a row in state pending whose call awaits the
         # future; the future is resolved only after the row's decision is on disk.
         self._waiting: dict[str, asyncio.Future[Approval]] = {}
@@ -128,7 +125,7 @@ class Approvals:
         )
         self._waiting[approval.id] = asyncio.get_running_loop().create_future()
         try:
-            await self.journal.write(lambda c: _insert(c, approval, decision), durable=True)
+            await self.store.insert(approval, decision)
         except BaseException:
             del self._waiting[approval.id]
             raise
@@ -220,21 +217,17 @@ class Approvals:
         return decided
 
     async def get(self, approval_id: str) -> Approval | None:
-        rows = await self._select("WHERE id = ?", (approval_id,))
-        return rows[0] if rows else None
+        return await self.store.get(approval_id)
 
     async def parked(self, run_id: str, call_id: str) -> Approval | None:
         """The pending approval call `call_id` of `run_id` waits for, if it is parked."""
-        rows = await self._select(
-            "WHERE run_id = ? AND call_id = ? AND state = 'pending'", (run_id, call_id)
-        )
-        return rows[0] if rows else None
+        return await self.store.parked(run_id, call_id)
 
     async def pending(self) -> list[Approval]:
-        return await self._select("WHERE state = 'pending' ORDER BY created_at", ())
+        return await self.store.pending()
 
     async def of_run(self, run_id: str) -> list[Approval]:
-        return await self._select("WHERE run_id = ? ORDER BY created_at", (run_id,))
+        return await self.store.of_run(run_id)
 
     async def watch(self) -> AsyncGenerator[Approval, None]:
         """Every pending approval, then every change, until `close`.
@@ -274,23 +267,10 @@ class Approvals:
     async def _transition(
         self, approval_id: str, state: ApprovalState, by: str, comment: str
     ) -> Approval | None:
-        def write(conn: sqlite3.Connection) -> Approval | None:
-            updated = conn.execute(
-                "UPDATE approvals SET state=?, decided_by=?, comment=?, decided_at=? "
-                "WHERE id=? AND state='pending'",
-                (state.value, by, comment, clock.now(), approval_id),
-            ).rowcount
-            if updated != 1:
-                return None
-            return _rows(conn, "WHERE id = ?", (approval_id,))[0]
-
-        done = await self.journal.write(write, durable=True)
+        done = await self.store.transition(approval_id, state, by, comment)
         if done is not None:
             self._publish(done)
         return done
-
-    async def _select(self, where: str, params: tuple[object, ...]) -> list[Approval]:
-        return await self.journal.read(lambda c: _rows(c, where, params))
 
     def _publish(self, approval: Approval) -> None:
         self._watchers.publish(approval)

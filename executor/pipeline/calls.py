@@ -13,31 +13,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
+from execgate.executor.core.approval import Approval
+from execgate.executor.core.requests import CallRequest
 from execgate.executor.journal.store import PolicyRecord
 from execgate.executor.locks import Key, LockMode
 from execgate.executor.policy import Decision, PolicyInput
 from execgate.executor.tools import Tool
 from execgate.executor.tools.effects import CallEffects
 
-if TYPE_CHECKING:  # core.approval imports CallRequest from here until it moves to core
-    from execgate.executor.core.approval import Approval
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CallRequest:
-    """One call exactly as the client proposed it (after wire decoding)."""
-
-    run_id: str
-    call_id: str
-    batch_id: str
-    index: int
-    tool: str
-    arguments_json: str
-    idempotency_key: str = ""
-    # Seconds; None when the client did not ask for a timeout.
-    timeout: float | None = None
+__all__ = ["Approved", "Authorized", "CallRequest", "Reached", "ValidCall"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from execgate.executor.core.errors import ToolError
 from execgate.executor.core.outcomes import Mark, Outcome, Phase, mark
 from execgate.executor.core.paths import Workspace
-from execgate.executor.journal.store import Journal
+from execgate.executor.journal.base import JournalStore
 from execgate.executor.locks import LockBackend
 from execgate.executor.policy import Policy
 from execgate.executor.sandbox.registry import Sandboxes
@@ -60,7 +60,7 @@ class Dispatcher:
         self,
         *,
         tools: dict[str, Tool],
-        journal: Journal,
+        journal: JournalStore,
         policy: Policy,
         workspace: Workspace,
         limits: Limits,
@@ -83,8 +83,8 @@ class Dispatcher:
         self._root = str(workspace.root)
         # Invariant: every task here is a call that has not yet recorded its outcome.
         self._tasks: set[asyncio.Task[None]] = set()
-        self._inflight = InFlight(journal)
-        self.approvals = Approvals(journal)
+        self._inflight = InFlight(journal.cancels, journal.runs)
+        self.approvals = Approvals(journal.approvals)
         self._active = self._inflight.calls
         # Set by close(): calls that arrive afterwards are REJECTED, never started.
         self._closing = False

@@ -12,7 +12,8 @@ from dataclasses import replace
 
 from execgate.executor.core import clock
 from execgate.executor.core.outcomes import ErrorClass, Mark, Outcome, Phase, mark, rejected
-from execgate.executor.journal.store import CallRecord, DuplicateCall, Journal, PolicyRecord
+from execgate.executor.journal.base import CallStore
+from execgate.executor.journal.store import CallRecord, DuplicateCall, PolicyRecord
 
 from . import results
 from .calls import Approved, CallRequest, Reached, ValidCall
@@ -23,7 +24,7 @@ log = logging.getLogger("execgate.dispatch")
 
 
 class Endings:
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: CallStore) -> None:
         self.journal = journal
 
     async def reject(

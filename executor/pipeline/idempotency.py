@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from execgate.executor.core.errors import ToolError
 from execgate.executor.core.outcomes import ErrorClass, Outcome, Status
-from execgate.executor.journal.store import Journal
+from execgate.executor.journal.base import CallStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +37,7 @@ class _Owner:
 
 
 class Idempotency:
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: CallStore) -> None:
         self._journal = journal
         # Invariant: a key is here exactly while its owning call is unfinished.
         self._inflight: dict[tuple[str, str], _Owner] = {}

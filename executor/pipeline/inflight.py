@@ -11,11 +11,13 @@ afterwards, across daemon restarts (the journal keeps the bar).
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from dataclasses import dataclass, field
 
 from execgate.executor.core.approval import Approval
-from execgate.executor.journal.store import Journal
+from execgate.executor.core.errors import ExecgateError
+from execgate.executor.core.requests import SHARED_RUN
+from execgate.executor.journal.base import CancelStore, RunRecordStore
+from execgate.executor.journal.records import CancelRecord, RunClaim
 from execgate.executor.sandbox.ladder import CancelScope
 
 from .events import Batch
@@ -65,19 +67,23 @@ class RunBar:
     requester: str
 
 
-# The run calls without a run id belong to (services.DEFAULT_RUN).
-SHARED_RUN = "default"
+class NotYours(ExecgateError):
+    """A caller who may stop only its own calls (`agent`) named someone else's."""
 
-
-class NotYours(Exception):
-    """A caller who may stop only its own calls named someone else's."""
+    def __init__(self, agent: str, message: str) -> None:
+        super().__init__(message)
+        self.agent = agent
+        self.message = message
 
 
 class InFlight:
-    def __init__(self, journal: Journal) -> None:
-        self.journal = journal
+    def __init__(self, cancels: CancelStore, runs: RunRecordStore) -> None:
+        self.cancels = cancels
+        self.runs = runs
         self.calls: dict[tuple[str, str], Active] = {}
-        self.barred: dict[str, RunBar] = journal.query_now(_barred_runs)
+        self.barred: dict[str, RunBar] = {
+            run: RunBar(c.at, c.reason, c.requester) for run, c in cancels.barred_runs().items()
+        }
 
     async def cancel(self, order: CancelOrder) -> list[str]:
         """Record the request, then reach every targeted call; returns their ids.
@@ -91,7 +97,7 @@ class InFlight:
         if fresh:
             self.barred[order.run_id] = RunBar(order.at, order.reason, order.requester)
         try:
-            await self.journal.write(lambda c: _insert_cancel(c, order), durable=True)
+            await self.cancels.record(_record(order))
         except BaseException:
             if fresh:
                 del self.barred[order.run_id]
@@ -117,14 +123,15 @@ class InFlight:
         others = sorted({a.batch.agent for a in targets} - {me})
         if others:
             raise NotYours(
+                me,
                 f"{me} may cancel only its own calls; the target includes calls by "
-                f"{', '.join(others)} (an operator or admin may cancel them)"
+                f"{', '.join(others)} (an operator or admin may cancel them)",
             )
         if order.whole_run:
             # Barring a run stops its future calls too: the run must be the caller's.
-            why = await self.journal.read(lambda c: _not_owner(c, order.run_id, me))
+            why = _not_owner(await self.runs.claim(order.run_id), order.run_id, me)
             if why:
-                raise NotYours(f"{me} may not cancel run {order.run_id!r}: {why}")
+                raise NotYours(me, f"{me} may not cancel run {order.run_id!r}: {why}")
 
     def cancel_all(self, reason: str) -> None:
         for active in list(self.calls.values()):
@@ -147,51 +154,27 @@ def _aims(order: CancelOrder, run: str, call: str, active: Active) -> bool:
     return not order.batch_id or active.batch.batch_id == order.batch_id
 
 
-def _not_owner(conn: sqlite3.Connection, run_id: str, agent: str) -> str:
+def _not_owner(claim: RunClaim, run_id: str, agent: str) -> str:
     """Why `agent` does not own `run_id` ("" if it does): it started the run (the runs
     table), or, for a run never started, every call recorded in it is the agent's.
     The implicit shared run, and a run nobody has used, belong to no agent."""
-    owner = conn.execute("SELECT owner FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-    if owner is not None:
-        return "" if owner[0] == agent else f"it was started by {owner[0]}"
+    if claim.owner is not None:
+        return "" if claim.owner == agent else f"it was started by {claim.owner}"
     if run_id == SHARED_RUN:
         return "it is the shared implicit run (an operator or admin may cancel it)"
-    agents = agents_in(conn, run_id)
-    if not agents:
+    if not claim.agents:
         return "nothing is recorded in it (start runs with Runs.StartRun to own them)"
-    others = sorted(agents - {agent})
+    others = sorted(claim.agents - {agent})
     return f"it has calls by {', '.join(others)}" if others else ""
 
 
-def agents_in(conn: sqlite3.Connection, run_id: str) -> set[str]:
-    """The identities with calls, or calls parked for approval, recorded in `run_id`."""
-    rows = conn.execute(
-        "SELECT agent FROM calls WHERE run_id = ?1 "
-        "UNION SELECT requester FROM approvals WHERE run_id = ?1",
-        (run_id,),
+def _record(order: CancelOrder) -> CancelRecord:
+    return CancelRecord(
+        at=order.at,
+        requester=order.requester,
+        reason=order.reason,
+        run_id=order.run_id,
+        batch_id=order.batch_id,
+        call_id=order.call_id,
+        grace=order.grace,
     )
-    return {r[0] for r in rows}
-
-
-def _insert_cancel(conn: sqlite3.Connection, order: CancelOrder) -> None:
-    conn.execute(
-        "INSERT INTO cancels (at, requester, reason, run_id, batch_id, call_id, grace) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (
-            order.at,
-            order.requester,
-            order.reason,
-            order.run_id,
-            order.batch_id,
-            order.call_id,
-            order.grace,
-        ),
-    )
-
-
-def _barred_runs(conn: sqlite3.Connection) -> dict[str, RunBar]:
-    rows = conn.execute(
-        "SELECT run_id, MIN(at), reason, requester FROM cancels "
-        "WHERE run_id != '' AND call_id = '' AND batch_id = '' GROUP BY run_id"
-    ).fetchall()
-    return {run: RunBar(at, reason, requester) for run, at, reason, requester in rows}

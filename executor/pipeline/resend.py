@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 from execgate.executor.core.errors import ToolError
 from execgate.executor.core.outcomes import Phase, mark
-from execgate.executor.journal.store import CallRecord, Journal
+from execgate.executor.journal.base import CallStore
+from execgate.executor.journal.store import CallRecord
 
 from . import results
 from .calls import Authorized, CallRequest
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
 
 async def answered(
-    authorized: Authorized, batch: Batch, journal: Journal, endings: Endings
+    authorized: Authorized, batch: Batch, journal: CallStore, endings: Endings
 ) -> bool:
     """Answer a re-sent `ask` call whose original finished; False if there is none."""
     call, req = authorized.valid, authorized.request
@@ -55,7 +56,7 @@ async def answered(
     return True
 
 
-async def join_parked(req: CallRequest, batch: Batch, active: Active, journal: Journal) -> bool:
+async def join_parked(req: CallRequest, batch: Batch, active: Active, journal: CallStore) -> bool:
     """Follow the in-flight call `active` that went through an approval, for the same
     request re-sent; False (nothing sent) if it did not or the request differs."""
     approval = active.parked

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from execgate.executor.core.outcomes import ErrorClass, Mark, Outcome, Phase, mark, rejected
-from execgate.executor.journal.store import DuplicateCall, Journal
+from execgate.executor.journal.base import CallStore
+from execgate.executor.journal.store import DuplicateCall
 from execgate.executor.locks import Abandoned, LockBackend, WaitInfo
 from execgate.executor.tools import CancelScope
 
@@ -24,7 +25,7 @@ from .run import Runner
 
 class Scheduler:
     def __init__(
-        self, journal: Journal, locks: LockBackend, endings: Endings, runner: Runner, root: str
+        self, journal: CallStore, locks: LockBackend, endings: Endings, runner: Runner, root: str
     ) -> None:
         self.journal = journal
         self._locks = locks

@@ -18,15 +18,13 @@ from jsonschema.exceptions import ValidationError, best_match
 from execgate.executor.core.errors import ToolError, invalid
 from execgate.executor.core.outcomes import ErrorClass, Status
 from execgate.executor.core.paths import Workspace
+from execgate.executor.core.requests import MAX_ID_CHARS, MAX_JSON_DEPTH, nested_deeper
 from execgate.executor.locks import plan
-from execgate.executor.server.wirecheck import MAX_JSON_DEPTH, nested_deeper
 from execgate.executor.tools import Limits, ResourceKind, Tool
 from execgate.executor.tools.base import CheckedTool
 from execgate.executor.tools.effects import AnalysedTool, analyse
 
 from .calls import CallRequest, ValidCall
-
-MAX_ID_CHARS = 256
 
 # JSON Schema counts 2.0 as an integer; the tools index and slice with these values,
 # so an "integer" argument must be a Python int (never a bool).

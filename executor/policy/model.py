@@ -22,6 +22,8 @@ from typing import Any
 
 import regex
 
+from execgate.executor.core.errors import ExecgateError
+
 from .globs import glob_match
 
 
@@ -57,7 +59,7 @@ class PolicyInput:
 MATCH_SECONDS = 0.05
 
 
-class Undecided(Exception):
+class Undecided(ExecgateError):
     """A condition could not be evaluated in time: the call cannot be allowed."""
 
     def __init__(self, arg: str, pattern: str) -> None:

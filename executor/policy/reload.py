@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from execgate.executor.journal.store import Journal
+from execgate.executor.journal.base import ReloadStore
 
 from . import Policy, parse_policy
 from .watch import FileWatcher
@@ -21,7 +21,7 @@ def policy_watcher(
     path: Path,
     current: Policy,
     apply: Callable[[Policy], None],
-    journal: Journal,
+    reloads: ReloadStore,
     interval: float = 1.0,
 ) -> FileWatcher[Policy]:
     def refusal(new: Policy) -> str:
@@ -34,7 +34,7 @@ def policy_watcher(
         what="policy",
         parse=parse_policy,
         apply=apply,
-        journal=journal,
+        reloads=reloads,
         loaded=current.revision,
         refusal=refusal,
         interval=interval,

@@ -14,14 +14,12 @@ import asyncio
 import hashlib
 import logging
 import os
-import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from execgate.executor.core import clock
 from execgate.executor.core.errors import ExecgateError
-from execgate.executor.journal.store import Journal
+from execgate.executor.journal.base import ReloadStore
 
 log = logging.getLogger("execgate.reload")
 
@@ -40,7 +38,7 @@ class FileWatcher(Generic[T]):
         what: str,
         parse: Callable[[str, str], T],
         apply: Callable[[T], None],
-        journal: Journal,
+        reloads: ReloadStore,
         loaded: str,
         refusal: Callable[[T], str] = lambda new: "",
         interval: float = 1.0,
@@ -50,7 +48,7 @@ class FileWatcher(Generic[T]):
         self._parse = parse
         self._apply = apply
         self._refusal = refusal
-        self._journal = journal
+        self._reloads = reloads
         self.interval = interval
         # Nothing seen yet: the first check compares the file with what is in force
         # (`loaded`: the sha256 of the text the daemon started with), so an edit made
@@ -101,14 +99,7 @@ class FileWatcher(Generic[T]):
         await self._record(revision, False, message)
 
     async def _record(self, revision: str, accepted: bool, message: str) -> None:
-        def write(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO policy_events (at, source, revision, accepted, message) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (clock.now(), str(self.path), revision, int(accepted), message),
-            )
-
-        await self._journal.write(write, durable=True)
+        await self._reloads.record(str(self.path), revision, accepted=accepted, message=message)
 
 
 def _read(path: Path) -> str | None:

@@ -2,9 +2,9 @@
 
 The client moves its state machine; the daemon keeps the moves, in order, and
 refuses any that would corrupt the record. Appended events are checked with the
-same transition table the Python loop uses (`execgate.client.loop.states`), so a
-client in another language cannot write a history the Python loop could not
-replay. A run's row and its events change in one transaction.
+transition table every loop is generated from (proto/execgate/v1/runstates.json,
+read through `core.runstate`), so a client in any language cannot write a history
+the Python loop could not replay. A run's row and its events change in one transaction.
 
 Refusals are typed (`RunRefused.kind`): not_found, exists, forbidden, gap,
 duplicate, discontinuous, illegal, ended, malformed. A terminal run refuses
@@ -19,21 +19,17 @@ import copy
 import enum
 import json
 import secrets
-import sqlite3
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from dataclasses import dataclass, field, replace
 
-from execgate.client.loop.errors import BrokenHistory
-from execgate.client.loop.states import TERMINAL, Machine, State, Transition
 from execgate.executor.core import clock
 from execgate.executor.core.errors import ExecgateError
 from execgate.executor.core.fanout import Closed, Fanout, Lagging
+from execgate.executor.core.requests import MAX_ID_CHARS, SHARED_RUN
 from execgate.executor.core.run import CancelAsk, Run
-from execgate.executor.journal import runs as store
-from execgate.executor.journal.store import Journal
-from execgate.executor.pipeline.inflight import SHARED_RUN, agents_in
-from execgate.executor.pipeline.validate import MAX_ID_CHARS
+from execgate.executor.core.runstate import TERMINAL, BrokenHistory, History, State, Transition
+from execgate.executor.journal.base import RunRecordStore
 
 MAX_DATA_BYTES = 1 << 20
 MAX_GOAL_BYTES = 64 * 1024
@@ -50,7 +46,7 @@ class Refusal(enum.StrEnum):
     ENDED = "ended"
     # Someone asked the run to stop: it may end, but not as `completed`.
     CANCEL_REQUESTED = "cancel_requested"
-    # Breakage kinds of a history that does not fit (client.loop.errors.Breakage).
+    # Breakage kinds of a history that does not fit (core.runstate.Breakage).
     GAP = "gap"
     DUPLICATE = "duplicate"
     DISCONTINUOUS = "discontinuous"
@@ -58,7 +54,11 @@ class Refusal(enum.StrEnum):
 
 
 class Closing(ExecgateError):
-    """The daemon is stopping: a WatchRun stream ends before its run did."""
+    """The daemon is stopping: a WatchRun stream of `run_id` ends before its run did."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"the daemon is stopping; run {run_id!r} is still open")
+        self.run_id = run_id
 
 
 class RunRefused(ExecgateError):
@@ -78,15 +78,15 @@ class Update:
 
 
 class RunStore:
-    def __init__(self, journal: Journal) -> None:
-        self.journal = journal
+    def __init__(self, records: RunRecordStore) -> None:
+        self.records = records
         # run id -> terminal state, for the dispatcher (no tool call of an ended run).
-        self.ended: dict[str, str] = journal.query_now(store.ended_runs)
+        self.ended: dict[str, str] = records.ended()
         # run id -> owner, for the dispatcher: only the owner's calls join a started run.
-        self.owners: dict[str, str] = journal.query_now(store.owners)
+        self.owners: dict[str, str] = records.owners()
         # The state machines of runs appended to lately (replayed from the journal
         # when missing): at most MAX_MACHINES, least recently used dropped first.
-        self._machines: OrderedDict[str, Machine] = OrderedDict()
+        self._machines: OrderedDict[str, History] = OrderedDict()
         # Invariant: a run id is here exactly while a WatchRun stream of it is served.
         self._watchers: dict[str, Fanout[Update]] = {}
         # Invariant: a run id is here exactly while an append or cancel of it holds or
@@ -105,38 +105,35 @@ class RunStore:
         )
         _check_id(run.run_id)
 
-        def insert(conn: sqlite3.Connection) -> str:
-            # A run id other identities have used is theirs too: starting it would let
-            # one agent claim (and then cancel) another's calls.
-            others = sorted(agents_in(conn, run.run_id) - {run.owner})
-            if others:
-                return f"run {run.run_id!r} already has calls by {', '.join(others)}"
-            return "" if store.insert_run(conn, run) else f"run {run.run_id!r} exists already"
-
-        why = await self.journal.write(insert, durable=True)
-        if why:
-            kind = Refusal.EXISTS if why.endswith("exists already") else Refusal.FORBIDDEN
-            raise RunRefused(kind, why, "run_id")
+        # A run id other identities have used is theirs too: starting it would let
+        # one agent claim (and then cancel) another's calls (the store checks that).
+        conflict = await self.records.insert(run)
+        if conflict is not None and conflict.others:
+            why = f"run {run.run_id!r} already has calls by {', '.join(conflict.others)}"
+            raise RunRefused(Refusal.FORBIDDEN, why, "run_id")
+        if conflict is not None:
+            raise RunRefused(Refusal.EXISTS, f"run {run.run_id!r} exists already", "run_id")
         self.owners[run.run_id] = run.owner
         return run
 
     async def get(self, run_id: str) -> Run:
-        found = await self.journal.read(lambda c: store.run_rows(c, "WHERE run_id = ?", (run_id,)))
-        if not found:
+        found = await self.records.get(run_id)
+        if found is None:
             raise RunRefused(Refusal.NOT_FOUND, f"no run {run_id!r}", "run_id")
-        return found[0]
+        return found
 
     async def events(self, run_id: str, after_seq: int = 0) -> list[Transition]:
-        return await self.journal.read(lambda c: store.event_rows(c, run_id, after_seq))
+        return await self.records.events(run_id, after_seq)
 
     async def find(
         self, states: Iterable[str], owner: str, limit: int, owners: tuple[str, ...] | None = None
     ) -> list[Run]:
-        where, params = store.list_filter(list(states), owner, owners)
-        params.append(max(1, min(limit or 100, 1000)))
-        return await self.journal.read(
-            lambda c: store.run_rows(c, f"{where} ORDER BY created_at DESC LIMIT ?", tuple(params))
-        )
+        wanted = list(states)
+        if "active" in wanted:  # every state a run can still leave
+            wanted = [s for s in wanted if s != "active"] + [
+                s.value for s in State if s not in TERMINAL
+            ]
+        return await self.records.find(wanted, owner, max(1, min(limit or 100, 1000)), owners)
 
     async def append(self, run_id: str, events: list[Transition], who: str) -> Run:
         """Check `events` against the run's history and store all of them, or none."""
@@ -161,9 +158,7 @@ class RunStore:
                 except BrokenHistory as exc:
                     raise RunRefused(Refusal(exc.kind.value), str(exc), "events") from None
             last = events[-1] if events else None
-            updated = await self.journal.write(
-                lambda c: store.insert_events(c, run_id, events), durable=True
-            )
+            updated = await self.records.append(run_id, events)
             self._keep(run_id, machine)
         if last is not None and last.to_state in TERMINAL:
             self.ended[run_id] = last.to_state.value
@@ -178,9 +173,7 @@ class RunStore:
         async with self._lock(run_id):
             run = await self.get(run_id)
             if run.cancel is None and not run.terminal:
-                run = await self.journal.write(
-                    lambda c: store.set_cancel(c, run_id, ask), durable=True
-                )
+                run = await self.records.request_cancel(run_id, ask)
                 self._publish(run_id, Update(cancel=ask))
         return run
 
@@ -206,7 +199,7 @@ class RunStore:
                 try:
                     update = await watcher.get()
                 except Closed:
-                    raise Closing(f"the daemon is stopping; run {run_id!r} is still open") from None
+                    raise Closing(run_id) from None
                 if update.event is not None and update.event.seq <= sent:
                     continue  # read from the table already
                 yield update
@@ -215,7 +208,7 @@ class RunStore:
                     if update.event.to_state in TERMINAL:
                         return
         except Lagging as exc:
-            raise Lagging(f"{exc}; resume with after_seq={sent}") from None
+            raise Lagging(exc.backlog, f"resume with after_seq={sent}") from None
         finally:
             fanout.unsubscribe(watcher)
             if not fanout:
@@ -225,13 +218,13 @@ class RunStore:
         for fanout in self._watchers.values():
             fanout.close("the daemon is stopping")
 
-    async def _machine(self, run_id: str) -> Machine:
+    async def _machine(self, run_id: str) -> History:
         found = self._machines.get(run_id)
         if found is None:
-            found = Machine.replay(run_id, await self.events(run_id))
+            found = History.replay(run_id, await self.events(run_id))
         return found
 
-    def _keep(self, run_id: str, machine: Machine) -> None:
+    def _keep(self, run_id: str, machine: History) -> None:
         """Remember `run_id`'s machine (an ended run's is never needed again)."""
         if machine.state in TERMINAL:
             self._machines.pop(run_id, None)
@@ -280,6 +273,3 @@ def _check_id(run_id: str) -> None:
 def _check_text(text: str, cap: int, field_name: str) -> None:
     if len(text.encode()) > cap:
         raise RunRefused(Refusal.MALFORMED, f"{field_name}: more than {cap} bytes", field_name)
-
-
-# -- SQL ------------------------------------------------------------------------------

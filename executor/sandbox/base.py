@@ -3,16 +3,19 @@
 A backend (`process`, `bwrap`, `docker`) turns a `Launch` into a `Running`
 handle. The handle can ask politely (`terminate`), force (`kill`: everything the
 call started, grandchildren that left the process group included), and prove the
-result (`survivors`). The cancellation ladder in `executor.cancel` drives these
+result (`survivors`). The cancellation ladder in `sandbox/ladder.py` drives these
 steps the same way for every backend, so what "stopped" means does not depend on
 where the call ran.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
+
+from execgate.executor.core import ranges
+from execgate.executor.core.errors import ExecgateError
 
 # Every process a call starts carries this variable (unless it clears its own
 # environment): the last-resort sweep and the tests find a call's processes by it.
@@ -31,6 +34,17 @@ class Confinement:
     open_files: int = 1024
     processes: int = 256
     network: bool = False
+
+
+def fit_confinement(conf: Confinement) -> tuple[Confinement, list[str]]:
+    """The daemon's built-in limits lowered to this host's ceilings (they are no flag an
+    operator could fix), and what was lowered."""
+    notes = []
+    for f in ranges.RLIMITS:
+        if getattr(conf, f) > (top := ranges.ceiling(f)):
+            notes.append(f"{f} {getattr(conf, f)} -> {top} (this host's hard limit)")
+            conf = replace(conf, **{f: top})  # type: ignore[arg-type]  # an int field
+    return conf, notes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,8 +99,12 @@ class Probe:
     detail: str
 
 
-class SandboxError(Exception):
-    """The sandbox could not start the call (not: the call failed)."""
+class SandboxError(ExecgateError):
+    """The sandbox could not start the call (not: the call failed); `message` says why."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 class Running(Protocol):

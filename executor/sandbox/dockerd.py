@@ -40,7 +40,11 @@ OUTPUT_SETTLE_SECONDS = 1.0
 
 
 class ContainerGone(SandboxError):
-    """The container (or exec) is no longer known to dockerd."""
+    """The container (or exec) is no longer known to dockerd; `explanation` is dockerd's."""
+
+    def __init__(self, explanation: str) -> None:
+        super().__init__(f"gone from dockerd: {explanation}")
+        self.explanation = explanation
 
 
 class Dockerd:
@@ -72,7 +76,7 @@ class Dockerd:
             raise SandboxError(f"image {self.image} not found: build or pull it first") from exc
         except APIError as exc:
             if exc.status_code == 404:
-                raise ContainerGone(f"gone from dockerd: {exc.explanation}") from exc
+                raise ContainerGone(str(exc.explanation)) from exc
             raise SandboxError(f"dockerd refused ({self.image}): {exc.explanation}") from exc
         except OSError as exc:  # requests' connection errors are OSErrors
             raise SandboxError(f"dockerd not reachable: {exc}") from exc

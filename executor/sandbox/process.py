@@ -33,11 +33,19 @@ OUTPUT_SETTLE_SECONDS = 1.0
 
 
 class ProgramNotFound(SandboxError):
-    pass
+    """`program` is not where the call's PATH (or its path) says, as the sandbox shows it."""
+
+    def __init__(self, program: str) -> None:
+        super().__init__(f"program not found: {program}")
+        self.program = program
 
 
 class ProgramNotExecutable(SandboxError):
-    pass
+    """`program` exists but is not an executable file."""
+
+    def __init__(self, program: str) -> None:
+        super().__init__(f"cannot execute {program}")
+        self.program = program
 
 
 def find_program(name: str, launch: Launch, visible: tuple[str, ...] = ("/",)) -> None:
@@ -51,13 +59,13 @@ def find_program(name: str, launch: Launch, visible: tuple[str, ...] = ("/",)) -
         dirs = launch.env.get("PATH", os.defpath).split(os.pathsep)
         shown = os.pathsep.join(d for d in dirs if _under(d, visible))
         if shutil.which(name, path=shown) is None:
-            raise ProgramNotFound(f"program not found: {name}")
+            raise ProgramNotFound(name)
         return
     path = launch.cwd / name
     if not _under(str(path), visible) or not path.exists():
-        raise ProgramNotFound(f"program not found: {name}")
+        raise ProgramNotFound(name)
     if not path.is_file() or not os.access(path, os.X_OK):
-        raise ProgramNotExecutable(f"cannot execute {name}")
+        raise ProgramNotExecutable(name)
 
 
 def _under(path: str, roots: tuple[str, ...]) -> bool:

@@ -17,10 +17,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from execgate.executor.core.errors import ConfigError
-from execgate.executor.core.ranges import fit_confinement
 from execgate.executor.policy import SandboxRule
 
-from .base import Confinement, Probe, Sandbox
+from .base import Confinement, Probe, Sandbox, fit_confinement
 from .bwrap import BwrapSandbox
 from .cgroup import CgroupRoot, remove_root
 from .privileges import Privileges, check_workspace, resolve

@@ -25,7 +25,6 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -34,6 +33,7 @@ from execgate.executor.core.errors import ConfigError
 from execgate.executor.policy.identity import LOCAL, Identities, Identity, Role
 
 from .config import TlsFiles
+from .status import AccessRefused, PermissionDenied, Unauthenticated, abort_for
 
 log = logging.getLogger("execgate.auth")
 
@@ -91,11 +91,9 @@ def caller() -> Identity:
     return _caller.get()
 
 
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    code: grpc.StatusCode
-    # Says what is missing; never contains the presented token.
-    message: str
+# Why a caller is not admitted: `message` says what is missing, never the presented
+# token; `code` is the status it is answered with (status.RULES).
+Refusal = AccessRefused
 
 
 def authenticate(
@@ -137,15 +135,14 @@ def authorize(identity: Identity, method: str) -> Refusal | None:
     allowed = ACCESS.get(method, UNLISTED)
     if method in PUBLIC or identity.holds_any(allowed):
         return None
-    return Refusal(
-        grpc.StatusCode.PERMISSION_DENIED,
+    return PermissionDenied(
         f"{identity.name} (roles: {', '.join(sorted(identity.roles))}) may not call "
         f"{method.rpartition('/')[2]}; it needs one of: {', '.join(sorted(allowed))}",
     )
 
 
 def _unauthenticated(why: str) -> Refusal:
-    return Refusal(grpc.StatusCode.UNAUTHENTICATED, why)
+    return Unauthenticated(why)
 
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -191,7 +188,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             refusal = found if isinstance(found, Refusal) else authorize(found, method)
             if refusal is not None:
                 log.warning("refused %s from %s: %s", method, context.peer(), refusal.message)
-                await context.abort(refusal.code, refusal.message)
+                await abort_for(context, refusal)
             assert isinstance(found, Identity)
             _caller.set(found)
 

@@ -13,6 +13,7 @@ from execgate.executor.core.errors import ConfigError
 from execgate.executor.sandbox.registry import CHOICES as SANDBOXES
 from execgate.executor.sandbox.registry import SandboxConfig
 from execgate.executor.tools import Limits
+from execgate.executor.tools.base import check_limits
 
 DEFAULT_STATE_DIR = Path("var")
 DEFAULT_WORKSPACE = Path("workspace")
@@ -116,7 +117,7 @@ class ServeConfig:
         return Path.home() / ".cache" / "execgate" / "locks" / digest
 
     def check(self) -> None:
-        ranges.check_limits(self.limits)
+        check_limits(self.limits)
         ranges.Range(high=3600, positive=True).check("policy_reload", self.policy_reload)
         if self.sandbox.default not in SANDBOXES:
             raise ConfigError(f"--sandbox must be one of {', '.join(SANDBOXES)}")

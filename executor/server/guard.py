@@ -9,10 +9,11 @@ Two jobs, both about requests the daemon cannot use:
   `Undecodable` value, which the guarded method answers with INVALID_ARGUMENT naming
   the method and, where the bytes show it (invalid UTF-8 in a string field), the
   field -- found by walking the wire format against the message's descriptor.
-- **Typed refusals.** A `MalformedRequest` raised anywhere below (wire conversion,
-  servicers) becomes INVALID_ARGUMENT with the class and field in the trailing
-  metadata (`execgate-error-class`, `execgate-field`) and in the details; any other
-  exception escaping a method becomes INTERNAL. Each is logged as one line.
+- **Typed refusals.** An exception escaping a method ends it with the status
+  `status.RULES` gives its class: a `MalformedRequest` raised anywhere below (wire
+  conversion, servicers) becomes INVALID_ARGUMENT with the class and field in the
+  trailing metadata (`execgate-error-class`, `execgate-field`) and in the details; one
+  the table does not know becomes INTERNAL. Both are logged as one line.
 
 It runs after `authenticate.AuthInterceptor` admitted the caller, so a stranger's
 garbage is still UNAUTHENTICATED.
@@ -30,12 +31,12 @@ from typing import Any
 import grpc
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
-from execgate.executor.core.errors import MalformedRequest
+from execgate.executor.core.errors import ExecgateError, MalformedRequest
+
+from .status import INTERNAL, abort_for, rule_for
 
 log = logging.getLogger("execgate.requests")
 
-CLASS_KEY = "execgate-error-class"
-FIELD_KEY = "execgate-field"
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
@@ -152,29 +153,23 @@ async def _checked_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
 
 
 async def _refuse(context: Context, method: str, exc: Exception) -> None:
-    """Answer `exc` with a typed status and one log line; re-raises grpc's own aborts."""
+    """Answer `exc` with its status (`status.RULES`) and one log line; re-raises grpc's
+    own aborts."""
     if isinstance(exc, grpc.aio.AbortError | asyncio.CancelledError):
         return
-    if isinstance(exc, NotImplementedError):  # a generated servicer's unimplemented method
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented")
     if isinstance(exc, MalformedRequest):
         log.warning(
             "malformed %s from %s: class=%s field=%s: %s",
             method, context.peer(), exc.kind, exc.field or "-", _one_line(exc.message),
         )  # fmt: skip
-        trailers = ((CLASS_KEY, exc.kind), (FIELD_KEY, exc.field))
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc), trailing_metadata=trailers)
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    where = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else "?"
-    log.error("internal error in %s: %s: %s at %s", method, type(exc).__name__,
-              _one_line(str(exc)), where)  # fmt: skip
-    await context.abort(
-        grpc.StatusCode.INTERNAL,
-        f"internal error in {method.rpartition('/')[2]} ({type(exc).__name__}); see the daemon log",
-        trailing_metadata=((CLASS_KEY, "internal"),),
-    )
+    elif rule_for(exc) is INTERNAL:
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        where = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else "?"
+        log.error("internal error in %s: %s: %s at %s", method, type(exc).__name__,
+                  _one_line(str(exc)), where)  # fmt: skip
+    await abort_for(context, exc, method)
 
 
 def _one_line(text: str) -> str:
@@ -184,8 +179,8 @@ def _one_line(text: str) -> str:
 # ---------------------------------------------------------------- where the bytes go wrong
 
 
-class _Corrupt(Exception):
-    pass
+class _Corrupt(ExecgateError):
+    """The wire format breaks here; caught by `locate`, which then names nothing."""
 
 
 def locate(data: bytes, descriptor: Descriptor) -> tuple[str, str, str] | None:

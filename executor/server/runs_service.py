@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc
 
-from execgate.client.loop.states import State
 from execgate.executor.core import clock
 from execgate.executor.core.errors import MalformedRequest
 from execgate.executor.core.fanout import Lagging
 from execgate.executor.core.run import CancelAsk, Run
+from execgate.executor.core.runstate import State
 from execgate.executor.journal.store import CallFilter
 from execgate.executor.pipeline.dispatch import Dispatcher
 from execgate.executor.pipeline.inflight import CancelOrder, NotYours
@@ -29,15 +29,9 @@ from execgate.v1 import runs_pb2_grpc as rpb_grpc
 
 from . import wire, wirecheck
 from .auth import caller
-from .guard import CLASS_KEY, FIELD_KEY
 from .services import CANCELS_ANY
+from .status import abort_for
 
-_CODE = {
-    Refusal.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    Refusal.EXISTS: grpc.StatusCode.ALREADY_EXISTS,
-    Refusal.FORBIDDEN: grpc.StatusCode.PERMISSION_DENIED,
-    Refusal.MALFORMED: grpc.StatusCode.INVALID_ARGUMENT,
-}
 MAX_CALLS_SHOWN = 1000
 # What ListRuns `states` may hold: the loop's states, and "active" (every non-terminal one).
 RUN_STATES = frozenset({"active", *(s.value for s in State)})
@@ -55,20 +49,20 @@ class RunsService(rpb_grpc.RunsServicer):
         try:
             return wire.run_msg(await self.store.start(asked))
         except RunRefused as exc:
-            await _abort(context, exc)
+            await abort_for(context, exc)
 
     async def AppendEvents(self, request: rpb.AppendEventsRequest, context: Context) -> rpb.Run:
         try:
             events = wire.transitions(request)
             return wire.run_msg(await self.store.append(request.run_id, events, caller().name))
         except RunRefused as exc:
-            await _abort(context, exc)
+            await abort_for(context, exc)
 
     async def GetRun(self, request: rpb.GetRunRequest, context: Context) -> rpb.RunDetail:
         try:
             run = await self._visible(request.run_id)
         except RunRefused as exc:
-            await _abort(context, exc)
+            await abort_for(context, exc)
         events = await self.store.events(run.run_id)
         # Every call of a run the caller may see (its owner's, and refusals of others').
         calls, _ = await self.dispatcher.journal.list(
@@ -109,7 +103,7 @@ class RunsService(rpb_grpc.RunsServicer):
                 )
             run = await self.store.request_cancel(run.run_id, ask)
         except RunRefused as exc:
-            await _abort(context, exc)
+            await abort_for(context, exc)
         order = CancelOrder(
             run_id=run.run_id,
             reason=ask.reason,
@@ -121,7 +115,7 @@ class RunsService(rpb_grpc.RunsServicer):
         try:
             await self.dispatcher.cancel(order)  # journaled first, then signalled
         except NotYours as exc:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+            await abort_for(context, exc)
         return wire.run_msg(run)
 
     async def WatchRun(
@@ -130,21 +124,11 @@ class RunsService(rpb_grpc.RunsServicer):
         try:
             await self._visible(request.run_id)
         except RunRefused as exc:
-            await _abort(context, exc)
+            await abort_for(context, exc)
         updates = self.store.watch(request.run_id, request.after_seq)
         try:
             async with contextlib.aclosing(updates):
                 async for update in updates:
                     yield wire.update_msg(update)
-        except Closing as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        except Lagging as exc:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-
-
-async def _abort(context: Context, exc: RunRefused) -> NoReturn:
-    code = _CODE.get(exc.kind, grpc.StatusCode.FAILED_PRECONDITION)
-    where = f"{exc.field}: " if exc.field and not exc.message.startswith(exc.field) else ""
-    trailers = ((CLASS_KEY, exc.kind.value), (FIELD_KEY, exc.field))
-    await context.abort(code, f"{exc.kind.value}: {where}{exc.message}", trailing_metadata=trailers)
-    raise AssertionError("context.abort returned")
+        except (Closing, Lagging) as exc:
+            await abort_for(context, exc)

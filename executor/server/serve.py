@@ -22,7 +22,6 @@ from execgate.executor.core.errors import ConfigError
 from execgate.executor.core.paths import Workspace
 from execgate.executor.journal.store import Journal
 from execgate.executor.locks import FileLockManager, LockBackend, LockManager, NoLocks
-from execgate.executor.pipeline import approve
 from execgate.executor.pipeline.dispatch import Dispatcher
 from execgate.executor.policy import Policy, default_policy_path, load_policy
 from execgate.executor.policy.identity import Identities, load_identities, parse_identities
@@ -149,10 +148,10 @@ async def serve(
         if identities is not None:
             dispatcher.authorizer.memberships = identities.memberships
         telemetry = dispatcher.telemetry
-        telemetry.tracing = tracing.setup(journal, daemon_id(config.state_dir))
+        telemetry.tracing = tracing.setup(journal.spans, daemon_id(config.state_dir))
         telemetry.metrics = metrics.setup(daemon_id(config.state_dir), tools=dispatcher.tools)
         telemetry.metrics.gauges(dispatcher.approvals.waiting, dispatcher.queue_depth)
-        runs = RunStore(journal)
+        runs = RunStore(journal.runs)
         dispatcher.ended_runs = runs.ended
         dispatcher.run_owners = runs.owners
         server, health_servicer = _server(config, dispatcher, runs, interceptor)
@@ -162,7 +161,7 @@ async def serve(
     stale = await dispatcher.sandboxes.cleanup_stale()
     if stale:
         log.warning("removed %d sandbox leftover(s) of a previous daemon", stale)
-    parked = dispatcher.resume_parked(approve.left_pending(journal))
+    parked = dispatcher.resume_parked(journal.approvals.left_pending())
     if parked:
         log.info("%d call(s) still await approval from before the restart", parked)
     await server.start()
@@ -198,7 +197,7 @@ def _policy_watcher(
         dispatcher.policy = policy  # one assignment: each call sees the old or the new
 
     path = Path(config.policy or default_policy_path())
-    return policy_watcher(path, dispatcher.policy, apply, journal, config.policy_reload)
+    return policy_watcher(path, dispatcher.policy, apply, journal.reloads, config.policy_reload)
 
 
 def _identities_watcher(
@@ -216,7 +215,7 @@ def _identities_watcher(
         what="identities",
         parse=parse_identities,
         apply=apply,
-        journal=journal,
+        reloads=journal.reloads,
         loaded=interceptor.identities.revision if interceptor.identities else "",
     )
 

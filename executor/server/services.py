@@ -16,11 +16,11 @@ import grpc
 from execgate.executor.core import clock
 from execgate.executor.core.errors import MalformedRequest
 from execgate.executor.core.fanout import Lagging
-from execgate.executor.pipeline.approve import ApprovalError, Approvals, Refused
+from execgate.executor.core.requests import MAX_ID_CHARS, SHARED_RUN
+from execgate.executor.pipeline.approve import ApprovalError, Approvals
 from execgate.executor.pipeline.dispatch import Dispatcher
 from execgate.executor.pipeline.events import Event, EventKind
-from execgate.executor.pipeline.inflight import SHARED_RUN, NotYours
-from execgate.executor.pipeline.validate import MAX_ID_CHARS
+from execgate.executor.pipeline.inflight import NotYours
 from execgate.executor.policy import Policy
 from execgate.executor.policy.explain import explain
 from execgate.executor.policy.identity import Role
@@ -31,6 +31,14 @@ from execgate.v1 import executor_pb2_grpc as pb_grpc
 
 from . import wire
 from .auth import caller
+from .status import (
+    BadArgument,
+    CallNotFound,
+    OutcomesDetached,
+    OutcomesUnrecorded,
+    PermissionDenied,
+    abort_for,
+)
 from .wire import MAX_BATCH, BatchRequest
 from .wire import MAX_REASON_CHARS as MAX_REASON_CHARS  # the limit runs_service shares
 from .wirecheck import PageTokens
@@ -42,24 +50,6 @@ _EXPLAINS_ANYONE = frozenset({Role.OPERATOR, Role.APPROVER, Role.ADMIN})
 # Who may cancel anyone's calls; an agent cancels only its own.
 CANCELS_ANY = frozenset({Role.OPERATOR, Role.ADMIN})
 DEFAULT_RUN = SHARED_RUN
-_REFUSED = {
-    Refused.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    Refused.NOT_PENDING: grpc.StatusCode.FAILED_PRECONDITION,
-    Refused.FORBIDDEN: grpc.StatusCode.PERMISSION_DENIED,
-}
-
-
-def _detached_message(detached: list[Event]) -> str:
-    """Why an Execute ends without some outcomes: the daemon stopped while those
-    calls awaited approval. Their approvals stay pending across the restart."""
-    parked = ", ".join(
-        f"{e.call_id} (approval {e.approval.id})" for e in detached if e.approval is not None
-    )
-    return (
-        f"the daemon is shutting down while call(s) {parked} await approval; the approvals "
-        "stay pending, and once decided the calls run (or are rejected) on the restarted "
-        "daemon: GetCall returns their outcomes"
-    )
 
 
 # Calls whose part of the stream ends without an outcome event: the RPC ends with an
@@ -70,12 +60,10 @@ _UNSENT = frozenset({EventKind.DETACHED, EventKind.UNRECORDED})
 async def _abort_unsent(context: grpc.aio.ServicerContext[Any, Any], unsent: list[Event]) -> None:
     lost = [e.call_id for e in unsent if e.kind is EventKind.UNRECORDED]
     if lost:
-        await context.abort(
-            grpc.StatusCode.INTERNAL,
-            f"the journal failed to record the outcome of call(s) {', '.join(lost)}: their "
-            "effects are unknown until the journal recovers; reconcile with GetCall",
-        )
-    await context.abort(grpc.StatusCode.UNAVAILABLE, _detached_message(unsent))
+        await abort_for(context, OutcomesUnrecorded(lost))
+    # The rest were parked: the daemon stopped while they awaited approval.
+    parked = [(e.call_id, e.approval.id) for e in unsent if e.approval is not None]
+    await abort_for(context, OutcomesDetached(parked))
 
 
 class ExecutorService(pb_grpc.ExecutorServicer):
@@ -157,21 +145,23 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         who = caller()
         others = bool(request.agent and request.agent != who.name)
         if (others or request.groups or request.roles) and not who.holds_any(_EXPLAINS_ANYONE):
-            await context.abort(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"{who.name} explains only its own calls (agent, groups and roles are its "
-                "identity's); explaining another's needs operator, approver or admin",
+            await abort_for(
+                context,
+                PermissionDenied(
+                    f"{who.name} explains only its own calls (agent, groups and roles are its "
+                    "identity's); explaining another's needs operator, approver or admin"
+                ),
             )
         if not request.tool or len(request.tool) > MAX_ID_CHARS:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "tool: required, a tool name")
+            await abort_for(context, BadArgument("tool", "tool: required, a tool name"))
         if max(len(request.paths), len(request.tables), len(request.hosts)) > MAX_BATCH:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "paths: too many")
+            await abort_for(context, BadArgument("paths", "paths: too many"))
         given = others or bool(request.groups or request.roles)
         member_of = memberships(request.groups, request.roles) if given else who.memberships()
         try:
             call = wire.policy_input(request, request.agent or who.name, member_of)
         except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await abort_for(context, BadArgument("", str(exc)))
         return wire.explanation(explain(self.dispatcher.policy, call))
 
     def _batch(self, request: pb.ExecuteRequest) -> BatchRequest:
@@ -195,7 +185,7 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         try:
             hit = await self.dispatcher.cancel(order)
         except NotYours as exc:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+            await abort_for(context, exc)
         return wire.cancelled(hit)
 
     async def GetCall(
@@ -216,9 +206,7 @@ class ExecutorService(pb_grpc.ExecutorServicer):
                 return wire.parked_record(parked, may_write=tool is None or tool.spec.may_write)
         # Another agent's call is answered as a missing one: its existence is not ours to tell.
         if rec is None or not self._readable(rec.agent, rec.run_id):
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND, f"no call {request.call_id!r} in run {run_id!r}"
-            )
+            await abort_for(context, CallNotFound(run_id, request.call_id))
         return wire.record(rec)
 
     def _readable(self, agent: str, run_id: str) -> bool:
@@ -277,7 +265,7 @@ class ApprovalsService(pb_grpc.ApprovalsServicer):
                 async for approval in changes:
                     yield wire.approval(approval)
         except Lagging as exc:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{exc}; watch again")
+            await abort_for(context, exc)
 
     async def Decide(
         self,
@@ -293,5 +281,5 @@ class ApprovalsService(pb_grpc.ApprovalsServicer):
             )
         except ApprovalError as err:
             log.warning("refused Decide of %s by %s: %s", request.approval_id, caller().name, err)
-            await context.abort(_REFUSED[err.refused], err.message)
+            await abort_for(context, err)
         return wire.approval(decided)

@@ -13,19 +13,17 @@ from typing import cast
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from execgate.client.loop.results import LIMIT_KEYS
-from execgate.client.loop.states import State, Transition
 from execgate.executor.core import clock
 from execgate.executor.core.errors import MalformedRequest
 from execgate.executor.core.outcomes import ErrorClass, Outcome, Phase, Status, StopMode
+from execgate.executor.core.requests import MAX_ID_CHARS, MAX_JSON_DEPTH, CallRequest, nested_deeper
 from execgate.executor.core.run import CancelAsk, Run
+from execgate.executor.core.runstate import LIMIT_KEYS, State, Transition
 from execgate.executor.journal.store import CallFilter, CallRecord
 from execgate.executor.locks import LockMode
 from execgate.executor.pipeline.approve import Approval, ApprovalState
-from execgate.executor.pipeline.calls import CallRequest
 from execgate.executor.pipeline.events import Event, EventKind, PlanRow
 from execgate.executor.pipeline.inflight import CancelOrder
-from execgate.executor.pipeline.validate import MAX_ID_CHARS
 from execgate.executor.policy import PolicyInput
 from execgate.executor.policy.explain import Explanation, RuleVerdict, canonical
 from execgate.executor.runs.registry import Refusal, RunRefused, Update
@@ -512,7 +510,7 @@ def transition(run_id: str, i: int, e: rpb.RunEvent) -> Transition:
     too_deep = MalformedRequest(
         "too_deep",
         f"events[{i}].data_json",
-        f"events[{i}].data_json: nested deeper than {wirecheck.MAX_JSON_DEPTH} levels",
+        f"events[{i}].data_json: nested deeper than {MAX_JSON_DEPTH} levels",
     )
     try:
         data = json.loads(e.data_json or "{}")
@@ -521,7 +519,7 @@ def transition(run_id: str, i: int, e: rpb.RunEvent) -> Transition:
         raise too_deep from None
     except ValueError as exc:
         raise RunRefused(Refusal.MALFORMED, f"event seq {e.seq}: {exc}", "events") from None
-    if wirecheck.nested_deeper(data):
+    if nested_deeper(data):
         raise too_deep
     if not isinstance(data, dict):
         raise RunRefused(Refusal.MALFORMED, f"event seq {e.seq}: data_json not an object", "events")

@@ -32,7 +32,6 @@ MAX_TIMESTAMP_SECONDS = 253_402_300_799
 # +-10,000 years (google/protobuf/duration.proto).
 MAX_DURATION_SECONDS = 315_576_000_000
 NANOS = 1_000_000_000
-MAX_JSON_DEPTH = 64
 
 E = TypeVar("E")
 
@@ -96,24 +95,6 @@ def known_strings(values: Iterable[str], known: frozenset[str], field: str) -> l
                 f"{field}[{i}]: {value[:100]!r} is not one of {', '.join(sorted(known))}",
             )
     return out
-
-
-def nested_deeper(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
-    """Is this parsed JSON value nested more than `limit` containers deep?
-
-    Iterative, so a value just under the interpreter's recursion limit costs no stack."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = (
-            item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        )
-        if children is None:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
-    return False
 
 
 class PageTokens:

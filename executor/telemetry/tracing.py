@@ -36,6 +36,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from execgate.executor.core.outcomes import Mark, Outcome, Phase
 from execgate.executor.core.outcomes import Status as OutcomeStatus
+from execgate.executor.journal.base import SpanStore
 
 from . import otel_env as otelenv
 from .journal_exporter import JournalSpanExporter
@@ -172,7 +173,7 @@ class Tracing:
             self.provider.shutdown()
 
 
-def setup(journal: Any, instance: str) -> Tracing:
+def setup(journal: SpanStore, instance: str) -> Tracing:
     """The daemon's tracing: the journal always; OTLP when `OTEL_*` configures it.
     OTEL_SDK_DISABLED=true turns both off."""
     if disabled():

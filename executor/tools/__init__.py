@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
+from execgate.executor.locks import Mode
 from execgate.executor.sandbox.ladder import CancelScope
 
-from .base import (
-    Limits,
-    Mode,
-    ResourceKind,
-    ResourceTemplate,
-    Tool,
-    ToolContext,
-    ToolOutput,
-    ToolSpec,
-)
+from .base import Limits, ResourceKind, ResourceTemplate, Tool, ToolContext, ToolOutput, ToolSpec
 from .command import RunCommand
 from .files import EditFile, ListDir, ReadFile, WriteFile
+from .probes import Fault, Noop, Work
 from .search import Search
 from .sql import Sql
 
@@ -44,7 +37,5 @@ def builtin_tools(*, test_tools: bool = False) -> dict[str, Tool]:
         Sql(),
     ]
     if test_tools:
-        from .probes import Fault, Noop, Work  # test-only; late (probes need resources)
-
         tools += [Noop(), Work(), Fault()]
     return {tool.spec.name: tool for tool in tools}

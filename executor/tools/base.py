@@ -16,15 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from execgate.executor.core import ranges
 from execgate.executor.core.outcomes import ErrorClass, Evidence, Mark, StopMode
 from execgate.executor.core.paths import Workspace
+from execgate.executor.locks.modes import Mode
 from execgate.executor.sandbox import Confinement, Sandbox
 from execgate.executor.sandbox.ladder import CancelScope
-
-
-class Mode(enum.Enum):
-    READ = "read"
-    WRITE = "write"
 
 
 class ResourceKind(enum.Enum):
@@ -74,6 +71,19 @@ class Limits:
     # Largest file the file tools read whole or produce (edit_file's input and result):
     # a small `replace_all` request must not build a multi-GiB file in memory.
     file_cap_bytes: int = 16 * 1024 * 1024
+
+
+def check_limits(limits: Limits) -> None:
+    """The daemon's call limits (`--grace`, `--default-timeout`, `--output-cap`, `--file-cap`),
+    each against its range: a `SettingError` naming the setting."""
+    ranges.GRACE.check("--grace", limits.grace)
+    ranges.GRACE.check("max_grace", limits.max_grace)
+    ranges.TIMEOUT.check("--default-timeout", limits.default_timeout)
+    ranges.TIMEOUT.check("max_timeout", limits.max_timeout)
+    ranges.OUTPUT_CAP.check("--output-cap", limits.output_cap_bytes)
+    ranges.RAW_CAP.check("raw_cap_bytes", limits.raw_cap_bytes)
+    ranges.FILE_CAP.check("--file-cap", limits.file_cap_bytes)
+    ranges.ARGUMENTS.check("max_arguments_bytes", limits.max_arguments_bytes)
 
 
 @dataclass(slots=True)

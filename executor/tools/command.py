@@ -14,6 +14,7 @@ from typing import Any
 
 from execgate.executor.core.errors import ToolError
 from execgate.executor.core.outcomes import ErrorClass, Evidence, StopMode
+from execgate.executor.locks import Mode
 from execgate.executor.sandbox import (
     Captured,
     Launch,
@@ -23,15 +24,7 @@ from execgate.executor.sandbox import (
 )
 from execgate.executor.sandbox.ladder import Stopped, supervise
 
-from .base import (
-    Mode,
-    ResourceKind,
-    ResourceTemplate,
-    ToolContext,
-    ToolOutput,
-    ToolSpec,
-    schema,
-)
+from .base import ResourceKind, ResourceTemplate, ToolContext, ToolOutput, ToolSpec, schema
 
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 _ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"

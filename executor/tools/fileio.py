@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from execgate.executor.core.errors import ToolError
+from execgate.executor.core.errors import ExecgateError, ToolError
 from execgate.executor.core.outcomes import ErrorClass
 from execgate.executor.core.paths import Workspace, hard_link_refused
 
@@ -48,8 +48,12 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-class WriteAbandoned(Exception):
-    """The write was stopped before its rename: the target is untouched."""
+class WriteAbandoned(ExecgateError):
+    """The write of `path` was stopped before its rename: the target is untouched."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(str(path))
+        self.path = path
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +91,7 @@ def atomic_write(
         _write_temp(dir_fd, tmp, data, before.mode, owner)
         if stop():
             os.unlink(tmp, dir_fd=dir_fd)
-            raise WriteAbandoned(str(path))
+            raise WriteAbandoned(path)
         try:
             os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except OSError:

@@ -10,17 +10,10 @@ from typing import Any
 
 from execgate.executor.core.errors import ToolError
 from execgate.executor.core.outcomes import ErrorClass, Evidence, Mark, Phase, StopMode, mark
+from execgate.executor.locks import Mode
 
 from . import fileio
-from .base import (
-    Mode,
-    ResourceKind,
-    ResourceTemplate,
-    ToolContext,
-    ToolOutput,
-    ToolSpec,
-    schema,
-)
+from .base import ResourceKind, ResourceTemplate, ToolContext, ToolOutput, ToolSpec, schema
 
 _PATH = {"type": "string", "minLength": 1, "description": "Path inside the workspace."}
 

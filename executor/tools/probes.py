@@ -13,17 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from execgate.executor.core.paths import Workspace
-from execgate.executor.locks import Claim
+from execgate.executor.locks import Claim, Mode
 
-from .base import (
-    Mode,
-    ResourceKind,
-    ResourceTemplate,
-    ToolContext,
-    ToolOutput,
-    ToolSpec,
-    schema,
-)
+from .base import ResourceKind, ResourceTemplate, ToolContext, ToolOutput, ToolSpec, schema
 from .command import RunCommand
 from .effects import CallEffects, file_key
 

@@ -17,19 +17,12 @@ from typing import Any, BinaryIO
 
 import regex
 
-from execgate.executor.core.errors import ToolError, invalid
+from execgate.executor.core.errors import ExecgateError, ToolError, invalid
 from execgate.executor.core.outcomes import ErrorClass, Evidence, Phase, StopMode, mark
 from execgate.executor.core.regexbound import check_pattern
+from execgate.executor.locks import Mode
 
-from .base import (
-    Mode,
-    ResourceKind,
-    ResourceTemplate,
-    ToolContext,
-    ToolOutput,
-    ToolSpec,
-    schema,
-)
+from .base import ResourceKind, ResourceTemplate, ToolContext, ToolOutput, ToolSpec, schema
 
 MAX_FILE_BYTES = 8 * 1024 * 1024
 MAX_PATTERN_CHARS = 4096
@@ -217,7 +210,7 @@ class _Walk:
         yield path, fd
 
 
-class _Cancelled(Exception):
+class _Cancelled(ExecgateError):
     """The call's cancel scope fired; raised inside the worker thread."""
 
 

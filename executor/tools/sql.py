@@ -31,28 +31,17 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from execgate.executor.core import clock
 from execgate.executor.core.errors import invalid
 from execgate.executor.core.outcomes import ErrorClass, Evidence, Mark, Phase, StopMode, mark
 from execgate.executor.core.paths import Workspace
+from execgate.executor.locks import Claim, Mode, path_key, table_key
 
-# A module import: sqlanalysis imports tools.base, so either side may load first.
 from . import sqlanalysis, sqlconfine, sqlexec
-
-if TYPE_CHECKING:
-    from .effects import CallEffects
-from execgate.executor.core import clock
-
-from .base import (
-    Mode,
-    ResourceKind,
-    ResourceTemplate,
-    ToolContext,
-    ToolOutput,
-    ToolSpec,
-    schema,
-)
+from .base import ResourceKind, ResourceTemplate, ToolContext, ToolOutput, ToolSpec, schema
+from .effects import CallEffects
 
 MAX_QUERY_CHARS = 1024 * 1024
 _HEX = {
@@ -162,11 +151,6 @@ class Sql:
         self, args: dict[str, Any], paths: Mapping[str, Path], workspace: Workspace
     ) -> CallEffects:
         """Lock claims from the parsed statement: tables, or the whole database file."""
-        # Late: resources imports the tools package, which imports this module.
-        from execgate.executor.locks import Claim, path_key, table_key
-
-        from .effects import CallEffects
-
         found = self.effects(args, workspace)
         db, sql = found.relative, found.sql
         claims: list[Claim] = []

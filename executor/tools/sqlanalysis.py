@@ -31,7 +31,8 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.tokens import TokenType  # type: ignore[attr-defined]
 
-from .base import Mode
+from execgate.executor.core.errors import ExecgateError
+from execgate.executor.locks import Mode
 
 # sqlglot logs the text of statements it cannot fully parse; tool arguments are
 # never logged.
@@ -43,7 +44,7 @@ HARMLESS_FUNCTIONS = frozenset({"json_each", "json_tree", "generate_series"})
 _STATEMENTS = (exp.Insert, exp.Update, exp.Delete, exp.Create, exp.Drop, exp.Alter, exp.Command)
 
 
-class NoStatements(ValueError):
+class NoStatements(ExecgateError, ValueError):
     """The text holds no SQL statement (empty, blanks, comments or bare `;`)."""
 
 

@@ -40,7 +40,7 @@ from typing import Any
 from urllib.parse import quote
 
 from execgate.executor.core import clock  # a module import: see tools/sql.py
-from execgate.executor.core.errors import ToolError
+from execgate.executor.core.errors import ExecgateError, ToolError
 from execgate.executor.core.outcomes import ErrorClass
 from execgate.executor.core.paths import Workspace, hard_link_refused
 from execgate.executor.sandbox.ladder import CancelScope
@@ -71,12 +71,16 @@ _IO_CODES = frozenset(
 _DB = "arguments.database"
 
 
-class Interrupted(Exception):
+class Interrupted(ExecgateError):
     """The progress handler aborted the work (cancel or timeout); rolled back."""
 
 
-class CommitUncertain(RuntimeError):
-    """The transaction ended without proof that nothing was committed."""
+class CommitUncertain(ExecgateError, RuntimeError):
+    """The transaction ended without proof that nothing was committed; `message` says how."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

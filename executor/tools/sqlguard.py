@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import sqlite3
 
+from execgate.executor.locks import Mode
+
 from . import sqlanalysis  # a module import: see tools/sql.py
-from .base import Mode
 
 # Pure introspection: any argument (a table or index name, a row limit).
 QUERY_PRAGMAS = frozenset(

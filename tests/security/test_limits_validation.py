@@ -29,7 +29,7 @@ from execgate.executor.core import ranges
 from execgate.executor.core.errors import PolicyError
 from execgate.executor.policy import default_policy_path
 from execgate.executor.policy.load import load_text
-from execgate.executor.sandbox.base import Confinement
+from execgate.executor.sandbox.base import Confinement, fit_confinement
 from tests.daemon import Daemon
 from tests.security.budget import fuzzing
 from tests.support import wait_until
@@ -229,7 +229,7 @@ def test_the_ceilings_follow_this_hosts_hard_rlimits() -> None:
 
 def test_built_in_limits_above_a_ceiling_are_lowered_to_it_not_refused() -> None:
     conf = Confinement(open_files=ranges.ceiling("open_files") + 1, processes=1 << 40)
-    fitted, notes = ranges.fit_confinement(conf)
+    fitted, notes = fit_confinement(conf)
     assert fitted.open_files == ranges.ceiling("open_files")
     assert fitted.processes == ranges.ceiling("processes")
     assert fitted.memory_bytes == conf.memory_bytes

@@ -125,7 +125,8 @@ def test_run_locks_live_while_used_and_machines_are_capped(
     monkeypatch.setattr("execgate.executor.runs.registry.MAX_MACHINES", 5)
 
     async def go() -> RunStore:
-        store = RunStore(Journal(tmp_path / "journal.db"))
+        journal = Journal(tmp_path / "journal.db")
+        store = RunStore(journal.runs)
         for i in range(12):
             run = await store.start(Run(run_id=f"r{i}", goal="", owner="bot"))
             moves = _moves(run.run_id, 2)  # two appends, the second waits for the lock
@@ -140,7 +141,7 @@ def test_run_locks_live_while_used_and_machines_are_capped(
         end = Transition("r0", 4, time.time(), State.REQUESTING_MODEL, State.FAILED, "x", {})
         await store.append("r0", [end], "bot")
         assert "r0" not in store._machines  # an ended run's machine is never needed
-        store.journal.close()
+        journal.close()
         return store
 
     asyncio.run(go())

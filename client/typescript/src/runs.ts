@@ -4,6 +4,7 @@
  */
 
 import * as rpb from "./gen/execgate/v1/runs.js";
+import { LIMIT_KEYS as GENERATED_LIMIT_KEYS } from "./gen/runstates.js";
 import { RequestError } from "./errors.js";
 import { isState, type State, type Transition } from "./loop/states.js";
 import type { Rpc } from "./rpc.js";
@@ -20,14 +21,8 @@ export interface RunLimits {
   readonly maxRepeats?: number;
 }
 
-const LIMIT_KEYS = [
-  "maxSteps",
-  "maxTokens",
-  "maxCost",
-  "deadlineSeconds",
-  "maxConsecutiveErrors",
-  "maxRepeats",
-] as const satisfies readonly (keyof RunLimits)[];
+// runs.proto RunLimits' fields (proto/execgate/v1/runstates.json `limit_keys`).
+const LIMIT_KEYS = GENERATED_LIMIT_KEYS satisfies readonly (keyof RunLimits)[];
 
 /** Someone asked the run to stop (CancelRun): who, why, when (epoch seconds). */
 export interface CancelNotice {

@@ -1,8 +1,9 @@
 /**
  * The loop's pure core, without a daemon: the state machine, the stop rules and their
- * priority, the tally, the observations -- each compared with the Python loop's where
- * the two must agree (the daemon checks TypeScript runs with the Python table; the
- * model must see the same text from either loop).
+ * priority, the tally, the observations. The tables are compared with the one data file
+ * both loops and the daemon are generated from (proto/execgate/v1/runstates.json); what
+ * the code does with them (hints, rendering, fingerprints) with the Python loop's, since
+ * the model must see the same text from either loop.
  */
 
 import assert from "node:assert/strict";
@@ -34,30 +35,41 @@ import {
   render,
   RESUME_INTO,
   type State,
+  STATES,
+  STOPS,
   StopRules,
   Tally,
   TERMINAL,
   TRANSITIONS,
 } from "@execgate/client";
 
+import * as generated from "../src/gen/runstates.js";
 import { pythonJson } from "./support/python.js";
+import { expandEdges, ofKind, runstates, withoutComments } from "./support/runstates.js";
 
 describe("the state machine", () => {
-  test("the transition table is the Python loop's, edge for edge", () => {
-    const python = pythonJson(`
-import json
-from execgate.client.loop.states import RESUME_INTO, TERMINAL, TRANSITIONS
-print(json.dumps({
-    "transitions": {k.value: sorted(v.value for v in vs) for k, vs in TRANSITIONS.items()},
-    "terminal": sorted(s.value for s in TERMINAL),
-    "resume": {k.value: v.value for k, v in RESUME_INTO.items()},
-}))`);
+  test("the transition table is the data file's, edge for edge", () => {
+    const doc = runstates();
     const ours = {
       transitions: Object.fromEntries([...TRANSITIONS].map(([k, v]) => [k, [...v].sort()])),
       terminal: [...TERMINAL].sort(),
+      stops: [...STOPS].sort(),
       resume: Object.fromEntries(RESUME_INTO),
+      states: [...STATES],
     };
-    assert.deepEqual(ours, python);
+    assert.deepEqual(ours, {
+      transitions: Object.fromEntries(expandEdges(doc)),
+      terminal: ofKind(doc, "success", "stop").sort(),
+      stops: ofKind(doc, "stop").sort(),
+      resume: withoutComments(doc["resume_into"]),
+      states: doc.states.map((s) => s.name),
+    });
+    // The package's tables are built from the generated module, not kept beside it.
+    assert.deepEqual(ours.states, generated.STATES);
+    assert.deepEqual(
+      [...TRANSITIONS.keys()],
+      generated.TRANSITIONS.map(([k]) => k),
+    );
   });
 
   test("an illegal move throws and changes nothing; seq counts from 1", () => {
@@ -135,11 +147,10 @@ describe("stop rules", () => {
     });
   });
 
-  test("when several fire, the priority decides: the Python loop's order", () => {
-    const python = pythonJson(
-      "import json; from execgate.client.loop.stops import PRIORITY; print(json.dumps(PRIORITY))",
-    );
-    assert.deepEqual(PRIORITY, python);
+  test("when several fire, the priority decides: the data file's order", () => {
+    const doc = runstates();
+    assert.deepEqual(PRIORITY, (doc["stop_priority"] as { rules: string[] }).rules);
+    assert.equal(PRIORITY, generated.STOP_PRIORITY);
     const t = tally();
     t.recordModel(500, 500, 5);
     t.recordResult("x", {}, false, "e");
@@ -166,13 +177,18 @@ describe("stop rules", () => {
 });
 
 describe("observations and fingerprints match the Python loop's", () => {
-  test("hints, word for word", () => {
-    const python = pythonJson(`
-import json
-from execgate.client.loop.observe import DAEMON_HINTS, REFUSAL_HINTS
-refusal = {k.value: v for k, v in REFUSAL_HINTS.items()}
-print(json.dumps({"daemon": dict(DAEMON_HINTS), "refusal": refusal}))`);
-    assert.deepEqual({ daemon: DAEMON_HINTS, refusal: REFUSAL_HINTS }, python);
+  test("hints, word for word: the data file's, and hintFor picks as the Python loop does", () => {
+    const doc = runstates();
+    const refusals = withoutComments(doc["refusals"]) as Record<string, { hint: string }>;
+    assert.deepEqual(
+      { daemon: DAEMON_HINTS, refusal: REFUSAL_HINTS },
+      {
+        daemon: withoutComments(doc["daemon_hints"]),
+        refusal: Object.fromEntries(Object.entries(refusals).map(([k, v]) => [k, v.hint])),
+      },
+    );
+    assert.equal(DAEMON_HINTS, generated.DAEMON_HINTS);
+    assert.equal(REFUSAL_HINTS, generated.REFUSAL_HINTS);
     const cases: [client.Status, string][] = [
       ["failure", "nonzero_exit"],
       ["partial", "none"],

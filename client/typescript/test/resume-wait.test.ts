@@ -1,7 +1,7 @@
 /**
  * A resumed TypeScript loop waits for its calls on the Execute stream, never by polling
- * GetCall (client/loop/batch.py, tests/test_loop_resume_wait.py). The call is parked for
- * an approval at a daemon that restarted (no stream follows it); the resumed loop
+ * GetCall (client/loop/batch.py, tests/integration/test_loop_resume_wait.py). The call is
+ * parked for an approval at a daemon that restarted (no stream follows it); the resumed loop
  * re-sends it with its id and idempotency key and the daemon joins it to the parked
  * call. GetCall and Execute are counted on the client the loop uses.
  */

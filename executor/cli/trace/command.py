@@ -22,8 +22,9 @@ from rich.console import Console
 from rich.text import Text
 
 from execgate.client import Approval, Client, PermissionDenied
+from execgate.executor.cli import common
 from execgate.executor.cli import lookup as cli_lookup
-from execgate.executor.cli.calls import _client, _jsonable, _print_json
+from execgate.executor.cli import options as cli_options
 
 from . import html as trace_html
 from . import text as words
@@ -59,11 +60,10 @@ INDENT = 4
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
-def add_commands(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parent = cli_options.common()
     p = sub.add_parser(
-        "trace", parents=[common], help="a run's calls on a timeline (terminal, JSON or HTML)"
+        "trace", parents=[parent], help="a run's calls on a timeline (terminal, JSON or HTML)"
     )
     p.add_argument(
         "run_id", help="a run id (or a unique prefix): any run calls used, `default` included"
@@ -83,7 +83,7 @@ def _approvals(client: Client, run_id: str) -> list[Approval]:
 
 
 def _trace(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with common.client(args) as client:
         detail = cli_lookup.run_detail(client, args.run_id)
         t = trace(detail, _approvals(client, detail.run.run_id))
     if not cli_lookup.recorded(detail):
@@ -95,7 +95,7 @@ def _trace(args: argparse.Namespace) -> int:
             raise SystemExit(f"execgate: cannot write {args.html}: {exc.strerror}") from exc
         print(f"wrote {args.html} ({len(t.rows)} calls)")
     elif args.json:
-        _print_json(as_json(t))
+        common.print_json(as_json(t))
     else:
         console = Console(highlight=False, width=args.width)
         for line in render(t, console.width):
@@ -105,7 +105,7 @@ def _trace(args: argparse.Namespace) -> int:
 
 def as_json(t: Trace) -> Any:
     """The trace as data, times in seconds from `origin` (microsecond precision)."""
-    return _rounded(_jsonable(t))
+    return _rounded(common.jsonable(t))
 
 
 def _rounded(value: Any) -> Any:

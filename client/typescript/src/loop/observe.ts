@@ -1,80 +1,34 @@
 /**
  * What the model sees of each tool call: a bounded text that keeps the outcome's
  * meaning, with a short hint saying what kind of next move makes sense
- * (client/loop/observe.py; the same hints, word for word).
+ * (client/loop/observe.py; the hints come from the same data file, runstates.json).
  */
 
+import * as data from "../gen/runstates.js";
+import type { Refusal } from "../gen/runstates.js";
 import type { ErrorClass, Outcome, Status } from "../types.js";
 
 export const DEFAULT_CAP = 4000;
 // Below this a cut text would be mostly marker.
 const MIN_CAP = 64;
 
-/** Why the loop refused a call itself; the call never reached the daemon. */
-export type Refusal =
-  // The model called a tool this run did not offer it.
-  | "tool_not_offered"
-  // An identical earlier call has an unknown outcome and nothing checked the state since.
-  | "repeated_call"
-  // The run stopped before this call could run.
-  | "run_stopped";
+// The hints and the loop's own refusals are data: proto/execgate/v1/runstates.json,
+// generated into src/gen/runstates.ts (the Python loop's come from the same file).
+export type { Refusal } from "../gen/runstates.js";
 
 /** One hint per error class the daemon emits. */
 export const DAEMON_HINTS: Readonly<
   Record<Exclude<ErrorClass, "unspecified" | "unrecognized">, string>
-> = {
-  none: "",
-  invalid_argument: "fix the arguments and call again",
-  unknown_tool: "no such tool: call one of the tools you were given",
-  not_found: "check the name/path; it does not exist",
-  permission_denied:
-    "do not retry: this is outside what the call may touch (stay inside the workspace)",
-  policy_denied: "do not retry: policy forbids this call; find another way or ask the user",
-  approval_denied: "do not retry: a person denied this call; find another way or ask the user why",
-  approval_expired:
-    "no one approved this call in time and it did not run; ask the user before trying again",
-  timeout:
-    "it took too long: narrow the request (smaller range, tighter pattern) or allow more " +
-    "time; do not repeat it unchanged",
-  cancelled: "the call was cancelled; do not retry unless asked to",
-  resource_exhausted:
-    "a limit was hit (size, memory): ask for less, e.g. a smaller range or fewer rows",
-  sandbox_error: "the sandbox failed, not the call: do not retry now; report it",
-  internal: "the daemon failed on this call: do not retry it unchanged; report it if it persists",
-  interrupted: "the daemon stopped during the call and nothing changed: it is safe to call again",
-  idempotency_conflict:
-    "the idempotency key belongs to a different request: use a new key, or repeat the " +
-    "original request exactly",
-  no_match: "the old text does not occur: read the file again and copy the text exactly",
-  ambiguous_match:
-    "the old text occurs more than once: include more surrounding text, or replace all",
-  nonzero_exit: "the command ran and failed: read its output, fix the cause, then run it again",
-  duplicate_call_id: "this call id was already used in the run and did not run; use a new call id",
-  io_error:
-    "the file system refused (disk, directory, file type): check the path; retrying " +
-    "unchanged rarely helps",
-};
+> = data.DAEMON_HINTS;
 
-export const REFUSAL_HINTS: Readonly<Record<Refusal, string>> = {
-  tool_not_offered: "this tool is not available in this run: use one of the tools you were given",
-  repeated_call:
-    "this exact call already got the same result several times: change the arguments or " +
-    "the approach",
-  run_stopped: "the run stopped before this call ran; it had no effect",
-};
+export const REFUSAL_HINTS: Readonly<Record<Refusal, string>> = data.REFUSAL_HINTS;
 
 // These statuses say more than any error class, so their hint wins.
-const STATUS_HINTS: Partial<Record<Status, string>> = {
-  success: "",
-  partial: "the result was cut: continue from where it stopped, or narrow the request",
-  unknown_outcome:
-    "the effect is unknown: reconcile (check the state) before repeating; do not repeat blindly",
-};
+const STATUS_HINTS: Partial<Record<Status, string>> = data.STATUS_HINTS;
 
 // For an error class this client does not know (a newer daemon): go by the status.
-const FALLBACK_REJECTED = "the call did not run: change the input before calling again";
-const FALLBACK_FAILURE =
-  "the call failed: read the message and change something before calling again";
+const FALLBACK_REJECTED: string = data.FALLBACK_HINTS.rejected;
+const FALLBACK_FAILURE: string = data.FALLBACK_HINTS.failure;
 
 const HINTS: Readonly<Record<string, string>> = { ...DAEMON_HINTS, ...REFUSAL_HINTS };
 

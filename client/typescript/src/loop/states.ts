@@ -1,7 +1,8 @@
 /**
  * The run's state machine: its states, the legal moves between them, and the record
- * of a move. The same table as the Python loop (client/loop/states.py), which the
- * daemon checks every appended transition against; a test compares the two.
+ * of a move. The table is data, defined once in proto/execgate/v1/runstates.json and
+ * generated into src/gen/runstates.ts at build time; the Python loop and the daemon,
+ * which checks every appended transition, are built from the same file.
  *
  *     created -> requesting_model -> validating -> running_tools -> requesting_model ...
  *                                       |  \-> awaiting_approval (a call an `ask` rule parked)
@@ -10,65 +11,24 @@
  *     any live state -> waiting -> the state it left
  */
 
+import * as data from "../gen/runstates.js";
+import type { State } from "../gen/runstates.js";
 import { IllegalTransition } from "./errors.js";
 
-export type State =
-  | "created"
-  | "requesting_model"
-  | "validating"
-  | "awaiting_approval"
-  | "running_tools"
-  // Suspended, resumable: waits for an event without calling the model.
-  | "waiting"
-  // Terminal.
-  | "completed"
-  | "failed"
-  | "cancelled"
-  | "budget_exhausted"
-  // A step cap or a deadline.
-  | "expired"
-  // No progress, or it needs a human.
-  | "escalated";
+export type { State, StopState } from "../gen/runstates.js";
 
 /** The terminals a run is stopped into: everything terminal except success. */
-export type StopState = "failed" | "cancelled" | "budget_exhausted" | "expired" | "escalated";
-
-export const STOPS: ReadonlySet<State> = new Set<StopState>([
-  "failed",
-  "cancelled",
-  "budget_exhausted",
-  "expired",
-  "escalated",
-]);
-export const TERMINAL: ReadonlySet<State> = new Set<State>([...STOPS, "completed"]);
+export const STOPS: ReadonlySet<State> = new Set<State>(data.STOPS);
+export const TERMINAL: ReadonlySet<State> = new Set<State>(data.TERMINAL);
 
 /** Suspended from -> resumed into (`created` has not started, so it resumes by starting). */
-export const RESUME_INTO: ReadonlyMap<State, State> = new Map<State, State>([
-  ["created", "requesting_model"],
-  ["requesting_model", "requesting_model"],
-  ["validating", "validating"],
-  ["awaiting_approval", "awaiting_approval"],
-  ["running_tools", "running_tools"],
-]);
+export const RESUME_INTO: ReadonlyMap<State, State> = new Map<State, State>(data.RESUME_INTO);
 
-function edges(...to: State[]): ReadonlySet<State> {
-  return new Set<State>([...to, ...STOPS, "waiting"]);
-}
+export const TRANSITIONS: ReadonlyMap<State, ReadonlySet<State>> = new Map(
+  data.TRANSITIONS.map(([from, to]): [State, ReadonlySet<State>] => [from, new Set(to)]),
+);
 
-export const TRANSITIONS: ReadonlyMap<State, ReadonlySet<State>> = new Map<
-  State,
-  ReadonlySet<State>
->([
-  ["created", edges("requesting_model")],
-  ["requesting_model", edges("validating")],
-  ["validating", edges("running_tools", "awaiting_approval", "requesting_model", "completed")],
-  ["awaiting_approval", edges("running_tools", "requesting_model")],
-  ["running_tools", edges("requesting_model", "awaiting_approval")],
-  ["waiting", new Set<State>([...RESUME_INTO.values(), ...STOPS])],
-  ...[...TERMINAL].map((t): [State, ReadonlySet<State>] => [t, new Set<State>()]),
-]);
-
-export const STATES: readonly State[] = [...TRANSITIONS.keys()];
+export const STATES: readonly State[] = data.STATES;
 
 export function isState(value: string): value is State {
   return (STATES as readonly string[]).includes(value);

@@ -8,6 +8,7 @@
  * model requests"; all rules but max_steps run again before a turn's calls are sent.
  */
 
+import { STOP_PRIORITY } from "../gen/runstates.js";
 import type { StopState } from "./states.js";
 import type { Figures, Tally } from "./tally.js";
 
@@ -185,17 +186,9 @@ export class NoProgress implements StopRule {
  * The order in which rules decide when several fire at once: a cancel (a person's
  * instruction) first; then the hard resources, time, tokens and cost, the step cap;
  * judgements about the run's behaviour last, repeated errors (a fact) before no
- * progress (a heuristic).
+ * progress (a heuristic). Data: `stop_priority` in proto/execgate/v1/runstates.json.
  */
-export const PRIORITY: readonly string[] = [
-  "cancelled",
-  "deadline",
-  "max_tokens",
-  "max_cost",
-  "max_steps",
-  "max_consecutive_errors",
-  "no_progress",
-];
+export const PRIORITY: readonly string[] = STOP_PRIORITY;
 
 /** The bounds `StopRules.default` builds; unset leaves a bound out. */
 export interface StopBounds {

@@ -1,5 +1,5 @@
 /**
- * The TypeScript agent of tests/test_cross_language.py: a Loop whose scripted model
+ * The TypeScript agent of tests/integration/test_cross_language.py: a Loop whose scripted model
  * increments workspace/counter.txt `--increments` times, one `run_command` per step.
  *
  *     EXECGATE_TOKEN=... node dist/test/support/counter-agent.js --addr ADDR [--increments N]

@@ -1,0 +1,134 @@
+"""What the journal records, as the rooms above see it (no SQL, no connection)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from execgate.executor.core.errors import ExecgateError
+from execgate.executor.core.outcomes import Outcome, Status
+
+
+class DuplicateCall(ExecgateError):
+    """The (run_id, call_id) pair is already in the journal."""
+
+    def __init__(self, run_id: str, call_id: str) -> None:
+        super().__init__(f"call_id {call_id!r} is already used in run {run_id!r}")
+        self.run_id = run_id
+        self.call_id = call_id
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRecord:
+    """The policy decision a call got: what, by which rules, under which file revision."""
+
+    effect: str
+    rule_ids: tuple[str, ...]
+    revision: str
+    # Rules in shadow mode that matched (logged, not enforced), as "id:effect".
+    shadow: tuple[str, ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "effect": self.effect,
+                "rules": self.rule_ids,
+                "revision": self.revision,
+                "shadow": self.shadow,
+            },
+            separators=(",", ":"),
+        )
+
+    @staticmethod
+    def from_json(text: str) -> PolicyRecord:
+        d = json.loads(text)
+        return PolicyRecord(d["effect"], tuple(d["rules"]), d["revision"], tuple(d["shadow"]))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallRecord:
+    run_id: str
+    call_id: str
+    batch_id: str
+    tool: str
+    arguments_json: str
+    request_hash: str
+    idempotency_key: str
+    agent: str
+    may_write: bool
+    created_at: float
+    # None while the call is running.
+    outcome: Outcome | None = None
+    replay_of: str = ""
+    raw_result: str = ""
+    decision: PolicyRecord | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallFilter:
+    run_id: str = ""
+    statuses: tuple[Status, ...] = ()
+    tool: str = ""
+    since: float | None = None
+    until: float | None = None
+    # Only finished calls whose outcome was recorded at or after this time.
+    finished_since: float | None = None
+    limit: int = 100
+    # Only records with seq below this (paging, newest first); 0 = no bound.
+    before_seq: int = 0
+    # Only calls made by agents matching these names or * ? globs, or made in runs
+    # such agents own (scope.Scope); None = all.
+    agents: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelRecord:
+    """One Cancel request as the journal keeps it. Without call_id and batch_id it
+    cancels its whole run (the run is barred: no later call of it starts)."""
+
+    at: float
+    requester: str
+    reason: str
+    run_id: str
+    batch_id: str = ""
+    call_id: str = ""
+    grace: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunClaim:
+    """Who may speak for a run id: the owner of its runs row (None if it was never
+    started with StartRun) and every identity with calls, or calls parked for
+    approval, recorded under it."""
+
+    owner: str | None
+    agents: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class RunConflict:
+    """Why a run could not be started under its id: it exists already, or `others`
+    (identities other than its owner) have calls recorded under it."""
+
+    exists: bool = False
+    others: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpanRecord:
+    """One finished OpenTelemetry span, as the journal keeps it (ids in hex, times in
+    epoch seconds, attributes and events as JSON)."""
+
+    trace_id: str
+    span_id: str
+    # "" for a root span.
+    parent_id: str
+    name: str
+    start: float
+    end: float
+    status: str
+    # From the span's execgate.run_id / execgate.call_id attributes ("" if none).
+    run_id: str
+    call_id: str
+    attributes_json: str
+    events_json: str

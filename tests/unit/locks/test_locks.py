@@ -1,0 +1,714 @@
+"""Multi-granularity locks: keys, modes, plans, the grant rule, the in-process manager."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import execgate.executor.locks
+from execgate.executor.locks import (
+    Abandoned,
+    BackendClosed,
+    Claim,
+    Key,
+    LockBackend,
+    LockManager,
+    LockMode,
+    WaitInfo,
+    combine,
+    compatible,
+    explain,
+    net_key,
+    path_key,
+    plan,
+    plans_conflict,
+    table_key,
+    workspace_key,
+)
+from execgate.executor.locks.decide import LockTable, decide, entries
+from execgate.executor.tools import Mode
+
+IS, IX, S, SIX, X = LockMode.IS, LockMode.IX, LockMode.S, LockMode.SIX, LockMode.X
+WS = Key(("ws",))
+
+Plan = Mapping[Key, LockMode]
+
+
+def R(*paths: str) -> dict[Key, LockMode]:
+    return plan(Claim(path_key(p), Mode.READ) for p in paths)
+
+
+def W(*paths: str) -> dict[Key, LockMode]:
+    return plan(Claim(path_key(p), Mode.WRITE) for p in paths)
+
+
+# ---------------------------------------------------------------- keys
+
+
+def test_path_keys_form_the_workspace_tree() -> None:
+    assert workspace_key() == WS
+    assert path_key(".") == path_key("") == WS
+    assert path_key("a/b.txt") == Key(("ws", "a", "b.txt"))
+    # One file, one key, however the separators were written.
+    for spelling in ("a//b.txt", "./a/b.txt", "a/./b.txt", "a/b.txt/"):
+        assert path_key(spelling) == path_key("a/b.txt")
+
+
+@pytest.mark.parametrize("bad", ["../a", "a/../b", "/etc/passwd", "a\x00b"])
+def test_path_key_refuses_non_canonical_paths(bad: str) -> None:
+    with pytest.raises(ValueError):  # noqa: PT011 - each case has its own message
+        path_key(bad)
+
+
+def test_table_and_net_keys() -> None:
+    assert table_key("data/x.db", "t") == Key(("ws", "data", "x.db", "\x00t"))
+    # SQLite table names are case-insensitive: one table, one key.
+    assert table_key("data/x.db", "Users") == table_key("data//x.db", "users")
+    assert net_key("Example.COM") == Key(("net", "example.com"))
+    assert net_key("example.com.") == net_key("example.com")
+    # A table never collides with a file of the same name under a directory named like the db.
+    assert table_key("d", "t") != path_key("d/t")
+    with pytest.raises(ValueError, match="workspace"):
+        table_key(".", "t")
+
+
+def test_ancestors_and_descent() -> None:
+    k = table_key("data/x.db", "t")
+    assert k.ancestors() == (WS, path_key("data"), path_key("data/x.db"))
+    assert WS.ancestors() == ()
+    assert net_key("h").ancestors() == (Key(("net",)),)
+    assert WS.is_ancestor_of(k)
+    assert path_key("data/x.db").is_ancestor_of(k)
+    assert not k.is_ancestor_of(k)
+    assert not path_key("dat").is_ancestor_of(k)
+    assert not Key(("net",)).is_ancestor_of(WS)
+
+
+def test_render() -> None:
+    assert WS.render("/w") == "workspace"
+    assert path_key("a/b.txt").render("/w") == "file:/w/a/b.txt"
+    assert table_key("data/x.db", "t").render("/w") == "table:/w/data/x.db/t"
+    assert net_key("example.com").render("/w") == "net:example.com"
+
+
+def test_keys_order_root_first() -> None:
+    keys = [path_key("b"), path_key("a/z"), WS, path_key("a")]
+    assert sorted(keys) == [WS, path_key("a"), path_key("a/z"), path_key("b")]
+
+
+# ---------------------------------------------------------------- modes
+
+# The standard matrix, written out: row requested, column held.
+MATRIX = {
+    IS: {IS: True, IX: True, S: True, SIX: True, X: False},
+    IX: {IS: True, IX: True, S: False, SIX: False, X: False},
+    S: {IS: True, IX: False, S: True, SIX: False, X: False},
+    SIX: {IS: True, IX: False, S: False, SIX: False, X: False},
+    X: {IS: False, IX: False, S: False, SIX: False, X: False},
+}
+
+
+@pytest.mark.parametrize(("a", "b"), list(itertools.product(LockMode, LockMode)))
+def test_compatibility_matrix(a: LockMode, b: LockMode) -> None:
+    assert compatible(a, b) is MATRIX[a][b]
+    # The bit masks the lock table uses agree with the matrix.
+    assert bool(a.conflicts & b.unit) is not MATRIX[a][b]
+
+
+COMBINED = {
+    (IS, IS): IS,
+    (IS, IX): IX,
+    (IS, S): S,
+    (IS, SIX): SIX,
+    (IS, X): X,
+    (IX, IX): IX,
+    (IX, S): SIX,
+    (IX, SIX): SIX,
+    (IX, X): X,
+    (S, S): S,
+    (S, SIX): SIX,
+    (S, X): X,
+    (SIX, SIX): SIX,
+    (SIX, X): X,
+    (X, X): X,
+}
+
+
+@pytest.mark.parametrize(("a", "b"), list(COMBINED))
+def test_combine_is_the_least_upper_bound(a: LockMode, b: LockMode) -> None:
+    assert combine(a, b) is COMBINED[a, b]
+    assert combine(b, a) is COMBINED[a, b]
+    # The combined mode excludes at least what each part excludes.
+    c = combine(a, b)
+    for other in LockMode:
+        if not compatible(a, other) or not compatible(b, other):
+            assert not compatible(c, other)
+
+
+# ---------------------------------------------------------------- plan
+
+
+def test_plan_puts_intention_locks_on_ancestors() -> None:
+    assert R("a/b.txt") == {WS: IS, path_key("a"): IS, path_key("a/b.txt"): S}
+    assert W("a/b.txt") == {WS: IX, path_key("a"): IX, path_key("a/b.txt"): X}
+    assert list(W("a/b.txt")) == [WS, path_key("a"), path_key("a/b.txt")]  # root first
+
+
+def test_plan_combines_per_key() -> None:
+    p = plan([Claim(path_key("d"), Mode.READ), Claim(path_key("d/f"), Mode.WRITE)])
+    assert p == {WS: IX, path_key("d"): SIX, path_key("d/f"): X}
+    assert plan([Claim(WS, Mode.WRITE)]) == {WS: X}
+    assert plan([Claim(WS, Mode.WRITE), Claim(path_key("a"), Mode.READ)])[WS] is X
+    t = table_key("x.db", "t")
+    assert plan([Claim(t, Mode.WRITE), Claim(path_key("x.db"), Mode.READ)]) == {
+        WS: IX,
+        path_key("x.db"): SIX,
+        t: X,
+    }
+    assert plan([]) == {}
+
+
+def test_plans_conflict_through_the_hierarchy() -> None:
+    assert not plans_conflict(R("a"), R("a"))
+    assert not plans_conflict(W("a"), W("b"))
+    assert not plans_conflict(W("d/a"), R("d/b"))
+    assert plans_conflict(W("d"), R("d/a"))  # S/X on d meets IS/IX on d
+    assert plans_conflict(R("d"), W("d/a"))
+    assert plans_conflict(plan([Claim(WS, Mode.WRITE)]), R("anything"))
+    assert not plans_conflict(
+        plan([Claim(WS, Mode.WRITE)]), plan([Claim(net_key("h"), Mode.WRITE)])
+    )
+    tbl = table_key("x.db", "t")
+    assert plans_conflict(plan([Claim(tbl, Mode.WRITE)]), W("x.db"))
+    assert not plans_conflict(
+        plan([Claim(tbl, Mode.WRITE)]), plan([Claim(table_key("x.db", "u"), Mode.WRITE)])
+    )
+
+
+# ---------------------------------------------------------------- the grant rule
+
+
+def test_lock_table_counts_and_empties() -> None:
+    table = LockTable()
+    table.add(entries(R("a")))
+    table.add(entries(R("a")))
+    table.add(entries(W("a/b")))
+    assert table.modes(path_key("a")) == {S, IX}
+    assert table.modes(WS) == {IS, IX}
+    assert table.conflicts(entries(W("a")))
+    table.remove(entries(R("a")))
+    table.remove(entries(W("a/b")))
+    assert table.conflicts(entries(W("a")))  # one reader is left
+    assert not table.conflicts(entries(R("a/c")))
+    table.remove(entries(R("a")))
+    assert not table  # invariant: nothing held means no key at all
+    assert not table.conflicts(entries(W("a")))
+
+
+def test_decide_is_fifo_per_conflict() -> None:
+    held = LockTable([entries(R("f"))])
+    queue = [
+        (name, entries(p))
+        for name, p in [("w1", W("f")), ("r2", R("f")), ("w3", W("g")), ("r4", R("g"))]
+    ]
+    # w1 waits for the reader; r2 waits for w1 although it could share with the
+    # reader; w3 overtakes both; r4 waits for w3 which was granted in the same pass.
+    assert decide(held, queue) == ["w3"]
+    assert held.conflicts(entries(R("g")))
+
+
+def test_explain_lists_direct_conflicts_in_proposal_order() -> None:
+    batch = [("w1", W("d/a")), ("r2", R("d/a")), ("r3", R("d/b")), ("w4", W("d")), ("w5", W("e"))]
+    assert explain(batch) == [
+        ("w1", ()),
+        ("r2", ("w1",)),
+        ("r3", ()),
+        ("w4", ("w1", "r2", "r3")),
+        ("w5", ()),
+    ]
+
+
+# ---------------------------------------------------------------- the manager
+
+
+async def settle(rounds: int = 20) -> None:
+    """Let every task that can make progress do so (no wall-clock waiting)."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+class Holder:
+    """A task that takes a plan, reports when it holds it, and keeps it until told."""
+
+    def __init__(
+        self,
+        mgr: LockManager,
+        owner: str,
+        p: Plan,
+        log: list[str],
+        cancel: asyncio.Event | None = None,
+        on_wait: Callable[[WaitInfo], None] | None = None,
+    ) -> None:
+        self.owner = owner
+        self.granted = asyncio.Event()
+        self.release = asyncio.Event()
+        self.task = asyncio.create_task(self._run(mgr, p, log, cancel, on_wait))
+
+    async def _run(
+        self,
+        mgr: LockManager,
+        p: Plan,
+        log: list[str],
+        cancel: asyncio.Event | None,
+        on_wait: Callable[[WaitInfo], None] | None,
+    ) -> None:
+        async with await mgr.acquire(self.owner, p, cancel=cancel, on_wait=on_wait):
+            log.append(f"+{self.owner}")
+            self.granted.set()
+            await self.release.wait()
+            log.append(f"-{self.owner}")
+
+    async def done(self) -> None:
+        self.release.set()
+        await self.task
+
+
+def run_async(fn: Callable[[], Awaitable[None]]) -> None:
+    async def bounded() -> None:
+        await asyncio.wait_for(fn(), timeout=10)
+
+    asyncio.run(bounded())
+
+
+def assert_empty(mgr: LockManager) -> None:
+    snap = mgr.snapshot()
+    assert snap.holders == ()
+    assert snap.waiters == ()
+    assert not mgr._held  # the tables' invariants: unions of nothing are empty
+    assert not mgr._waiting
+
+
+def test_uncontended_acquire_does_not_suspend() -> None:
+    """The fast path returns from the coroutine's first step: no future, no task."""
+
+    async def body() -> None:
+        mgr = LockManager()
+        coro = mgr.acquire("c1", W("a"))
+        with pytest.raises(StopIteration) as stop:
+            coro.send(None)
+        lease = stop.value.value
+        assert lease.owner == "c1"
+        assert not lease.released
+        lease.release()
+        lease.release()  # idempotent
+        assert lease.released
+        assert_empty(mgr)
+
+    run_async(body)
+
+
+def test_readers_and_writers_of_different_files_run_together() -> None:
+    async def body() -> None:
+        mgr, log = LockManager(), list[str]()
+        hs = [
+            Holder(mgr, "r1", R("a"), log),
+            Holder(mgr, "r2", R("b"), log),
+            Holder(mgr, "r3", R("a"), log),
+            Holder(mgr, "w4", W("c"), log),
+            Holder(mgr, "w5", W("d/e"), log),
+        ]
+        await settle()
+        assert all(h.granted.is_set() for h in hs)
+        for h in hs:
+            await h.done()
+        assert_empty(mgr)
+
+    run_async(body)
+
+
+def test_directory_write_waits_for_readers_below_and_blocks_later_ones() -> None:
+    async def body() -> None:
+        mgr, log = LockManager(), list[str]()
+        r1 = Holder(mgr, "r1", R("dir/a"), log)
+        await settle()
+        w = Holder(mgr, "w", W("dir"), log)
+        await settle()
+        assert not w.granted.is_set()
+        r2 = Holder(mgr, "r2", R("dir/a"), log)  # queued after the writer
+        other = Holder(mgr, "other", R("elsewhere"), log)
+        await settle()
+        assert not r2.granted.is_set()
+        assert other.granted.is_set()
+        await r1.done()
+        await settle()
+        assert w.granted.is_set()
+        assert not r2.granted.is_set()
+        await w.done()
+        await settle()
+        assert r2.granted.is_set()
+        await r2.done()
+        await other.done()
+        assert log.index("-w") < log.index("+r2")
+        assert_empty(mgr)
+
+    run_async(body)
+
+
+def test_conflicting_calls_run_in_arrival_order_even_behind_a_waiter() -> None:
+    async def body() -> None:
+        mgr, log = LockManager(), list[str]()
+        r0 = Holder(mgr, "r0", R("f"), log)
+        await settle()
+        w1 = Holder(mgr, "w1", W("f"), log)
+        await settle()
+        r2 = Holder(mgr, "r2", R("f"), log)  # compatible with r0, but w1 came first
+        w3 = Holder(mgr, "w3", W("g"), log)  # conflicts with nobody: overtakes
+        await settle()
+        assert [h.granted.is_set() for h in (r0, w1, r2, w3)] == [True, False, False, True]
+        snap = mgr.snapshot()
+        assert [e.owner for e in snap.holders] == ["r0", "w3"]
+        assert [e.owner for e in snap.waiters] == ["w1", "r2"]
+        await r0.done()
+        await settle()
+        assert w1.granted.is_set()
+        assert not r2.granted.is_set()
+        await w1.done()
+        await settle()
+        assert r2.granted.is_set()
+        await r2.done()
+        await w3.done()
+        assert_empty(mgr)
+
+    run_async(body)
+
+
+def test_whole_workspace_write_excludes_every_file_but_not_the_network() -> None:
+    async def body() -> None:
+        mgr, log = LockManager(), list[str]()
+        everything = plan([Claim(WS, Mode.WRITE)])
+        r = Holder(mgr, "r", R("deep/down/f"), log)
+        await settle()
+        w = Holder(mgr, "ws", everything, log)
+        net = Holder(mgr, "net", plan([Claim(net_key("h"), Mode.WRITE)]), log)
+        await settle()
+        assert not w.granted.is_set()
+        assert net.granted.is_set()
+        await r.done()
+        await settle()
+        assert w.granted.is_set()
+        await w.done()
+        await net.done()
+        assert_empty(mgr)
+
+    run_async(body)
+
+
+def test_abandoned_waiter_leaves_no_trace() -> None:
+    async def body() -> None:
+        mgr, log = LockManager(), list[str]()
+        r1 = Holder(mgr, "r1", R("f"), log)
+        await settle()
+        give_up = asyncio.Event()
+        w = Holder(mgr, "w", W("f"), log, cancel=give_up)
+        await settle()
+        r2 = Holder(mgr, "r2", R("f"), log)
+        await settle()
+        assert not r2.granted.is_set()
+        give_up.set()
+        with pytest.raises(Abandoned) as err:
+            await w.task
+        assert err.value.owner == "w"
+        await settle()
+        assert r2.granted.is_set()  # the writer is gone: r2 shares with r1 at once
+        assert [e.owner for e in mgr.snapshot().waiters] == []
+        await r1.done()
+        await r2.done()
+        assert "+w" not in log
+        assert_empty(mgr)
+
+    run_async(body)
+
+
+def test_cancel_already_set_is_abandoned_at_once() -> None:
+    async def body() -> None:
+        mgr = LockManager()
+        cancel = asyncio.Event()
+        cancel.set()
+        with pytest.raises(Abandoned):
+            await mgr.acquire("c", R("f"), cancel=cancel)
+        assert_empty(mgr)
+
+    run_async(body)
+
+
+def test_cancelled_waiting_task_leaves_no_trace() -> None:
+    async def body() -> None:
+        mgr, log = LockManager(), list[str]()
+        w1 = Holder(mgr, "w1", W("f"), log)
+        await settle()
+        w2 = Holder(mgr, "w2", W("f"), log, cancel=asyncio.Event())
+        r = Holder(mgr, "r", R("f"), log)
+        await settle()
+        w2.task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await w2.task
+        await w1.done()
+        await settle()
+        assert r.granted.is_set()
+        await r.done()
+        assert log == ["+w1", "-w1", "+r", "-r"]
+        assert_empty(mgr)
+
+    run_async(body)
+
+
+@pytest.mark.parametrize("with_cancel_event", [False, True])
+def test_task_cancelled_just_after_its_grant_does_not_leak_it(with_cancel_event: bool) -> None:
+    async def body() -> None:
+        mgr = LockManager()
+        first = await mgr.acquire("first", W("f"))
+        cancel = asyncio.Event() if with_cancel_event else None
+        waiter = asyncio.create_task(mgr.acquire("second", W("f"), cancel=cancel))
+        await settle()
+        first.release()  # grants `second` (its future is resolved) ...
+        assert [e.owner for e in mgr.snapshot().holders] == ["second"]
+        waiter.cancel()  # ... but its task is cancelled before it resumes
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert_empty(mgr)
+
+    run_async(body)
+
+
+def test_on_wait_reports_conflicting_keys_and_blockers() -> None:
+    async def body() -> None:
+        mgr, log = LockManager(), list[str]()
+        infos: list[WaitInfo] = []
+        r1 = Holder(mgr, "r1", R("d/a"), log)
+        r2 = Holder(mgr, "r2", R("d/b"), log)
+        free = Holder(mgr, "free", R("e"), log, on_wait=infos.append)
+        await settle()
+        assert infos == []  # called only when the call has to wait
+        w3 = Holder(mgr, "w3", W("d/a"), log)
+        await settle()
+        w4 = Holder(mgr, "w4", W("d"), log, on_wait=infos.append)
+        await settle()
+        assert infos == [WaitInfo(keys=(path_key("d"),), blockers=("r1", "r2", "w3"))]
+        for h in (r1, r2, w3, w4, free):
+            await h.done()
+        assert len(infos) == 1  # once per call
+        assert_empty(mgr)
+
+    run_async(body)
+
+
+def test_failing_on_wait_withdraws_the_waiter() -> None:
+    def boom(info: WaitInfo) -> None:
+        raise RuntimeError("observer failed")
+
+    async def body() -> None:
+        mgr = LockManager()
+        lease = await mgr.acquire("a", W("f"))
+        with pytest.raises(RuntimeError, match="observer"):
+            await mgr.acquire("b", W("f"), on_wait=boom)
+        lease.release()
+        assert_empty(mgr)
+
+    run_async(body)
+
+
+def test_close_fails_waiters_and_refuses_new_calls() -> None:
+    async def body() -> None:
+        mgr = LockManager()
+        lease = await mgr.acquire("a", W("f"))
+        waiter = asyncio.create_task(mgr.acquire("b", W("f")))
+        await settle()
+        mgr.close()
+        with pytest.raises(BackendClosed):
+            await waiter
+        with pytest.raises(BackendClosed):
+            await mgr.acquire("c", W("g"))
+        lease.release()  # leases stay valid after close
+        assert_empty(mgr)
+
+    run_async(body)
+
+
+def test_the_plan_is_copied_at_acquire() -> None:
+    async def body() -> None:
+        mgr = LockManager()
+        p = W("f")
+        lease = await mgr.acquire("a", p)
+        p.clear()  # the caller's mapping changing must not corrupt the table
+        lease.release()
+        assert_empty(mgr)
+
+    run_async(body)
+
+
+# ---------------------------------------------------------------- the rule, at random
+
+PATHS = ["d", "d/a", "d/b", "e", "d/a/x"]
+TABLES = [("t.db", "u"), ("t.db", "v")]
+CLAIM_KEYS = [WS, *map(path_key, PATHS), path_key("t.db"), *(table_key(*t) for t in TABLES)]
+
+
+@st.composite
+def calls(draw: st.DrawFn) -> list[tuple[dict[Key, LockMode], int, float, str]]:
+    """Calls as (plan, arrival gap in loop steps, seconds held, how it is interrupted)."""
+    n = draw(st.integers(2, 9))
+    out = []
+    for _ in range(n):
+        claims = draw(
+            st.lists(
+                st.builds(Claim, st.sampled_from(CLAIM_KEYS), st.sampled_from(list(Mode))),
+                min_size=1,
+                max_size=2,
+            )
+        )
+        gap = draw(st.integers(0, 3))
+        hold = draw(st.sampled_from([0, 0, 0.0005, 0.001, 0.002]))
+        stop = draw(st.sampled_from(["", "", "", "", "abandon", "cancel_task"]))
+        out.append((plan(claims), gap, hold, stop))
+    return out
+
+
+def assert_settled(mgr: LockManager) -> None:
+    """The manager's invariant: every waiter conflicts with a holder or an earlier waiter."""
+    snap = mgr.snapshot()
+    held = [dict(e.plan) for e in snap.holders]
+    for i, entry in enumerate(snap.waiters):
+        mine = dict(entry.plan)
+        ahead = [dict(e.plan) for e in snap.waiters[:i]]
+        assert any(plans_conflict(mine, other) for other in held + ahead), entry.owner
+
+
+class Run:
+    """Drives one random schedule and checks the rule at every grant."""
+
+    def __init__(
+        self,
+        backends: Sequence[LockBackend],
+        specs: list[Any],
+        rng: random.Random,
+        settled: Callable[[], None] | None = None,
+    ) -> None:
+        # Call i asks backends[i % len(backends)]: several "daemons" on one table.
+        self.backends = backends
+        self.settled = settled
+        self.specs = specs
+        self.rng = rng
+        self.state: dict[int, str] = {}  # call -> waiting | holding | done | gave_up
+        self.arrival: list[int] = []
+        self.granted: list[int] = []
+
+    async def call(self, i: int, cancel: asyncio.Event) -> None:
+        p, _, hold, _ = self.specs[i]
+        self.arrival.append(i)
+        self.state[i] = "waiting"
+        try:
+            backend = self.backends[i % len(self.backends)]
+            lease = await backend.acquire(f"c{i}", p, cancel=cancel)
+        except (Abandoned, asyncio.CancelledError):
+            self.state[i] = "gave_up"
+            raise
+        async with lease:
+            self.check_grant(i)
+            self.state[i] = "holding"
+            self.granted.append(i)
+            try:
+                await asyncio.sleep(hold)
+            finally:
+                self.state[i] = "done"  # the lease is released as the block ends
+
+    def check_grant(self, i: int) -> None:
+        p = self.specs[i][0]
+        for j, st_j in self.state.items():
+            if j == i or not plans_conflict(p, self.specs[j][0]):
+                continue
+            # (a) no two conflicting plans are held at once
+            assert st_j != "holding", f"c{i} granted while conflicting c{j} holds"
+            # (b) conflicting calls are granted in arrival order
+            if self.arrival.index(j) < self.arrival.index(i):
+                assert st_j != "waiting", f"c{i} overtook earlier conflicting c{j}"
+
+    async def drive(self) -> None:
+        tasks = []
+        for i, (_, gap, _, stop) in enumerate(self.specs):
+            for _ in range(gap):
+                await asyncio.sleep(0)
+            cancel = asyncio.Event()
+            task = asyncio.create_task(self.call(i, cancel))
+            tasks.append(task)
+            if stop == "abandon":
+                asyncio.get_running_loop().call_later(self.rng.random() * 0.002, cancel.set)
+            elif stop == "cancel_task":
+                asyncio.get_running_loop().call_later(self.rng.random() * 0.002, task.cancel)
+        # (c) everything finishes: no deadlock
+        watch = asyncio.gather(*tasks, return_exceptions=True)
+        deadline = asyncio.get_running_loop().time() + 5
+        while not watch.done():
+            if self.settled is not None:  # grants are eager: the invariant holds at every step
+                self.settled()
+            assert asyncio.get_running_loop().time() < deadline, "calls did not finish"
+            await asyncio.sleep(0)
+        results = await watch
+        for r in results:
+            assert r is None or isinstance(r, Abandoned | asyncio.CancelledError), r
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs=calls(), seed=st.integers(0, 2**32 - 1))
+def test_random_schedules_keep_the_rule(specs: list[Any], seed: int) -> None:
+    async def body() -> None:
+        mgr = LockManager()
+        run = Run([mgr], specs, random.Random(seed), settled=lambda: assert_settled(mgr))
+        await run.drive()
+        interrupted = {i for i, s in enumerate(specs) if s[3]}
+        assert set(range(len(specs))) - interrupted <= set(run.granted)
+        assert_empty(mgr)
+
+    run_async(body)
+
+
+# ---------------------------------------------------------------- the public surface
+
+
+def test_public_names_are_frozen() -> None:
+    """Changing the public surface of `execgate.executor.locks` must be a deliberate act."""
+    assert execgate.executor.locks.__all__ == [
+        "Abandoned",
+        "BackendClosed",
+        "Claim",
+        "FileLockManager",
+        "Key",
+        "Lease",
+        "LockBackend",
+        "LockEntry",
+        "LockError",
+        "LockManager",
+        "LockMode",
+        "Mode",
+        "NoLocks",
+        "Snapshot",
+        "WaitInfo",
+        "combine",
+        "compatible",
+        "explain",
+        "net_key",
+        "path_key",
+        "plan",
+        "plans_conflict",
+        "table_key",
+        "workspace_key",
+    ]
+    namespace: dict[str, Any] = {}
+    exec("from execgate.executor.locks import *", namespace)
+    assert set(namespace) - {"__builtins__"} == set(execgate.executor.locks.__all__)

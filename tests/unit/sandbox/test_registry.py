@@ -1,0 +1,51 @@
+"""Sandboxes.for_call: the first matching `sandbox:` rule of the policy picks a call's
+backend and confinement."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from execgate.executor.policy import load_policy
+from execgate.executor.sandbox import Confinement
+from execgate.executor.sandbox.registry import Sandboxes
+
+
+def policy_file(tmp_path: Path, sandbox: str) -> Path:
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "version: 1\ndefault: deny\nrules:\n"
+        "  - {id: all, effect: allow, tools: ['*']}\n"
+        f"sandbox:\n{sandbox}"
+    )
+    return path
+
+
+class Named:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def test_first_matching_sandbox_rule_decides(tmp_path: Path) -> None:
+    policy = load_policy(
+        policy_file(
+            tmp_path,
+            "  - {tools: [run_command], backend: process, network: true,"
+            " limits: {memory_mb: 64, processes: 16}}\n"
+            "  - {tools: ['run_*'], backend: docker}\n",
+        )
+    )
+    backends: dict[str, Any] = {n: Named(n) for n in ("bwrap", "process", "docker")}
+    base = Confinement()
+    boxes = Sandboxes(backends, "bwrap", policy.sandbox_for, base)
+    box, conf = boxes.for_call("run_command")
+    assert box.name == "process"
+    assert conf.network is True
+    assert conf.memory_bytes == 64 << 20
+    assert conf.processes == 16
+    assert conf.cpu_seconds == base.cpu_seconds
+    assert boxes.for_call("run_other")[0].name == "docker"
+    box, conf = boxes.for_call("work")  # no rule: the default, no network
+    assert box.name == "bwrap"
+    assert conf == base
+    assert conf.network is False
