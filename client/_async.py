@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -13,7 +13,17 @@ from execgate.v1 import executor_pb2_grpc as pb_grpc
 
 from . import _transport, wire
 from ._transport import TlsConfig
-from .types import Approval, Call, CallPlan, CallRecord, Event, Outcome, Status, ToolSpec
+from .types import (
+    Approval,
+    Call,
+    CallPlan,
+    CallRecord,
+    Event,
+    Outcome,
+    PolicyExplanation,
+    Status,
+    ToolSpec,
+)
 
 
 class AsyncClient:
@@ -97,6 +107,42 @@ class AsyncClient:
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address) from exc
         return wire.call_plans(response)
+
+    async def explain_policy(
+        self,
+        tool: str,
+        *,
+        agent: str = "",
+        groups: Iterable[str] = (),
+        roles: Iterable[str] = (),
+        paths: Iterable[str] = (),
+        tables: Iterable[str] = (),
+        hosts: Iterable[str] = (),
+        arguments: Mapping[str, Any] | None = None,
+    ) -> PolicyExplanation:
+        """How the policy the daemon enforces now would decide a described call, and
+        every rule's verdict; nothing runs (`execgate policy explain`).
+
+        `agent` "" is this client's identity with its own groups and roles; another's
+        name, or any `groups`/`roles`, needs the operator, approver or admin role
+        (PermissionDenied otherwise). `paths` are workspace-relative; `arguments` are
+        the call's (for `when:` rules; "argv" for commands).
+        """
+        request = wire.explain_policy_request(
+            tool,
+            agent=agent,
+            groups=groups,
+            roles=roles,
+            paths=paths,
+            tables=tables,
+            hosts=hosts,
+            arguments=arguments,
+        )
+        try:
+            response = await self._stub.ExplainPolicy(request, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise wire.translate(exc, self.address) from exc
+        return wire.policy_explanation(response)
 
     async def run(self, call: Call, *, run_id: str | None = None) -> Outcome:
         return (await self.execute([call], run_id=run_id))[0]

@@ -199,6 +199,43 @@ class CallPlan:
         return self.policy is not None and self.policy.effect == "ask"
 
 
+@dataclass(frozen=True, slots=True)
+class RuleVerdict:
+    """One rule of the policy file, against the described call (ExplainPolicy)."""
+
+    rule_id: str
+    effect: str
+    shadow: bool
+    # The matchers that did not match the call (empty: the rule matches).
+    not_matched_by: tuple[str, ...]
+
+    @property
+    def matches(self) -> bool:
+        return not self.not_matched_by
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyExplanation:
+    """Why the daemon's policy would decide a described call as it does (ExplainPolicy)."""
+
+    # effect, rule ids (empty: the file's default), revision, shadow; approvers for "ask".
+    decision: PolicyDecision
+    reason: str
+    # Every rule of the file, in file order.
+    rules: tuple[RuleVerdict, ...]
+    # effect "ask": seconds the approval would stay open; None otherwise.
+    approval_ttl: float | None = None
+    # The sandbox and limits the call would run with ("daemon default" where the
+    # policy is silent).
+    runs_with: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Where the daemon read the policy from.
+    source: str = ""
+
+    @property
+    def effect(self) -> str:
+        return self.decision.effect
+
+
 class ApprovalState(enum.Enum):
     PENDING = "pending"
     APPROVED = "approved"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import grpc
@@ -35,6 +35,8 @@ from .types import (
     Mark,
     Outcome,
     PolicyDecision,
+    PolicyExplanation,
+    RuleVerdict,
     Status,
     StopMode,
     ToolSpec,
@@ -267,6 +269,49 @@ def record(msg: pb.CallRecord) -> CallRecord:
 def _policy(msg: pb.PolicyDecision) -> PolicyDecision:
     return PolicyDecision(
         msg.effect, tuple(msg.rule_ids), msg.revision, tuple(msg.shadow), tuple(msg.approvers)
+    )
+
+
+def explain_policy_request(
+    tool: str,
+    *,
+    agent: str,
+    groups: Iterable[str],
+    roles: Iterable[str],
+    paths: Iterable[str],
+    tables: Iterable[str],
+    hosts: Iterable[str],
+    arguments: Mapping[str, Any] | None,
+) -> pb.ExplainPolicyRequest:
+    return pb.ExplainPolicyRequest(
+        tool=tool,
+        agent=agent,
+        groups=_names("groups", groups),
+        roles=_names("roles", roles),
+        paths=_names("paths", paths),
+        tables=_names("tables", tables),
+        hosts=_names("hosts", hosts),
+        arguments_json="" if arguments is None else json.dumps(dict(arguments), ensure_ascii=False),
+    )
+
+
+def _names(name: str, values: Iterable[str]) -> list[str]:
+    # A bare string is an iterable of one-letter names: almost surely a mistake.
+    if isinstance(values, str):
+        raise TypeError(f"{name}: a list of strings, not a string")
+    return list(values)
+
+
+def policy_explanation(msg: pb.ExplainPolicyResponse) -> PolicyExplanation:
+    return PolicyExplanation(
+        decision=_policy(msg.decision),
+        reason=msg.reason,
+        rules=tuple(
+            RuleVerdict(r.rule_id, r.effect, r.shadow, tuple(r.not_matched_by)) for r in msg.rules
+        ),
+        approval_ttl=msg.approval_ttl_seconds or None,
+        runs_with=json.loads(msg.runs_with_json or "{}"),
+        source=msg.source,
     )
 
 

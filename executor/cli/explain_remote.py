@@ -1,4 +1,4 @@
-"""`execgate policy explain` against the daemon (the ExplainPolicy RPC).
+"""`execgate policy explain` against the daemon (the ExplainPolicy RPC), through the client.
 
 Its own module so that the rest of `execgate policy` (check, test, explain --policy FILE)
 never imports grpc.
@@ -7,42 +7,52 @@ never imports grpc.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-import grpc
-
-from execgate.client._transport import call_metadata, resolve_token, sync_channel
-from execgate.client.wire import resolve_address, translate
-from execgate.executor.policy.explain import Explanation
-from execgate.executor.policy.local_identities import cli_token
-from execgate.executor.server import wire
-from execgate.v1 import executor_pb2 as pb
-from execgate.v1 import executor_pb2_grpc as pb_grpc
+from execgate.client import PolicyExplanation
+from execgate.executor.policy.explain import Explanation, RuleVerdict
 
 from . import common
+
+# A hung daemon ends the command after this long (DEADLINE_EXCEEDED) instead of never.
+TIMEOUT_S = 30.0
 
 
 def explain_remote(args: argparse.Namespace, values: dict[str, Any]) -> Explanation:
     """Asked of the daemon (ExplainPolicy), against the policy it enforces now."""
-    request = pb.ExplainPolicyRequest(
-        tool=args.tool,
-        agent=args.agent or "",
-        groups=args.group,
-        roles=args.role,
-        paths=args.path,
-        tables=args.table,
-        hosts=args.host,
-        arguments_json=json.dumps(values),
+    with common.client(args, identity="operator") as eg:
+        found = eg.explain_policy(
+            args.tool,
+            agent=args.agent or "",
+            groups=args.group,
+            roles=args.role,
+            paths=args.path,
+            tables=args.table,
+            hosts=args.host,
+            arguments=values,
+            timeout=TIMEOUT_S,
+        )
+    return explanation(found)
+
+
+def explanation(e: PolicyExplanation) -> Explanation:
+    """The client's answer as `execgate policy explain` prints it, the same as from a file."""
+    d = e.decision
+    return Explanation(
+        effect=d.effect,
+        rule_ids=d.rule_ids,
+        reason=e.reason,
+        revision=d.revision,
+        shadow=tuple(_split_shadow(s) for s in d.shadow),
+        rules=tuple(RuleVerdict(r.rule_id, r.effect, r.shadow, r.not_matched_by) for r in e.rules),
+        approvers=d.approvers,
+        ttl=e.approval_ttl,
+        runs_with=e.runs_with,
+        source=e.source,
     )
-    address = resolve_address(args.addr)
-    token = args.token if args.token is not None else cli_token(address, "operator")
-    metadata = call_metadata(resolve_token(token))
-    with sync_channel(address, common.tls(args)) as channel:
-        try:
-            reply = pb_grpc.ExecutorStub(channel).ExplainPolicy(
-                request, metadata=metadata, timeout=30
-            )
-        except grpc.RpcError as exc:
-            raise translate(exc, address) from exc
-    return wire.explanation_from(reply)
+
+
+def _split_shadow(text: str) -> tuple[str, str]:
+    """ "rule_id:effect" (the client's form) as (rule_id, effect)."""
+    rid, _, effect = text.rpartition(":")
+    return rid, effect
