@@ -25,7 +25,7 @@ from execgate.executor.pipeline.approve import Approval, ApprovalState
 from execgate.executor.pipeline.events import Event, EventKind, PlanRow
 from execgate.executor.pipeline.inflight import CancelOrder
 from execgate.executor.policy import PolicyInput
-from execgate.executor.policy.explain import Explanation, RuleVerdict, canonical
+from execgate.executor.policy.explain import Explanation, canonical
 from execgate.executor.runs.registry import Refusal, RunRefused, Update
 from execgate.executor.tools import Mode, ToolSpec
 from execgate.v1 import executor_pb2 as pb
@@ -306,30 +306,6 @@ def explanation(e: Explanation) -> pb.ExplainPolicyResponse:
         runs_with_json=json.dumps(e.runs_with),
         source=e.source,
     )
-
-
-def explanation_from(msg: pb.ExplainPolicyResponse) -> Explanation:
-    """The daemon's answer as the CLI renders it (the inverse of `explanation`)."""
-    d = msg.decision
-    return Explanation(
-        effect=d.effect,
-        rule_ids=tuple(d.rule_ids),
-        reason=msg.reason,
-        revision=d.revision,
-        shadow=tuple(_split_shadow(s) for s in d.shadow),
-        rules=tuple(
-            RuleVerdict(r.rule_id, r.effect, r.shadow, tuple(r.not_matched_by)) for r in msg.rules
-        ),
-        approvers=tuple(d.approvers),
-        ttl=msg.approval_ttl_seconds or None,
-        runs_with=json.loads(msg.runs_with_json or "{}"),
-        source=msg.source,
-    )
-
-
-def _split_shadow(text: str) -> tuple[str, str]:
-    rid, _, effect = text.rpartition(":")
-    return rid, effect
 
 
 def policy_input(
