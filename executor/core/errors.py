@@ -25,7 +25,9 @@ and holds this drawing to the code: tests/unit/test_error_trees.py).
     ├── Lagging                     core.fanout         a watcher fell behind (backlog, resume)
     ├── Closed                      core.fanout         the fan-out closed under a watcher (why)
     ├── _TooBig                     core.regexbound     a regex past the bound, mid-estimate
-    ├── DuplicateCall               journal.store       (run_id, call_id) already journaled
+    ├── BrokenHistory               core.runstate       a run's recorded transitions do not fit
+    │                                                   the table (run_id, seq, kind)
+    ├── DuplicateCall               journal.records     (run_id, call_id) already journaled
     ├── LockError                   locks.base          root of the lock room
     │   ├── Abandoned               locks.base          a waiter gave up (owner)
     │   └── BackendClosed           locks.base          the lock backend was closed

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from execgate.client.loop.states import State, Transition
+from execgate.executor.core.runstate import State, Transition
 from execgate.executor.core.approval import Approval, ApprovalState
 from execgate.executor.core.outcomes import Outcome, Status
 from execgate.executor.core.run import CancelAsk, Run
