@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from execgate.executor.core.runstate import State, Transition
 from execgate.executor.core.approval import Approval, ApprovalState
 from execgate.executor.core.outcomes import Outcome, Status
 from execgate.executor.core.run import CancelAsk, Run
+from execgate.executor.core.runstate import State, Transition
 from execgate.executor.journal.records import CallRecord, RunClaim, RunConflict
 from execgate.executor.journal.store import Journal
 
