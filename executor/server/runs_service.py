@@ -27,7 +27,7 @@ from execgate.executor.runs.registry import Closing, Refusal, RunRefused, RunSto
 from execgate.v1 import runs_pb2 as rpb
 from execgate.v1 import runs_pb2_grpc as rpb_grpc
 
-from . import wire, wirecheck
+from . import wire_runs, wirecheck
 from .auth import caller
 from .services import CANCELS_ANY
 from .status import abort_for
@@ -45,16 +45,16 @@ class RunsService(rpb_grpc.RunsServicer):
         self.dispatcher = dispatcher
 
     async def StartRun(self, request: rpb.StartRunRequest, context: Context) -> rpb.Run:
-        asked = wire.run_request(request, owner=caller().name)
+        asked = wire_runs.run_request(request, owner=caller().name)
         try:
-            return wire.run_msg(await self.store.start(asked))
+            return wire_runs.run_msg(await self.store.start(asked))
         except RunRefused as exc:
             await abort_for(context, exc)
 
     async def AppendEvents(self, request: rpb.AppendEventsRequest, context: Context) -> rpb.Run:
         try:
-            events = wire.transitions(request)
-            return wire.run_msg(await self.store.append(request.run_id, events, caller().name))
+            events = wire_runs.transitions(request)
+            return wire_runs.run_msg(await self.store.append(request.run_id, events, caller().name))
         except RunRefused as exc:
             await abort_for(context, exc)
 
@@ -68,7 +68,7 @@ class RunsService(rpb_grpc.RunsServicer):
         calls, _ = await self.dispatcher.journal.list(
             CallFilter(run_id=run.run_id, limit=MAX_CALLS_SHOWN)
         )
-        return wire.run_detail(run, events, reversed(calls))
+        return wire_runs.run_detail(run, events, reversed(calls))
 
     async def ListRuns(
         self, request: rpb.ListRunsRequest, context: Context
@@ -78,7 +78,7 @@ class RunsService(rpb_grpc.RunsServicer):
             raise MalformedRequest("out_of_range", "limit", "limit: must not be negative")
         scope = scope_of(caller(), self.dispatcher.policy)
         runs = await self.store.find(states, request.owner, request.limit, scope.agents)
-        return wire.runs(runs)
+        return wire_runs.runs(runs)
 
     async def _visible(self, run_id: str) -> Run:
         """The run, if the caller's scope holds its owner; else NOT_FOUND, as for a run
@@ -89,7 +89,7 @@ class RunsService(rpb_grpc.RunsServicer):
         return run
 
     async def CancelRun(self, request: rpb.CancelRunRequest, context: Context) -> rpb.Run:
-        reason = wire.cancel_reason(request)
+        reason = wire_runs.cancel_reason(request)
         who = caller()
         ask = CancelAsk(who.name, reason, clock.now())
         try:
@@ -116,7 +116,7 @@ class RunsService(rpb_grpc.RunsServicer):
             await self.dispatcher.cancel(order)  # journaled first, then signalled
         except NotYours as exc:
             await abort_for(context, exc)
-        return wire.run_msg(run)
+        return wire_runs.run_msg(run)
 
     async def WatchRun(
         self, request: rpb.WatchRunRequest, context: Context
@@ -129,6 +129,6 @@ class RunsService(rpb_grpc.RunsServicer):
         try:
             async with contextlib.aclosing(updates):
                 async for update in updates:
-                    yield wire.update_msg(update)
+                    yield wire_runs.update_msg(update)
         except (Closing, Lagging) as exc:
             await abort_for(context, exc)

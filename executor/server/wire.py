@@ -13,12 +13,9 @@ from typing import cast
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from execgate.executor.core import clock
 from execgate.executor.core.errors import MalformedRequest
 from execgate.executor.core.outcomes import ErrorClass, Outcome, Phase, Status, StopMode
-from execgate.executor.core.requests import MAX_ID_CHARS, MAX_JSON_DEPTH, CallRequest, nested_deeper
-from execgate.executor.core.run import CancelAsk, Run
-from execgate.executor.core.runstate import LIMIT_KEYS, State, Transition
+from execgate.executor.core.requests import MAX_ID_CHARS, CallRequest
 from execgate.executor.journal.store import CallFilter, CallRecord
 from execgate.executor.locks import LockMode
 from execgate.executor.pipeline.approve import Approval, ApprovalState
@@ -26,10 +23,8 @@ from execgate.executor.pipeline.events import Event, EventKind, PlanRow
 from execgate.executor.pipeline.inflight import CancelOrder
 from execgate.executor.policy import PolicyInput
 from execgate.executor.policy.explain import Explanation, canonical
-from execgate.executor.runs.registry import Refusal, RunRefused, Update
 from execgate.executor.tools import Mode, ToolSpec
 from execgate.v1 import executor_pb2 as pb
-from execgate.v1 import runs_pb2 as rpb
 
 from . import wirecheck
 
@@ -454,113 +449,3 @@ def calls_page(records: Iterable[CallRecord], next_page_token: str) -> pb.ListCa
 
 def approvals(found: Iterable[Approval]) -> pb.ListPendingResponse:
     return pb.ListPendingResponse(approvals=[approval(a) for a in found])
-
-
-# -- Runs ---------------------------------------------------------------------------------
-
-
-def run_request(request: rpb.StartRunRequest, *, owner: str) -> Run:
-    """The run a StartRun asks for, owned by `owner`."""
-    limits = {
-        k: wirecheck.non_negative(getattr(request.limits, k), f"limits.{k}")
-        for k in LIMIT_KEYS
-        if getattr(request.limits, k)
-    }
-    return Run(
-        run_id=request.run_id,
-        goal=request.goal,
-        owner=owner,
-        limits=limits,
-        model=request.model,
-        config_version=request.config_version,
-        labels=dict(request.labels),
-    )
-
-
-def transitions(request: rpb.AppendEventsRequest) -> list[Transition]:
-    return [transition(request.run_id, i, e) for i, e in enumerate(request.events)]
-
-
-def transition(run_id: str, i: int, e: rpb.RunEvent) -> Transition:
-    at = wirecheck.timestamp(e.at, f"events[{i}].at") if e.HasField("at") else clock.now()
-    too_deep = MalformedRequest(
-        "too_deep",
-        f"events[{i}].data_json",
-        f"events[{i}].data_json: nested deeper than {MAX_JSON_DEPTH} levels",
-    )
-    try:
-        data = json.loads(e.data_json or "{}")
-        from_state, to_state = State(e.from_state), State(e.to_state)
-    except RecursionError:
-        raise too_deep from None
-    except ValueError as exc:
-        raise RunRefused(Refusal.MALFORMED, f"event seq {e.seq}: {exc}", "events") from None
-    if nested_deeper(data):
-        raise too_deep
-    if not isinstance(data, dict):
-        raise RunRefused(Refusal.MALFORMED, f"event seq {e.seq}: data_json not an object", "events")
-    return Transition(run_id, e.seq, at, from_state, to_state, e.reason, data)
-
-
-def cancel_reason(request: rpb.CancelRunRequest) -> str:
-    """Why a CancelRun stops the run; a reason over MAX_REASON_CHARS is malformed."""
-    if len(request.reason) > MAX_REASON_CHARS:
-        raise MalformedRequest(
-            "too_large", "reason", f"reason: longer than {MAX_REASON_CHARS} characters"
-        )
-    return request.reason or "cancelled"
-
-
-def run_msg(r: Run) -> rpb.Run:
-    msg = rpb.Run(
-        run_id=r.run_id,
-        goal=r.goal,
-        owner=r.owner,
-        limits=rpb.RunLimits(**{k: v for k, v in r.limits.items() if k in LIMIT_KEYS}),
-        model=r.model,
-        config_version=r.config_version,
-        labels=r.labels,
-        state=r.state,
-        terminal=r.terminal,
-        reason=r.reason,
-        last_seq=r.last_seq,
-        created_at=timestamp(r.created_at),
-        updated_at=timestamp(r.updated_at),
-    )
-    if r.cancel is not None:
-        msg.cancel.CopyFrom(_cancel_msg(r.cancel))
-    return msg
-
-
-def run_detail(
-    run: Run, events: Iterable[Transition], calls: Iterable[CallRecord]
-) -> rpb.RunDetail:
-    return rpb.RunDetail(
-        run=run_msg(run), events=[event_msg(e) for e in events], calls=[record(c) for c in calls]
-    )
-
-
-def runs(found: Iterable[Run]) -> rpb.ListRunsResponse:
-    return rpb.ListRunsResponse(runs=[run_msg(r) for r in found])
-
-
-def event_msg(e: Transition) -> rpb.RunEvent:
-    return rpb.RunEvent(
-        seq=e.seq,
-        at=timestamp(e.at),
-        from_state=e.from_state.value,
-        to_state=e.to_state.value,
-        reason=e.reason,
-        data_json=json.dumps(e.data),
-    )
-
-
-def update_msg(u: Update) -> rpb.RunUpdate:
-    if u.event is not None:
-        return rpb.RunUpdate(event=event_msg(u.event))
-    assert u.cancel is not None
-    return rpb.RunUpdate(cancel=_cancel_msg(u.cancel))
-
-
-def _cancel_msg(c: CancelAsk) -> rpb.CancelRequestRecord:
-    return rpb.CancelRequestRecord(requester=c.requester, reason=c.reason, at=timestamp(c.at))
