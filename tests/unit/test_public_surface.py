@@ -222,3 +222,10 @@ def test_every_name_in_all_imports(package: str) -> None:
         except ImportError:
             missing.append(name)
     assert not missing, f"{package}.__all__ names what it does not have: {missing}"
+
+
+@pytest.mark.parametrize("package", sorted(EXPECTED))
+def test_star_import_gives_exactly_all(package: str) -> None:
+    namespace: dict[str, object] = {}
+    exec(f"from {package} import *", namespace)
+    assert set(namespace) - {"__builtins__"} == set(importlib.import_module(package).__all__)

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-import execgate.client.models
 from execgate.client.models import (
     Message,
     Model,
@@ -163,32 +162,6 @@ def test_every_model_error_carries_the_model_and_its_fields(
     assert str(error).startswith("model 'm': ")
     for name, value in fields.items():
         assert getattr(error, name) == value
-
-
-def test_models_public_names_are_frozen() -> None:
-    """Changing the public surface of `execgate.client.models` must be a deliberate act."""
-    assert execgate.client.models.__all__ == [
-        "AnthropicMessagesModel",
-        "Message",
-        "Model",
-        "ModelBadResponse",
-        "ModelError",
-        "ModelRateLimited",
-        "ModelRequestRejected",
-        "ModelTool",
-        "ModelUnavailable",
-        "OpenAIChatModel",
-        "Pricing",
-        "ScriptExhausted",
-        "ScriptedModel",
-        "ToolCall",
-        "ToolResult",
-        "Turn",
-        "Usage",
-    ]
-    namespace: dict[str, Any] = {}
-    exec("from execgate.client.models import *", namespace)
-    assert set(namespace) - {"__builtins__"} == set(execgate.client.models.__all__)
 
 
 def test_models_do_not_import_the_daemon() -> None:

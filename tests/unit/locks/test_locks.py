@@ -12,7 +12,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import execgate.executor.locks
 from execgate.executor.locks import (
     Abandoned,
     BackendClosed,
@@ -676,39 +675,3 @@ def test_random_schedules_keep_the_rule(specs: list[Any], seed: int) -> None:
         assert_empty(mgr)
 
     run_async(body)
-
-
-# ---------------------------------------------------------------- the public surface
-
-
-def test_public_names_are_frozen() -> None:
-    """Changing the public surface of `execgate.executor.locks` must be a deliberate act."""
-    assert execgate.executor.locks.__all__ == [
-        "Abandoned",
-        "BackendClosed",
-        "Claim",
-        "FileLockManager",
-        "Key",
-        "Lease",
-        "LockBackend",
-        "LockEntry",
-        "LockError",
-        "LockManager",
-        "LockMode",
-        "Mode",
-        "NoLocks",
-        "Snapshot",
-        "WaitInfo",
-        "combine",
-        "compatible",
-        "explain",
-        "net_key",
-        "path_key",
-        "plan",
-        "plans_conflict",
-        "table_key",
-        "workspace_key",
-    ]
-    namespace: dict[str, Any] = {}
-    exec("from execgate.executor.locks import *", namespace)
-    assert set(namespace) - {"__builtins__"} == set(execgate.executor.locks.__all__)
