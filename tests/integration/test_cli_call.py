@@ -127,17 +127,21 @@ def test_a_quick_call_is_quiet_on_stderr(daemon: Daemon) -> None:
 def test_when_the_daemon_dies_the_call_id_to_reconcile_is_printed(tmp_path: Path) -> None:
     d = Daemon(tmp_path).start()
     args = ["call", "run_command", "--args-json", '{"argv": ["sleep", "30"]}', "--run", "r1"]
-    proc = subprocess.Popen(
-        cli(d.address, *args, "--call-id", "doomed"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env(),
-    )
-    with Client(d.address) as c:
-        wait_until(lambda: any(r.running for r in c.list_calls(run_id="r1")), "the call running")
+    stderr_path = tmp_path / "stderr"
+    with stderr_path.open("w") as stderr:
+        proc = subprocess.Popen(
+            cli(d.address, *args, "--call-id", "doomed", "--progress-every", "0.2"),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=env(),
+        )
+    # The CLI's own word that it saw the call start (the journal says so earlier: on a
+    # busy machine the STARTED event may not have reached the CLI yet).
+    wait_until(lambda: "running for" in stderr_path.read_text(), "the CLI to see the call run")
     d.kill()
-    out, err = proc.communicate(timeout=60)
+    out, _ = proc.communicate(timeout=60)
+    err = stderr_path.read_text()
     assert proc.returncode == 69, (out, err)
     assert "Traceback" not in err
     assert "the daemon went away while the call was running" in err
