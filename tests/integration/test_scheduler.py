@@ -470,6 +470,9 @@ def test_two_daemons_on_one_workspace_serialize_conflicting_writes(
         futures = [pool.submit(ten_increments, d) for d in (d1, d2)]
         one, two = (f.result(timeout=60) for f in futures)
 
+    # A call that failed (and wrote nothing) is told apart from a lost write.
+    failed = [(o.call_id, o.status, o.error_class, o.message) for o in one + two if not o.ok]
+    assert failed == []
     assert counter(workspace / "shared-counter") == 20
     assert sorted(value(o) for o in one + two) == list(range(20))
     assert_serial(one + two)
