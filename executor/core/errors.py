@@ -51,6 +51,8 @@ and holds this drawing to the code: tests/unit/test_error_trees.py).
     ├── Interrupted                 tools.sqlexec       SQLite work aborted by cancel or timeout
     ├── CommitUncertain             tools.sqlexec       no proof nothing was committed (message;
     │                                                   also a RuntimeError)
+    ├── TemplateSyntaxError         tools.template      a tools file's template that does not
+    │                                                   parse (also a ValueError)
     ├── ApprovalError               pipeline.approve    a Decide that cannot be done (refused,
     │                                                   message)
     ├── NotYours                    pipeline.inflight   a cancel of another's calls (agent,

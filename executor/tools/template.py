@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from execgate.executor.core.errors import invalid
+from execgate.executor.core.errors import ExecgateError, invalid
 
 __all__ = ["Template", "TemplateSyntaxError", "parse", "spread_name"]
 
@@ -27,7 +27,7 @@ _TOKEN = re.compile(r"\{\{|\}\}|\{(" + _NAME + r")\}|\{|\}")
 _SPREAD = re.compile(r"^\{(" + _NAME + r")\.\.\.\}$")
 
 
-class TemplateSyntaxError(ValueError):
+class TemplateSyntaxError(ExecgateError, ValueError):
     """A template that does not parse (an unmatched brace, a bad name)."""
 
 
