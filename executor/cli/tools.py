@@ -63,7 +63,11 @@ def _check(args: argparse.Namespace) -> int:
     except ToolFileError as exc:
         errors = getattr(exc, "errors", (exc,))
         if args.json:
-            print(json.dumps({"path": str(args.path), "ok": False, "errors": [str(e) for e in errors]}))
+            print(
+                json.dumps(
+                    {"path": str(args.path), "ok": False, "errors": [str(e) for e in errors]}
+                )
+            )
         else:
             for err in errors:
                 print(f"FAIL {err}")

@@ -14,8 +14,8 @@ from execgate.executor.core.errors import ToolError
 from execgate.executor.core.outcomes import ErrorClass, Mark, Outcome, Phase, mark
 from execgate.executor.core.paths import Workspace
 from execgate.executor.policy import CallLimits, PolicyInput
-from execgate.executor.sandbox.registry import Sandboxes
 from execgate.executor.sandbox import SandboxError
+from execgate.executor.sandbox.registry import Sandboxes
 from execgate.executor.tools import CancelScope, Limits, ToolContext
 from execgate.executor.tools.base import PlacedTool
 

@@ -26,6 +26,7 @@ from execgate.executor.tools.toolset import ToolSet
 
 from .calls import CallRequest, ValidCall
 
+
 class Validator:
     def __init__(
         self, tools: Mapping[str, Tool] | ToolSet, workspace: Workspace, limits: Limits
@@ -96,7 +97,9 @@ class Validator:
         """The call's ask, capped by the daemon's max; a declared tool's `timeout_s` is
         its default and its ceiling (still under the daemon's max)."""
         declared = tool.placement.timeout if isinstance(tool, PlacedTool) else None
-        cap = self.limits.max_timeout if declared is None else min(declared, self.limits.max_timeout)
+        cap = (
+            self.limits.max_timeout if declared is None else min(declared, self.limits.max_timeout)
+        )
         if asked is None or asked <= 0:
             return cap if declared is not None else self.limits.default_timeout
         return min(asked, cap)

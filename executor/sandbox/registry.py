@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from execgate.executor.core.errors import ConfigError
 from execgate.executor.policy import SandboxRule
@@ -105,14 +106,17 @@ class Sandboxes:
         self, rule: SandboxRule | None, placed: Placement | None
     ) -> tuple[Sandbox, Confinement]:
         backend, declared = placed if placed is not None else ("default", ())
-        conf = replace(self._base, **dict(declared))
+        limits: dict[str, Any] = dict(declared)  # Confinement field -> its int value
+        network = False
         if rule is not None:
             if rule.backend != "default":
                 backend = rule.backend
-            lowered = {
-                f: min(v, getattr(conf, f)) if f in dict(declared) else v for f, v in rule.limits
-            }
-            conf = replace(conf, network=rule.network, **lowered)
+            for f, v in rule.limits:  # the rule may lower a declared limit, never raise it
+                limits[f] = min(v, int(limits[f])) if f in limits else v
+            network = rule.network
+        conf = replace(self._base, **limits)
+        if rule is not None:
+            conf = replace(conf, network=network)
         name = self.default if backend == "default" else backend
         if name not in self.backends:
             raise SandboxError(f"backend {name} is not running in this daemon (restart it)")

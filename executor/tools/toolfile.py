@@ -150,7 +150,9 @@ def _clashes(
             errors.append(_at(at, f"{kind} {name!r}: a built-in tool has this name"))
         elif name in seen:
             first = seen[name]
-            errors.append(_at(at, f"{kind} {name!r}: already declared at {first.source}:{first.line}"))
+            errors.append(
+                _at(at, f"{kind} {name!r}: already declared at {first.source}:{first.line}")
+            )
         seen.setdefault(name, at)
     return errors
 

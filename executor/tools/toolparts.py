@@ -195,7 +195,9 @@ def _env(doc: YamlDoc, node: yaml.Node | None, where: str) -> EnvDecl:
     names = [n for n, _ in fixed] + list(passthrough) + [n for n, _ in secrets]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
-        raise doc.error(node, f"{where}: {twice[0]} is given in more than one of set/passthrough/secrets")
+        raise doc.error(
+            node, f"{where}: {twice[0]} is given in more than one of set/passthrough/secrets"
+        )
     return EnvDecl(set=fixed, passthrough=passthrough, secrets=secrets)
 
 
@@ -260,7 +262,9 @@ def _effect(doc: YamlDoc, node: yaml.Node, where: str, key: str, props: dict[str
 
 
 def _sandbox(doc: YamlDoc, keys: dict[str, yaml.Node], where: str) -> SandboxDecl:
-    timeout = _seconds(doc, keys["timeout_s"], f"{where}.timeout_s") if "timeout_s" in keys else None
+    timeout = (
+        _seconds(doc, keys["timeout_s"], f"{where}.timeout_s") if "timeout_s" in keys else None
+    )
     if "sandbox" not in keys:
         return SandboxDecl(timeout=timeout)
     here = f"{where}.sandbox"
@@ -268,7 +272,11 @@ def _sandbox(doc: YamlDoc, keys: dict[str, yaml.Node], where: str) -> SandboxDec
     backend = doc.value(box["backend"]) if "backend" in box else "default"
     if backend not in BACKENDS:
         raise doc.error(box["backend"], f"{here}.backend: must be one of {', '.join(BACKENDS)}")
-    limits = doc.mapping(box["limits"], f"{here}.limits", set(CONFINEMENT_KEYS)) if "limits" in box else {}
+    limits = (
+        doc.mapping(box["limits"], f"{here}.limits", set(CONFINEMENT_KEYS))
+        if "limits" in box
+        else {}
+    )
     parsed = []
     for name, value_node in limits.items():
         field, unit = CONFINEMENT_KEYS[name]

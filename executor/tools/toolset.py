@@ -23,8 +23,8 @@ import jsonschema
 from execgate.executor.core.errors import ConfigError
 
 from .base import Tool
-from .declared import CommandTool
 from .decl import ToolFile
+from .declared import CommandTool
 
 __all__ = ["SchemaValidator", "ToolProvider", "ToolSet", "provider_of"]
 
@@ -86,12 +86,11 @@ class ToolSet:
         for label, tools in groups:
             for tool in tools:
                 name = tool.spec.name
+                by = label or provider_of(tool)
                 if name in found:
-                    raise ConfigError(
-                        f"tool {name!r} is served by {labels[name]} and {label or provider_of(tool)}"
-                    )
+                    raise ConfigError(f"tool {name!r} is served by {labels[name]} and {by}")
                 found[name] = tool
-                labels[name] = label or provider_of(tool)
+                labels[name] = by
         validators = {n: SchemaValidator(t.spec.input_schema) for n, t in found.items()}
         return cls(
             MappingProxyType(found),

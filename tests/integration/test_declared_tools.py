@@ -22,32 +22,49 @@ from tests.support import wait_until
 SECRET = "tok-" + uuid.uuid4().hex
 PY = sys.executable if sys.executable.startswith("/usr/") else "python3"
 SLEEP = "import time; time.sleep(1.0)"
-APPEND = (
-    "import sys, time; time.sleep(0.3); open(sys.argv[1], 'a').write(sys.argv[2])"
-)
+APPEND = "import sys, time; time.sleep(0.3); open(sys.argv[1], 'a').write(sys.argv[2])"
 WAIT_FOR_GO = (
-    "import os, sys, time\n"
-    "while not os.path.exists('go'): time.sleep(0.02)\n"
-    "print(sys.argv[1])"
+    "import os, sys, time\nwhile not os.path.exists('go'): time.sleep(0.02)\nprint(sys.argv[1])"
 )
 
 
-def command(name: str, argv: list[str], props: dict[str, Any] | None = None, **more: Any) -> dict[str, Any]:
+def command(
+    name: str, argv: list[str], props: dict[str, Any] | None = None, **more: Any
+) -> dict[str, Any]:
     schema = {"type": "object", "properties": props or {}, "additionalProperties": False}
-    return {"name": name, "description": f"{name} (test)", "input_schema": schema, "argv": argv, **more}
+    return {
+        "name": name,
+        "description": f"{name} (test)",
+        "input_schema": schema,
+        "argv": argv,
+        **more,
+    }
 
 
 STR = {"type": "string"}
 TOOLS: list[dict[str, Any]] = [
     command("nap_read", [PY, "-c", SLEEP], effects={"reads": ["."]}),
     command("nap_write", [PY, "-c", SLEEP]),
-    command("append", [PY, "-c", APPEND, "{path}", "{tag}"], {"path": STR, "tag": STR},
-            effects={"writes": ["{path}"]}),
-    command("try_write", [PY, "-c", "open('forbidden.txt', 'w').write('x')"],
-            effects={"reads": ["."]}),
-    command("leak", [PY, "-c", "import os, sys; t = os.environ['TOKEN']; print('out', t); "
-                     "print('err', t, file=sys.stderr)"],
-            env={"secrets": {"TOKEN": "EG_TEST_SECRET"}}, effects={}),
+    command(
+        "append",
+        [PY, "-c", APPEND, "{path}", "{tag}"],
+        {"path": STR, "tag": STR},
+        effects={"writes": ["{path}"]},
+    ),
+    command(
+        "try_write", [PY, "-c", "open('forbidden.txt', 'w').write('x')"], effects={"reads": ["."]}
+    ),
+    command(
+        "leak",
+        [
+            PY,
+            "-c",
+            "import os, sys; t = os.environ['TOKEN']; print('out', t); "
+            "print('err', t, file=sys.stderr)",
+        ],
+        env={"secrets": {"TOKEN": "EG_TEST_SECRET"}},
+        effects={},
+    ),
     command("danger", [PY, "-c", "print(1)"], effects={}),
     command("careful", [PY, "-c", "print(1)"], effects={}),
     command("slow", [PY, "-c", WAIT_FOR_GO, "v1"]),
@@ -62,8 +79,13 @@ def policy_text() -> str:
     doc = yaml.safe_load(default_policy_path().read_text())
     doc["rules"] += [
         {"id": "no-danger", "effect": "deny", "tools": ["danger"], "reason": "test deny"},
-        {"id": "ask-careful", "effect": "ask", "tools": ["careful"], "approvers": ["approver"],
-         "ttl": 1},
+        {
+            "id": "ask-careful",
+            "effect": "ask",
+            "tools": ["careful"],
+            "approvers": ["approver"],
+            "ttl": 1,
+        },
         {"id": "declared", "effect": "allow", "tools": ["*"]},
     ]
     return yaml.safe_dump(doc)
@@ -76,8 +98,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Cli
     tools.write_text(tools_text(TOOLS))
     policy.write_text(policy_text())
     (root / "d").mkdir()
-    d = Daemon(root / "d", "--policy", str(policy), "--tools", str(tools),
-               env={"EG_TEST_SECRET": SECRET}).start()
+    d = Daemon(
+        root / "d", "--policy", str(policy), "--tools", str(tools), env={"EG_TEST_SECRET": SECRET}
+    ).start()
     try:
         with Client(d.address) as c:
             yield d, c, tools
@@ -103,15 +126,18 @@ def test_declared_tools_are_listed_with_their_provider_and_effects(live: Any) ->
     _, c, _ = live
     tools = {t.name: t for t in c.list_tools()}
     assert tools["read_file"].provider == "builtin"
-    assert tools["nap_read"].provider == "command" and tools["nap_read"].read_only
-    assert not tools["nap_write"].read_only and not tools["append"].read_only
-    assert "EG_TEST_SECRET" not in str(tools["leak"]) and SECRET not in str(tools["leak"])
+    assert tools["nap_read"].provider == "command"
+    assert tools["nap_read"].read_only
+    assert not tools["nap_write"].read_only
+    assert not tools["append"].read_only
+    assert "EG_TEST_SECRET" not in str(tools["leak"])
+    assert SECRET not in str(tools["leak"])
 
 
 def test_a_declared_reader_runs_beside_another_and_an_undeclared_one_does_not(live: Any) -> None:
     _, c, _ = live
     r1, r2 = c.execute([Call(tool="nap_read"), Call(tool="nap_read")])
-    assert r1.status is Status.SUCCESS and r2.status is Status.SUCCESS, (r1.message, r2.message)
+    assert (r1.status, r2.status) == (Status.SUCCESS, Status.SUCCESS), (r1.message, r2.message)
     assert overlap(r1, r2)
     w1, w2 = c.execute([Call(tool="nap_write"), Call(tool="nap_write")])
     assert not overlap(w1, w2)  # undeclared effects: the whole workspace, one at a time
@@ -119,9 +145,13 @@ def test_a_declared_reader_runs_beside_another_and_an_undeclared_one_does_not(li
 
 def test_two_declared_writers_of_one_file_keep_proposal_order(live: Any) -> None:
     d, c, _ = live
-    a, b = c.execute([Call(tool="append", arguments={"path": "order.txt", "tag": t})
-                      for t in ("first,", "second")])
-    assert a.status is Status.SUCCESS and b.status is Status.SUCCESS, (a.message, b.message)
+    a, b = c.execute(
+        [
+            Call(tool="append", arguments={"path": "order.txt", "tag": t})
+            for t in ("first,", "second")
+        ]
+    )
+    assert (a.status, b.status) == (Status.SUCCESS, Status.SUCCESS), (a.message, b.message)
     assert at(b, "started") >= at(a, "finished")
     assert (d.workspace / "order.txt").read_text() == "first,second"
 
@@ -129,7 +159,8 @@ def test_two_declared_writers_of_one_file_keep_proposal_order(live: Any) -> None
 def test_a_tool_declaring_no_write_gets_a_read_only_workspace(live: Any) -> None:
     d, c, _ = live
     o = run(c, "try_write")
-    assert o.status is Status.FAILURE and o.error_class == "nonzero_exit"
+    assert o.status is Status.FAILURE
+    assert o.error_class == "nonzero_exit"
     assert "Read-only file system" in o.text
     assert not (d.workspace / "forbidden.txt").exists()
 
@@ -138,7 +169,11 @@ def test_a_tool_declaring_no_write_gets_a_read_only_workspace(live: Any) -> None
 def test_an_effect_outside_the_workspace_is_rejected(live: Any, path: str) -> None:
     d, c, _ = live
     o = run(c, "append", path=path, tag="x")
-    assert (o.status, o.error_class, o.field) == (Status.REJECTED, "permission_denied", "arguments.path")
+    assert (o.status, o.error_class, o.field) == (
+        Status.REJECTED,
+        "permission_denied",
+        "arguments.path",
+    )
     assert not (d.root / "escape.txt").exists()
 
 
@@ -146,10 +181,12 @@ def test_a_secret_is_in_no_result_journal_or_log_while_the_command_printed_it(li
     d, c, _ = live
     o = run(c, "leak")
     assert o.status is Status.SUCCESS, o.message
-    assert "out [secret TOKEN]" in o.text and "err [secret TOKEN]" in o.text  # it printed it
+    assert "out [secret TOKEN]" in o.text
+    assert "err [secret TOKEN]" in o.text
     assert SECRET not in o.text + str(o.structured) + o.message
     record = c.get_call(o.call_id, include_raw=True)
-    assert "[secret TOKEN]" in record.raw_result and SECRET not in str(record)
+    assert "[secret TOKEN]" in record.raw_result
+    assert SECRET not in str(record)
     for db in d.state_dir.glob("journal.db*"):
         assert SECRET.encode() not in db.read_bytes(), db
     assert SECRET not in d.log()
@@ -162,8 +199,11 @@ def test_policy_deny_and_ask_work_on_declared_tools(live: Any) -> None:
     events = list(c.stream([Call(tool="careful", call_id="careful-1")], timeout=scaled(30)))
     assert any(e.kind is EventKind.AWAITING_APPROVAL for e in events)
     final = events[-1].outcome
-    assert final is not None and (final.status, final.error_class) == (
-        Status.REJECTED, "approval_expired")
+    assert final is not None
+    assert (final.status, final.error_class) == (
+        Status.REJECTED,
+        "approval_expired",
+    )
 
 
 def reloads(d: Daemon) -> list[tuple[int, str]]:
@@ -180,8 +220,9 @@ def save(path: Path, text: str) -> None:
 def test_hot_reload_adds_refuses_and_keeps_calls_in_flight_on_their_definition(live: Any) -> None:
     d, c, tools = live
     (d.workspace / "go").unlink(missing_ok=True)
-    stream = iter(c.stream([Call(tool="slow", call_id=f"slow-{uuid.uuid4().hex[:6]}")],
-                           timeout=scaled(60)))
+    stream = iter(
+        c.stream([Call(tool="slow", call_id=f"slow-{uuid.uuid4().hex[:6]}")], timeout=scaled(60))
+    )
     assert next(e for e in stream if e.kind is EventKind.STARTED)
     v2 = [t for t in TOOLS if t["name"] != "slow"]
     v2 += [command("slow", [PY, "-c", WAIT_FOR_GO, "v2"]), command("fresh", [PY, "-c", "print(2)"])]
@@ -189,14 +230,16 @@ def test_hot_reload_adds_refuses_and_keeps_calls_in_flight_on_their_definition(l
     wait_until(lambda: "fresh" in {t.name for t in c.list_tools()}, "the new tool", scaled(20))
     (d.workspace / "go").write_text("")
     [finished] = [e for e in stream if e.kind is EventKind.FINISHED]
-    assert finished.outcome is not None and finished.outcome.text.strip() == "v1"
+    assert finished.outcome is not None
+    assert finished.outcome.text.strip() == "v1"
     assert run(c, "slow").text.strip() == "v2"
 
     broken = tools_text(v2).replace("name: fresh", "name: fresh.x")
     save(tools, broken)
     wait_until(lambda: any(not ok for ok, _ in reloads(d)), "the refusal", scaled(20))
     [(_, message)] = [r for r in reloads(d) if not r[0]]
-    assert f"{tools}:" in message and "'fresh.x' is not a name" in message
+    assert f"{tools}:" in message
+    assert "'fresh.x' is not a name" in message
     assert run(c, "fresh").status is Status.SUCCESS  # the last good set stays
     assert "tools reload refused" in d.log()
     save(tools, tools_text(TOOLS))

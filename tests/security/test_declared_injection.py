@@ -44,15 +44,28 @@ TOOLS = {
             "description": "prints its argv as JSON",
             "input_schema": {
                 "type": "object",
-                "properties": {"arg": {"type": "string"}, "more": {"type": "array", "items": {"type": "string"}}},
+                "properties": {
+                    "arg": {"type": "string"},
+                    "more": {"type": "array", "items": {"type": "string"}},
+                },
             },
-            "argv": ["python3", "-c", "import json,sys; print(json.dumps(sys.argv[1:]))",
-                     "{arg}", "--flag={arg}", "{more...}"],
+            "argv": [
+                "python3",
+                "-c",
+                "import json,sys; print(json.dumps(sys.argv[1:]))",
+                "{arg}",
+                "--flag={arg}",
+                "{more...}",
+            ],
             "effects": {},
         }
     ],
 }
-POLICY = {"version": 1, "default": "deny", "rules": [{"id": "all", "effect": "allow", "tools": ["argv"]}]}
+POLICY = {
+    "version": 1,
+    "default": "deny",
+    "rules": [{"id": "all", "effect": "allow", "tools": ["argv"]}],
+}
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +74,9 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, C
     (root / "tools.yaml").write_text(yaml.safe_dump(TOOLS))
     (root / "policy.yaml").write_text(yaml.safe_dump(POLICY))
     (root / "d").mkdir()
-    d = Daemon(root / "d", "--tools", str(root / "tools.yaml"), "--policy", str(root / "policy.yaml"))
+    d = Daemon(
+        root / "d", "--tools", str(root / "tools.yaml"), "--policy", str(root / "policy.yaml")
+    )
     d.start()
     try:
         with Client(d.address) as c:
@@ -76,11 +91,14 @@ def test_every_injection_stays_one_element(client: tuple[Daemon, Client]) -> Non
     for value, o in zip(CORPUS, c.execute(calls), strict=True):
         assert o.status is Status.SUCCESS, (value, o.message)
         assert json.loads(o.text) == [value, f"--flag={value}", value, value], value
-    assert not list(d.workspace.rglob("pwned")) and not (Path.cwd() / "pwned").exists()
+    assert not list(d.workspace.rglob("pwned"))
+    assert not (Path.cwd() / "pwned").exists()
 
 
-@pytest.mark.parametrize(("args", "field"), [({"arg": "a\x00b"}, "arguments.arg"),
-                                             ({"more": ["ok", "x\x00"]}, "arguments.more[1]")])
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [({"arg": "a\x00b"}, "arguments.arg"), ({"more": ["ok", "x\x00"]}, "arguments.more[1]")],
+)
 def test_nul_is_rejected_before_the_call_starts(
     client: tuple[Daemon, Client], args: dict[str, object], field: str
 ) -> None:

@@ -17,8 +17,8 @@ from execgate.executor.core.paths import Workspace
 from execgate.executor.locks import Mode, net_key, path_key, table_key, workspace_key
 from execgate.executor.sandbox.process import ProcessSandbox
 from execgate.executor.tools import Limits, ToolContext, ToolOutput
-from execgate.executor.tools.declared import CommandTool, Prepared
 from execgate.executor.tools.decl import CommandDecl, EffectsDecl, EnvDecl, OutputMode
+from execgate.executor.tools.declared import CommandTool, Prepared
 
 PRINT_ARGV = (sys.executable, "-c", "import json,sys; print(json.dumps(sys.argv[1:]))")
 SCHEMA: dict[str, Any] = {
@@ -86,8 +86,10 @@ def test_a_spread_gives_one_element_per_item_and_absent_arguments_leave_theirs_o
     assert json.loads(out.text) == ["-a", "b c", "$(id)", "--n=3", "{lit}"]
 
 
-@pytest.mark.parametrize(("args", "field"), [({"a": "x\x00y"}, "arguments.a"),
-                                             ({"many": ["ok", "\x00"]}, "arguments.many[1]")])
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [({"a": "x\x00y"}, "arguments.a"), ({"many": ["ok", "\x00"]}, "arguments.many[1]")],
+)
 def test_a_nul_byte_is_rejected_naming_the_argument(
     args: dict[str, Any], field: str, ws: Workspace
 ) -> None:
@@ -95,20 +97,28 @@ def test_a_nul_byte_is_rejected_naming_the_argument(
     with pytest.raises(ToolError) as info:
         tool.call_effects(args, {}, ws)
     assert (info.value.status, info.value.error_class, info.value.field) == (
-        Status.REJECTED, ErrorClass.INVALID_ARGUMENT, field
+        Status.REJECTED,
+        ErrorClass.INVALID_ARGUMENT,
+        field,
     )
 
 
 def test_stdin_comes_from_an_argument(ws: Workspace) -> None:
-    tool = CommandTool(decl(argv=(sys.executable, "-c", "import sys; print(sys.stdin.read()[::-1])"),
-                            stdin="{a}"))
+    tool = CommandTool(
+        decl(argv=(sys.executable, "-c", "import sys; print(sys.stdin.read()[::-1])"), stdin="{a}")
+    )
     assert run(tool, {"a": "abc"}, ws).text.strip() == "cba"
 
 
 def test_effects_become_claims_on_canonical_keys(ws: Workspace) -> None:
     (ws.root / "sub").mkdir()
-    effects = EffectsDecl(declared=True, reads=("sub/../{a}",), writes=("out/{b}",),
-                          write_tables=("data.db:{b}",), net=("api.example.com",))
+    effects = EffectsDecl(
+        declared=True,
+        reads=("sub/../{a}",),
+        writes=("out/{b}",),
+        write_tables=("data.db:{b}",),
+        net=("api.example.com",),
+    )
     tool = CommandTool(decl(effects=effects))
     got = tool.call_effects({"a": "in.txt", "b": "T"}, {}, ws)
     assert [(c.key, c.mode) for c in got.claims] == [
@@ -117,7 +127,8 @@ def test_effects_become_claims_on_canonical_keys(ws: Workspace) -> None:
         (table_key("data.db", "t"), Mode.WRITE),
         (net_key("api.example.com"), Mode.READ),
     ]
-    assert got.may_write and isinstance(got.detail, Prepared)
+    assert got.may_write
+    assert isinstance(got.detail, Prepared)
     assert set(got.paths) == {"effects.reads[0]", "effects.writes[0]"}
     assert not CommandTool(decl(effects=EffectsDecl(declared=True, reads=("{a}",)))).spec.may_write
 
@@ -140,12 +151,17 @@ def test_an_effect_outside_the_workspace_is_rejected_naming_the_argument(
 
 def test_a_secret_reaches_the_child_and_never_its_result(ws: Workspace) -> None:
     env = EnvDecl(secrets=(("TOKEN", "EG_TEST_TOKEN"),), set=(("MODE", "x"),))
-    argv = (sys.executable, "-c", "import os,sys; print(os.environ['TOKEN']); "
-            "print('err', os.environ['TOKEN'], os.environ['MODE'], file=sys.stderr)")
+    argv = (
+        sys.executable,
+        "-c",
+        "import os,sys; print(os.environ['TOKEN']); "
+        "print('err', os.environ['TOKEN'], os.environ['MODE'], file=sys.stderr)",
+    )
     tool = CommandTool(decl(argv=argv, env=env), environ={"EG_TEST_TOKEN": "s3cr3t-v4lue"})
     out = run(tool, {}, ws)
     assert "s3cr3t-v4lue" not in out.text + out.raw() + out.message
-    assert out.text.count("[secret TOKEN]") == 2 and "x" in out.text
+    assert out.text.count("[secret TOKEN]") == 2
+    assert "x" in out.text
 
 
 def test_a_missing_secret_is_rejected_by_name_before_the_call_starts(ws: Workspace) -> None:
@@ -161,7 +177,8 @@ def test_success_codes_decide_success_and_failure(ws: Workspace) -> None:
     tool = CommandTool(decl(argv=argv, success_codes=(1, 5)))
     assert run(tool, {"a": "5"}, ws).error_class is ErrorClass.NONE
     failed = run(tool, {"a": "0"}, ws)
-    assert failed.error_class is ErrorClass.NONZERO_EXIT and "not a success code" in failed.message
+    assert failed.error_class is ErrorClass.NONZERO_EXIT
+    assert "not a success code" in failed.message
     assert run(tool, {"a": "3"}, ws).error_class is ErrorClass.NONZERO_EXIT
 
 
@@ -171,4 +188,5 @@ def test_json_output_becomes_the_structured_result(ws: Workspace) -> None:
     assert run(tool, {"a": '{"k": [1, 2]}'}, ws).structured == {"k": [1, 2]}
     assert run(tool, {"a": "[3]"}, ws).structured == {"value": [3]}
     bad = run(tool, {"a": "not json"}, ws)
-    assert bad.error_class is ErrorClass.IO_ERROR and "stdout is not JSON" in bad.message
+    assert bad.error_class is ErrorClass.IO_ERROR
+    assert "stdout is not JSON" in bad.message

@@ -66,17 +66,23 @@ def test_a_full_file_builds_every_value() -> None:
     [tool] = file.commands
     assert tool.argv == ("grep", "-n", "--", "{pattern}", "{path}", "{extra...}")
     assert tool.env.secrets == (("TOKEN", "EG_TOKEN"),)
-    assert tool.effects.declared and tool.effects.reads == ("{path}",)
+    assert tool.effects.declared
+    assert tool.effects.reads == ("{path}",)
     assert tool.effects.may_write  # a table write
-    assert tool.output is OutputMode.JSON and tool.success_codes == (0, 1)
-    assert tool.sandbox.backend == "process" and tool.sandbox.timeout == 5.0
+    assert tool.output is OutputMode.JSON
+    assert tool.success_codes == (0, 1)
+    assert tool.sandbox.backend == "process"
+    assert tool.sandbox.timeout == 5.0
     assert dict(tool.sandbox.limits) == {"memory_bytes": 256 << 20, "processes": 16}
     assert (tool.at.source, tool.at.line) == ("t.yaml", 3)
     [server] = file.servers
-    assert server.pool is Pool.RUN and server.trusted
+    assert server.pool is Pool.RUN
+    assert server.trusted
     [(name, override)] = server.tools
-    assert name == "write_file" and override.destructive is True
-    assert override.effects is not None and override.effects.writes == ("{path}",)
+    assert name == "write_file"
+    assert override.destructive is True
+    assert override.effects is not None
+    assert override.effects.writes == ("{path}",)
     assert len(file.revision) == 64
 
 
@@ -139,7 +145,10 @@ def tool(**over: str) -> str:
         ("version: 1\ntools: [\n", "t.yaml:3:1: not valid YAML"),
         ("version: 1\nservers: [{name: s}]\n", "t.yaml:2:11: servers[0].command: required"),
         ("version: 1\nservers: [{name: s, command: x, pool: x}]\n", "servers[0].pool: must be one"),
-        ("version: 1\nservers: [{name: s, command: x, tools: {t: {hid: 1}}}]\n", "unknown key 'hid'"),
+        (
+            "version: 1\nservers: [{name: s, command: x, tools: {t: {hid: 1}}}]\n",
+            "unknown key 'hid'",
+        ),
     ],
 )
 def test_each_error_names_its_place_and_field(entry: str, expected: str) -> None:
@@ -169,7 +178,8 @@ def test_names_are_unique_across_a_directory_and_errors_name_their_file(tmp_path
     found = [str(e) for e in info.value.errors]
     assert any(e.startswith(f"{tmp_path / 'c.yaml'}:7:13: tools[0].output") for e in found)
     assert any(
-        e.startswith(f"{tmp_path / 'b.yaml'}:3:") and f"already declared at {tmp_path / 'a.yaml'}:3" in e
+        e.startswith(f"{tmp_path / 'b.yaml'}:3:")
+        and f"already declared at {tmp_path / 'a.yaml'}:3" in e
         for e in found
     ), found
 
@@ -182,6 +192,8 @@ def test_an_empty_directory_and_an_empty_file_declare_nothing(tmp_path: Path) ->
 
 def test_effects_left_out_mean_the_whole_workspace_and_empty_effects_mean_none() -> None:
     undeclared = parse(tool()).commands[0].effects
-    assert not undeclared.declared and undeclared.may_write
+    assert not undeclared.declared
+    assert undeclared.may_write
     nothing = parse(tool(effects="{}")).commands[0].effects
-    assert nothing.declared and not nothing.may_write
+    assert nothing.declared
+    assert not nothing.may_write
