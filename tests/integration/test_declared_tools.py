@@ -4,7 +4,9 @@ of the journal, the log and the result, hot reload that fails closed, policy on 
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ from execgate.executor.policy import default_policy_path
 from tests.daemon import Daemon, scaled
 from tests.support import wait_until
 
+REPO = Path(__file__).resolve().parents[2]
 SECRET = "tok-" + uuid.uuid4().hex
 PY = sys.executable if sys.executable.startswith("/usr/") else "python3"
 SLEEP = "import time; time.sleep(1.0)"
@@ -68,6 +71,7 @@ TOOLS: list[dict[str, Any]] = [
     command("danger", [PY, "-c", "print(1)"], effects={}),
     command("careful", [PY, "-c", "print(1)"], effects={}),
     command("slow", [PY, "-c", WAIT_FOR_GO, "v1"]),
+    command("too_slow", [PY, "-c", "import time; time.sleep(120)"], effects={}, timeout_s=0.5),
 ]
 
 
@@ -206,6 +210,13 @@ def test_policy_deny_and_ask_work_on_declared_tools(live: Any) -> None:
     )
 
 
+def test_a_declared_timeout_is_the_calls_default_and_ceiling(live: Any) -> None:
+    _, c, _ = live
+    o = c.run(Call(tool="too_slow", timeout=scaled(60)))
+    assert (o.status, o.error_class) == (Status.FAILURE, "timeout")
+    assert at(o, "finished") - at(o, "started") < scaled(10)
+
+
 def reloads(d: Daemon) -> list[tuple[int, str]]:
     with sqlite3.connect(f"file:{d.state_dir / 'journal.db'}?mode=ro", uri=True) as conn:
         return conn.execute("SELECT accepted, message FROM policy_events ORDER BY seq").fetchall()
@@ -244,3 +255,45 @@ def test_hot_reload_adds_refuses_and_keeps_calls_in_flight_on_their_definition(l
     assert "tools reload refused" in d.log()
     save(tools, tools_text(TOOLS))
     wait_until(lambda: "fresh" not in {t.name for t in c.list_tools()}, "the revert", scaled(20))
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "execgate.executor.cli", *args],
+        capture_output=True, text=True, timeout=scaled(60), env=env,
+    )  # fmt: skip
+
+
+def test_tools_list_shows_the_provider_and_effects(live: Any) -> None:
+    d, _, _ = live
+    out = cli("tools", "list", "--addr", d.address)
+    assert out.returncode == 0, out.stderr
+    [line] = [ln for ln in out.stdout.splitlines() if " nap_read " in f" {ln} "]
+    assert "command" in line and "read-only" in line
+    [line] = [ln for ln in out.stdout.splitlines() if " read_file " in f" {ln} "]
+    assert "builtin" in line
+
+
+def test_tools_check_names_every_error_and_summarises_a_good_file(tmp_path: Path) -> None:
+    good = cli("tools", "check", str(REPO / "tools" / "examples.yaml"))
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "command tool(s)" in good.stdout and "git_log" in good.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(tools_text([command("x.y", ["ls"]), command("ok", ["ls", "{nope}"])]))
+    out = cli("tools", "check", str(bad))
+    assert out.returncode == 1
+    fails = [ln for ln in out.stdout.splitlines() if ln.startswith("FAIL")]
+    assert len(fails) == 2
+    assert all(f"FAIL {bad}:" in ln for ln in fails)
+    assert "{nope} is not a property" in fails[1]
+
+
+def test_an_invalid_tools_file_refuses_to_start_with_the_located_error(tmp_path: Path) -> None:
+    tools = tmp_path / "tools.yaml"
+    tools.write_text(tools_text([command("read_file", ["ls"])]))
+    (tmp_path / "d").mkdir()
+    d = Daemon(tmp_path / "d", "--tools", str(tools))
+    with pytest.raises(Exception, match="a built-in tool has this name"):
+        d.start()
+    assert f"{tools}:3: tool 'read_file'" in d.log()
