@@ -270,7 +270,8 @@ def test_tools_list_shows_the_provider_and_effects(live: Any) -> None:
     out = cli("tools", "list", "--addr", d.address)
     assert out.returncode == 0, out.stderr
     [line] = [ln for ln in out.stdout.splitlines() if " nap_read " in f" {ln} "]
-    assert "command" in line and "read-only" in line
+    assert "command" in line
+    assert "read-only" in line
     [line] = [ln for ln in out.stdout.splitlines() if " read_file " in f" {ln} "]
     assert "builtin" in line
 
@@ -278,7 +279,8 @@ def test_tools_list_shows_the_provider_and_effects(live: Any) -> None:
 def test_tools_check_names_every_error_and_summarises_a_good_file(tmp_path: Path) -> None:
     good = cli("tools", "check", str(REPO / "tools" / "examples.yaml"))
     assert good.returncode == 0, good.stdout + good.stderr
-    assert "command tool(s)" in good.stdout and "git_log" in good.stdout
+    assert "command tool(s)" in good.stdout
+    assert "git_log" in good.stdout
     bad = tmp_path / "bad.yaml"
     bad.write_text(tools_text([command("x.y", ["ls"]), command("ok", ["ls", "{nope}"])]))
     out = cli("tools", "check", str(bad))
