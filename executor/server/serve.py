@@ -175,11 +175,7 @@ async def serve(
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-    watchers: list[FileWatcher[Any]] = [_policy_watcher(config, dispatcher, journal)]
-    if identities is not None and config.identities is not None:
-        watchers.append(_identities_watcher(config.identities, interceptor, dispatcher, journal))
-    if config.tools is not None:
-        watchers.append(_tools_watcher(config, dispatcher, journal))
+    watchers = _watchers(config, dispatcher, journal, interceptor)
     watching = [asyncio.create_task(w.run()) for w in watchers]
     if on_ready is not None:
         on_ready(addresses)
@@ -196,6 +192,18 @@ async def serve(
     dispatcher.telemetry.shutdown()
     journal.close()
     os.close(lock_fd)
+
+
+def _watchers(
+    config: ServeConfig, dispatcher: Dispatcher, journal: Journal, interceptor: AuthInterceptor
+) -> list[FileWatcher[Any]]:
+    """The files reloaded while the daemon runs: policy, identities, tools."""
+    watchers: list[FileWatcher[Any]] = [_policy_watcher(config, dispatcher, journal)]
+    if interceptor.identities is not None and config.identities is not None:
+        watchers.append(_identities_watcher(config.identities, interceptor, dispatcher, journal))
+    if config.tools is not None:
+        watchers.append(_tools_watcher(config, dispatcher, journal))
+    return watchers
 
 
 def _policy_watcher(
