@@ -27,6 +27,9 @@ from .toolset import ToolProvider, ToolSet
 __all__ = ["Contribute", "backends_wanted", "load_toolset", "tools_watcher"]
 
 # The file as loaded -> the providers that add tools to the set (MCP servers).
+# UNFINISHED: synchronous, called while the file is parsed (start and each reload); a
+# provider that must start a server to list its tools lists them before (at start) or
+# serves what it last listed. The server does not pass one yet (the MCP provider will).
 Contribute = Callable[[ToolFile], Sequence[ToolProvider]]
 
 

@@ -71,6 +71,11 @@ TOOLS: list[dict[str, Any]] = [
     command("danger", [PY, "-c", "print(1)"], effects={}),
     command("careful", [PY, "-c", "print(1)"], effects={}),
     command("slow", [PY, "-c", WAIT_FOR_GO, "v1"]),
+    command(
+        "ifaces",
+        [PY, "-c", "import socket; print([n for _, n in socket.if_nameindex()])"],
+        effects={"net": ["example.com"]},
+    ),
     command("too_slow", [PY, "-c", "import time; time.sleep(120)"], effects={}, timeout_s=0.5),
 ]
 
@@ -208,6 +213,35 @@ def test_policy_deny_and_ask_work_on_declared_tools(live: Any) -> None:
         Status.REJECTED,
         "approval_expired",
     )
+
+
+def test_declaring_net_opens_no_network_without_the_policys_sandbox_rule(live: Any) -> None:
+    _, c, _ = live
+    o = run(c, "ifaces")
+    assert o.status is Status.SUCCESS, o.message
+    assert o.text.strip() == "['lo']"  # bwrap's own network namespace: loopback only
+
+
+def test_a_tools_directory_is_watched_file_by_file(tmp_path: Path) -> None:
+    tools_d = tmp_path / "tools.d"
+    tools_d.mkdir()
+    (tools_d / "10-a.yaml").write_text(tools_text([command("from_a", [PY, "-c", "print('a')"])]))
+    (tmp_path / "d").mkdir()
+    d = Daemon(tmp_path / "d", "--policy", str(tmp_path / "p.yaml"), "--tools", str(tools_d))
+    (tmp_path / "p.yaml").write_text(policy_text())
+    d.start()
+    try:
+        with Client(d.address) as c:
+            assert run(c, "from_a").text.strip() == "a"
+            save(tools_d / "20-b.yaml", tools_text([command("from_b", [PY, "-c", "print('b')"])]))
+            wait_until(lambda: "from_b" in {t.name for t in c.list_tools()}, "b", scaled(20))
+            save(tools_d / "30-c.yaml", tools_text([command("from_a", ["ls"])]))
+            wait_until(lambda: any(not ok for ok, _ in reloads(d)), "the refusal", scaled(20))
+            [(_, message)] = [r for r in reloads(d) if not r[0]]
+            assert f"{tools_d / '30-c.yaml'}:3: tool 'from_a': already declared at" in message
+            assert run(c, "from_b").text.strip() == "b"  # the last good set stays
+    finally:
+        d.stop()
 
 
 def test_a_declared_timeout_is_the_calls_default_and_ceiling(live: Any) -> None:
