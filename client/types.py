@@ -104,6 +104,8 @@ class ToolSpec:
     read_only: bool
     destructive: bool
     idempotent: bool
+    # "builtin", "command" (declared in the tools file) or "mcp:SERVER".
+    provider: str = "builtin"
 
 
 class EventKind(enum.Enum):

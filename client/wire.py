@@ -236,6 +236,7 @@ def tool_spec(msg: pb.ToolSpec) -> ToolSpec:
         read_only=msg.effects.read_only,
         destructive=msg.effects.destructive,
         idempotent=msg.effects.idempotent,
+        provider=msg.provider or "builtin",
     )
 
 

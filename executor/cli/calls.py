@@ -1,9 +1,8 @@
-"""Client-side commands: tools, call, calls list|show, cancel, health."""
+"""Client-side commands: call, calls list|show, cancel, health."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import getpass
 import json
 import sys
@@ -34,9 +33,6 @@ from .table import Col, print_table
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parent = cli_options.common()
-
-    p = sub.add_parser("tools", parents=[parent], help="list the daemon's tools")
-    p.set_defaults(handler=_tools)
 
     p = sub.add_parser("call", parents=[parent], help="run one tool call")
     p.add_argument("tool")
@@ -110,27 +106,6 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
     p = sub.add_parser("health", parents=[parent], help="exit 0 if the daemon is serving")
     p.set_defaults(handler=_health)
-
-
-def _tools(args: argparse.Namespace) -> int:
-    with common.client(args) as client:
-        tools = client.list_tools()
-    if args.json:
-        common.print_json([dataclasses.asdict(t) for t in tools])
-        return 0
-    columns = [Col("tool", keep=True, style="bold"), Col("effects"), Col("arguments")]
-    columns.append(Col("description"))
-    rows = []
-    for t in tools:
-        effects = (
-            "read-only" if t.read_only else "writes" + (", destructive" if t.destructive else "")
-        )
-        props = t.input_schema.get("properties", {})
-        required = set(t.input_schema.get("required", []))
-        names = ", ".join(n + ("" if n in required else "?") for n in props)
-        rows.append([t.name, effects, names, t.description.split(". ")[0]])
-    print_table(Console(highlight=False), columns, rows, title="execgate tools")
-    return 0
 
 
 def _call(args: argparse.Namespace) -> int:

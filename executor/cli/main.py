@@ -20,7 +20,7 @@ EX_UNAVAILABLE = 69
 # every command it owns; the others appear as help-only entries.
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("serve", "run the daemon in the foreground"),
-    "tools": ("calls", "list the daemon's tools"),
+    "tools": ("tools", "the daemon's tools (list) and tools files (check)"),
     "call": ("calls", "run one tool call"),
     "calls": ("calls", "read the journal: list, show"),
     "cancel": ("calls", "stop a call, a batch or a run"),
@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 REGISTRAR = {
     "serve": "add_command",
     "calls": "add_commands",
+    "tools": "add_commands",
     "approvals": "add_commands",
     "runs": "add_commands",
     "trace.command": "add_commands",
@@ -74,9 +75,9 @@ def main(argv: Sequence[str] | None = None, *, own_process: bool = False) -> int
 def _report(exc: Exception) -> int:
     """The exit status for an error meant for the user; anything else propagates."""
     from execgate.client import DaemonUnavailable, ExecgateClientError
-    from execgate.executor.core.errors import ConfigError, PolicyError
+    from execgate.executor.core.errors import ConfigError, PolicyError, ToolFileError
 
-    if isinstance(exc, (ConfigError, PolicyError)):
+    if isinstance(exc, (ConfigError, PolicyError, ToolFileError)):
         print(f"execgate: {exc}", file=sys.stderr)
         return 2
     if isinstance(exc, ExecgateClientError):

@@ -49,6 +49,14 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="policy file (default: the shipped policies/default.yaml)",
     )
     p.add_argument(
+        "--tools",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="tools file or tools.d/ directory: declared command tools and MCP servers "
+        "(reloaded on change; see docs/tools.md)",
+    )
+    p.add_argument(
         "--grace",
         type=float,
         default=Limits().grace,
@@ -116,6 +124,7 @@ def _serve(args: argparse.Namespace) -> int:
         workspace=args.workspace,
         listen=tuple(parse_listener(a) for a in args.listen),
         policy=args.policy,
+        tools=args.tools,
         limits=limits,
         reflection=args.reflection,
         test_tools=args.test_tools,

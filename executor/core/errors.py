@@ -16,8 +16,10 @@ and holds this drawing to the code: tests/unit/test_error_trees.py).
     │   │                                               column)
     │   ├── PolicyError             core.errors         a policy file that cannot be loaded
     │   │   └── PolicyErrors        core.errors         every error of one file (`.errors`)
-    │   └── IdentityError           core.errors         an identities file that cannot be
-    │                                                   loaded (also a ConfigError)
+    │   ├── IdentityError           core.errors         an identities file that cannot be
+    │   │                                               loaded (also a ConfigError)
+    │   └── ToolFileError           core.errors         a tools file that cannot be loaded
+    │       └── ToolFileErrors      core.errors         every error of the file(s) (`.errors`)
     ├── MalformedRequest            core.errors         an RPC's request the daemon cannot use
     │                                                   (kind, field, message)
     ├── Detached                    core.approval       the daemon stops while a call awaits
@@ -49,6 +51,8 @@ and holds this drawing to the code: tests/unit/test_error_trees.py).
     ├── Interrupted                 tools.sqlexec       SQLite work aborted by cancel or timeout
     ├── CommitUncertain             tools.sqlexec       no proof nothing was committed (message;
     │                                                   also a RuntimeError)
+    ├── TemplateSyntaxError         tools.template      a tools file's template that does not
+    │                                                   parse (also a ValueError)
     ├── ApprovalError               pipeline.approve    a Decide that cannot be done (refused,
     │                                                   message)
     ├── NotYours                    pipeline.inflight   a cancel of another's calls (agent,
@@ -160,3 +164,17 @@ class PolicyErrors(PolicyError):
 
 class IdentityError(LocatedError, ConfigError):
     """An identities file that cannot be used."""
+
+
+class ToolFileError(LocatedError):
+    """A tools file (or a file of a tools.d/ directory) that cannot be used."""
+
+
+class ToolFileErrors(ToolFileError):
+    """Every error of the tools file(s), in file order; located where the first one is."""
+
+    def __init__(self, errors: Sequence[LocatedError]) -> None:
+        first = errors[0]
+        Exception.__init__(self, "\n".join(str(e) for e in errors))
+        self.path, self.line, self.column = first.path, first.line, first.column
+        self.errors: tuple[LocatedError, ...] = tuple(errors)

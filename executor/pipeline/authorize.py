@@ -15,6 +15,7 @@ from execgate.executor.core.paths import Workspace
 from execgate.executor.journal.store import PolicyRecord
 from execgate.executor.policy import Effect, Policy, PolicyInput
 from execgate.executor.policy.model import Undecided
+from execgate.executor.tools.declared import Prepared
 
 from .calls import Authorized, ValidCall
 
@@ -102,6 +103,8 @@ def policy_input(
         elif parts[-1].startswith(_TABLE_MARK):
             tables.append(parts[-1][1:])
     argv = call.args.get("argv")
+    if isinstance(call.effects.detail, Prepared):  # a declared command: what it will run
+        argv = list(call.effects.detail.argv)
     return PolicyInput(
         tool=call.request.tool,
         agent=agent,

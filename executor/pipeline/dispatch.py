@@ -23,7 +23,7 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from execgate.executor.core.errors import ToolError
@@ -34,6 +34,7 @@ from execgate.executor.locks import LockBackend
 from execgate.executor.policy import Policy
 from execgate.executor.sandbox.registry import Sandboxes
 from execgate.executor.tools import CancelScope, Limits, Tool
+from execgate.executor.tools.toolset import ToolSet
 
 from . import admit, resend, results
 from .approve import Approval, Approvals, Detached, verdict
@@ -59,7 +60,7 @@ class Dispatcher:
     def __init__(
         self,
         *,
-        tools: dict[str, Tool],
+        tools: dict[str, Tool] | ToolSet,
         journal: JournalStore,
         policy: Policy,
         workspace: Workspace,
@@ -67,7 +68,6 @@ class Dispatcher:
         locks: LockBackend,
         sandboxes: Sandboxes,
     ) -> None:
-        self.tools = tools
         self.journal = journal
         # Decides each call under the policy in force (reloads swap `policy`).
         self.authorizer = Authorizer(policy, workspace)
@@ -187,6 +187,19 @@ class Dispatcher:
     def new_id(self, kind: str) -> str:
         """A daemon-assigned call or batch id: unique across restarts, cheap to make."""
         return f"{kind}_{self._id_prefix}{next(self._ids):x}"
+
+    @property
+    def toolset(self) -> ToolSet:
+        """The tools served now (built-ins, the tools file's, the providers')."""
+        return self._validator.toolset
+
+    @toolset.setter
+    def toolset(self, toolset: ToolSet) -> None:
+        self._validator.toolset = toolset  # one assignment: a call sees the old or the new
+
+    @property
+    def tools(self) -> Mapping[str, Tool]:
+        return self._validator.toolset.tools
 
     @property
     def policy(self) -> Policy:

@@ -11,11 +11,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from execgate.executor.core.errors import ToolError
-from execgate.executor.core.outcomes import Mark, Outcome, Phase, mark
+from execgate.executor.core.outcomes import ErrorClass, Mark, Outcome, Phase, mark
 from execgate.executor.core.paths import Workspace
 from execgate.executor.policy import CallLimits, PolicyInput
+from execgate.executor.sandbox import SandboxError
 from execgate.executor.sandbox.registry import Sandboxes
 from execgate.executor.tools import CancelScope, Limits, ToolContext
+from execgate.executor.tools.base import PlacedTool
 
 from . import results
 from .authorize import Authorizer
@@ -76,7 +78,16 @@ async def run_tool(
     """The tool's outcome (FINISHED marked) and its raw result for the journal.
     `allowed_s`: the call's timeout (its own, the policy's and the run's deadline)."""
     req = call.request
-    sandbox, confinement = sandboxes.for_call(req.tool, decided_on.agent, decided_on.memberships)
+    placed = None
+    if isinstance(call.tool, PlacedTool):
+        placed = (call.tool.placement.backend, call.tool.placement.limits)
+    try:
+        sandbox, confinement = sandboxes.for_call(
+            req.tool, decided_on.agent, decided_on.memberships, placed
+        )
+    except SandboxError as exc:
+        err = ToolError(ErrorClass.SANDBOX_ERROR, str(exc))
+        return results.from_error(err, marks).with_marks(mark(Phase.FINISHED)), ""
     ctx = ToolContext(
         workspace,
         limits,

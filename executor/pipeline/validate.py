@@ -12,7 +12,6 @@ import json
 from collections.abc import Mapping
 from typing import Any, cast
 
-import jsonschema
 from jsonschema.exceptions import ValidationError, best_match
 
 from execgate.executor.core.errors import ToolError, invalid
@@ -21,30 +20,26 @@ from execgate.executor.core.paths import Workspace
 from execgate.executor.core.requests import MAX_ID_CHARS, MAX_JSON_DEPTH, nested_deeper
 from execgate.executor.locks import plan
 from execgate.executor.tools import Limits, ResourceKind, Tool
-from execgate.executor.tools.base import CheckedTool
+from execgate.executor.tools.base import CheckedTool, PlacedTool
 from execgate.executor.tools.effects import AnalysedTool, analyse
+from execgate.executor.tools.toolset import ToolSet
 
 from .calls import CallRequest, ValidCall
 
-# JSON Schema counts 2.0 as an integer; the tools index and slice with these values,
-# so an "integer" argument must be a Python int (never a bool).
-# (types-jsonschema leaves `extend` unannotated.)
-_SchemaValidator = jsonschema.validators.extend(  # type: ignore[no-untyped-call]
-    jsonschema.Draft202012Validator,
-    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
-        "integer", lambda _checker, v: isinstance(v, int) and not isinstance(v, bool)
-    ),
-)
-
 
 class Validator:
-    def __init__(self, tools: dict[str, Tool], workspace: Workspace, limits: Limits) -> None:
-        self.tools = tools
+    def __init__(
+        self, tools: Mapping[str, Tool] | ToolSet, workspace: Workspace, limits: Limits
+    ) -> None:
+        # The tools served now; a reload replaces it whole (one assignment). Each call
+        # reads it once and keeps the Tool it found.
+        self.toolset = ToolSet.of(tools)
         self.workspace = workspace
         self.limits = limits
-        self._schemas = {
-            name: _SchemaValidator(tool.spec.input_schema) for name, tool in tools.items()
-        }
+
+    @property
+    def tools(self) -> Mapping[str, Tool]:
+        return self.toolset.tools
 
     async def validate(self, req: CallRequest) -> ValidCall:
         """The call, checked and analysed; raises a REJECTED ToolError naming the field.
@@ -55,7 +50,8 @@ class Validator:
         check_id(req.call_id, "call_id")
         check_id(req.run_id, "run_id")
         check_id(req.idempotency_key, "idempotency_key")
-        tool = self.tools.get(req.tool)
+        toolset = self.toolset  # once: the whole call sees one set
+        tool = toolset.get(req.tool)
         if tool is None:
             raise ToolError(
                 ErrorClass.UNKNOWN_TOOL,
@@ -65,7 +61,7 @@ class Validator:
             )
         args = parse_arguments(req.arguments_json, self.limits.max_arguments_bytes)
         try:
-            self._check_schema(req.tool, args)
+            self._check_schema(toolset.validators[req.tool], args)
         except RecursionError as exc:  # the error message reprs the offending value
             raise invalid("arguments_json is nested too deeply", "arguments_json") from exc
         if isinstance(tool, CheckedTool):
@@ -75,30 +71,38 @@ class Validator:
             effects = await asyncio.to_thread(analyse, tool, args, paths, self.workspace)
         else:
             effects = analyse(tool, args, paths, self.workspace)
+        if effects.paths:
+            paths = {**paths, **effects.paths}
         return ValidCall(
             request=req,
             tool=tool,
             args=args,
             # Only idempotency compares hashes; skip the work on the common path.
             request_hash=_hash_or_reject(req.tool, args) if req.idempotency_key else "",
-            timeout=self._timeout(req.timeout),
+            timeout=self._timeout(req.timeout, tool),
             paths=paths,
             effects=effects,
             lock_plan=plan(effects.claims),
         )
 
-    def _check_schema(self, tool: str, args: dict[str, Any]) -> None:
-        schema = self._schemas[tool]
+    @staticmethod
+    def _check_schema(schema: Any, args: dict[str, Any]) -> None:
         if schema.is_valid(args):  # the common case, without building error objects
             return
         error = best_match(schema.iter_errors(args))
         if error is not None:
             raise invalid(_describe(error), _field(error))
 
-    def _timeout(self, asked: float | None) -> float:
+    def _timeout(self, asked: float | None, tool: Tool) -> float:
+        """The call's ask, capped by the daemon's max; a declared tool's `timeout_s` is
+        its default and its ceiling (still under the daemon's max)."""
+        declared = tool.placement.timeout if isinstance(tool, PlacedTool) else None
+        cap = (
+            self.limits.max_timeout if declared is None else min(declared, self.limits.max_timeout)
+        )
         if asked is None or asked <= 0:
-            return self.limits.default_timeout
-        return min(asked, self.limits.max_timeout)
+            return cap if declared is not None else self.limits.default_timeout
+        return min(asked, cap)
 
     def _resolve_paths(self, tool: Tool, args: dict[str, Any]) -> dict[str, Any]:
         """Resolve path arguments now, so an escape is REJECTED before anything starts."""

@@ -5,7 +5,8 @@ Polled (mtime, size, inode, then the content hash), so an editor's
 write-then-rename and an in-place write are both seen. Every accepted and every
 refused version is journaled (`policy_events`: source, revision, accepted, and
 the file:line:column reason when refused). Used for the policy file and the
-identities file.
+identities file, and for the tools file or tools.d/ directory (`read` gives the
+text of a directory's files as one; a directory's fingerprint covers every file).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class FileWatcher(Generic[T]):
         loaded: str,
         refusal: Callable[[T], str] = lambda new: "",
         interval: float = 1.0,
+        read: Callable[[Path], str | None] | None = None,
     ) -> None:
         self.path = path
         self.what = what
@@ -49,11 +51,12 @@ class FileWatcher(Generic[T]):
         self._apply = apply
         self._refusal = refusal
         self._reloads = reloads
+        self._read = read or _read
         self.interval = interval
         # Nothing seen yet: the first check compares the file with what is in force
         # (`loaded`: the sha256 of the text the daemon started with), so an edit made
         # while the daemon was starting is not missed.
-        self._seen = (0, 0, 0)
+        self._seen: tuple[int, ...] = (0, 0, 0)
         self.revision = loaded
         self._refused = ""  # revision of the last refused file: journaled once
 
@@ -71,7 +74,7 @@ class FileWatcher(Generic[T]):
         if seen == self._seen:
             return False
         self._seen = seen
-        text = _read(self.path)
+        text = self._read(self.path)
         if text is None:
             await self._refuse("", f"cannot read {self.path}")
             return False
@@ -113,9 +116,15 @@ def _revision(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _fingerprint(path: Path) -> tuple[int, int, int]:
+def _fingerprint(path: Path) -> tuple[int, ...]:
+    """(mtime, size, inode) of the file; of the directory and each `*.yaml` in it."""
     try:
         st = os.stat(path)
+        found = [st.st_mtime_ns, st.st_size, st.st_ino]
+        if path.is_dir():
+            for entry in sorted(path.glob("*.yaml")):
+                st = os.stat(entry)
+                found += [st.st_mtime_ns, st.st_size, st.st_ino]
     except OSError:
         return (0, 0, 0)
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
+    return tuple(found)

@@ -15,11 +15,12 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from execgate.executor.core.errors import ConfigError
 from execgate.executor.policy import SandboxRule
 
-from .base import Confinement, Probe, Sandbox, fit_confinement
+from .base import Confinement, Probe, Sandbox, SandboxError, fit_confinement
 from .bwrap import BwrapSandbox
 from .cgroup import CgroupRoot, remove_root
 from .privileges import Privileges, check_workspace, resolve
@@ -48,6 +49,9 @@ class SandboxConfig:
     workspace: Path = Path("workspace")
 
 
+# What a tool's declaration says about where it runs: (backend, Confinement limits).
+Placement = tuple[str, tuple[tuple[str, int], ...]]
+
 # Policy.sandbox_for: (tool, agent, memberships) -> the first sandbox rule covering it.
 RuleFor = Callable[[str, str, frozenset[str]], SandboxRule | None]
 
@@ -73,24 +77,50 @@ class Sandboxes:
         self._rule_for = rule_for
         self._base = base
         self._cgroups = cgroups
-        self._cache: dict[tuple[str, str, frozenset[str]], tuple[Sandbox, Confinement]] = {}
+        self._cache: dict[
+            tuple[str, str, frozenset[str], Placement | None], tuple[Sandbox, Confinement]
+        ] = {}
 
     def for_call(
-        self, tool: str, agent: str = "local", memberships: frozenset[str] = frozenset()
+        self,
+        tool: str,
+        agent: str = "local",
+        memberships: frozenset[str] = frozenset(),
+        placed: Placement | None = None,
     ) -> tuple[Sandbox, Confinement]:
-        """The backend and confinement of the first sandbox rule covering the call."""
-        key = (tool, agent, memberships)
+        """The backend and confinement of the call: the first sandbox rule covering it,
+        over what the tool's declaration says (`placed`: its backend and limits).
+
+        A rule's backend other than "default" wins over the declaration's; the
+        declaration's limits apply, a rule's limit on the same field may only lower
+        them; the network is the rule's alone (never opened by a declaration).
+        """
+        key = (tool, agent, memberships, placed)
         found = self._cache.get(key)
         if found is None:
-            rule = self._rule_for(tool, agent, memberships)
-            if rule is None:
-                found = (self.backends[self.default], self._base)
-            else:
-                name = self.default if rule.backend == "default" else rule.backend
-                conf = replace(self._base, network=rule.network, **dict(rule.limits))
-                found = (self.backends[name], conf)
+            found = self._choose(self._rule_for(tool, agent, memberships), placed)
             self._cache[key] = found
         return found
+
+    def _choose(
+        self, rule: SandboxRule | None, placed: Placement | None
+    ) -> tuple[Sandbox, Confinement]:
+        backend, declared = placed if placed is not None else ("default", ())
+        limits: dict[str, Any] = dict(declared)  # Confinement field -> its int value
+        network = False
+        if rule is not None:
+            if rule.backend != "default":
+                backend = rule.backend
+            for f, v in rule.limits:  # the rule may lower a declared limit, never raise it
+                limits[f] = min(v, int(limits[f])) if f in limits else v
+            network = rule.network
+        conf = replace(self._base, **limits)
+        if rule is not None:
+            conf = replace(conf, network=network)
+        name = self.default if backend == "default" else backend
+        if name not in self.backends:
+            raise SandboxError(f"backend {name} is not running in this daemon (restart it)")
+        return self.backends[name], conf
 
     async def cleanup_stale(self) -> int:
         return sum([await b.cleanup_stale() for b in self.backends.values()])

@@ -80,6 +80,9 @@ class ServeConfig:
     listen: tuple[Listener, ...] = ()
     # Policy file; None means the shipped policies/default.yaml.
     policy: Path | None = None
+    # Tools file or tools.d/ directory (declared command tools, MCP servers); None:
+    # the built-in tools only. Reloaded like the policy.
+    tools: Path | None = None
     limits: Limits = field(default_factory=Limits)
     # Serve gRPC server reflection (off by default: it tells strangers the API).
     reflection: bool = False

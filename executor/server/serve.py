@@ -33,7 +33,9 @@ from execgate.executor.sandbox import registry as sandbox_registry
 from execgate.executor.sandbox.privileges import make_non_dumpable
 from execgate.executor.sandbox.registry import daemon_id
 from execgate.executor.telemetry import metrics, tracing
-from execgate.executor.tools import builtin_tools
+from execgate.executor.tools import Tool, builtin_tools
+from execgate.executor.tools.reload import backends_wanted, load_toolset, tools_watcher
+from execgate.executor.tools.toolset import ToolSet
 from execgate.v1 import executor_pb2_grpc as pb_grpc
 from execgate.v1 import runs_pb2
 from execgate.v1 import runs_pb2_grpc as rpb_grpc
@@ -95,11 +97,13 @@ def _clear_stale_socket(path: Path) -> None:
 
 def build(config: ServeConfig) -> tuple[Dispatcher, Journal]:
     policy = load_policy(config.policy or default_policy_path())
+    toolset, declared = load_toolset(config.tools, _builtins(config).values())
     journal = Journal(config.state_dir / JOURNAL_NAME)
     recovered = journal.recover()
     if recovered:
         log.warning("recovered %d call(s) left running by a previous daemon", recovered)
     wanted = {r.backend for r in policy.sandbox if r.backend != "default"}
+    wanted |= backends_wanted(declared)
     sandbox = replace(config.sandbox, workspace=config.workspace)
     sandboxes = sandbox_registry.build(
         sandbox, daemon_id(config.state_dir), wanted, policy.sandbox_for
@@ -109,7 +113,7 @@ def build(config: ServeConfig) -> tuple[Dispatcher, Journal]:
         if note is not None:
             log.warning("sandbox docker: %s", note)
     dispatcher = Dispatcher(
-        tools=builtin_tools(test_tools=config.test_tools),
+        tools=toolset,
         journal=journal,
         policy=policy,
         workspace=Workspace(config.workspace),
@@ -118,6 +122,10 @@ def build(config: ServeConfig) -> tuple[Dispatcher, Journal]:
         sandboxes=sandboxes,
     )
     return dispatcher, journal
+
+
+def _builtins(config: ServeConfig) -> dict[str, Tool]:
+    return builtin_tools(test_tools=config.test_tools)
 
 
 def _lock_backend(config: ServeConfig) -> LockBackend:
@@ -167,9 +175,7 @@ async def serve(
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-    watchers: list[FileWatcher[Any]] = [_policy_watcher(config, dispatcher, journal)]
-    if identities is not None and config.identities is not None:
-        watchers.append(_identities_watcher(config.identities, interceptor, dispatcher, journal))
+    watchers = _watchers(config, dispatcher, journal, interceptor)
     watching = [asyncio.create_task(w.run()) for w in watchers]
     if on_ready is not None:
         on_ready(addresses)
@@ -188,6 +194,18 @@ async def serve(
     os.close(lock_fd)
 
 
+def _watchers(
+    config: ServeConfig, dispatcher: Dispatcher, journal: Journal, interceptor: AuthInterceptor
+) -> list[FileWatcher[Any]]:
+    """The files reloaded while the daemon runs: policy, identities, tools."""
+    watchers: list[FileWatcher[Any]] = [_policy_watcher(config, dispatcher, journal)]
+    if interceptor.identities is not None and config.identities is not None:
+        watchers.append(_identities_watcher(config.identities, interceptor, dispatcher, journal))
+    if config.tools is not None:
+        watchers.append(_tools_watcher(config, dispatcher, journal))
+    return watchers
+
+
 def _policy_watcher(
     config: ServeConfig, dispatcher: Dispatcher, journal: Journal
 ) -> FileWatcher[Policy]:
@@ -198,6 +216,26 @@ def _policy_watcher(
 
     path = Path(config.policy or default_policy_path())
     return policy_watcher(path, dispatcher.policy, apply, journal.reloads, config.policy_reload)
+
+
+def _tools_watcher(
+    config: ServeConfig, dispatcher: Dispatcher, journal: Journal
+) -> FileWatcher[ToolSet]:
+    """Hot reload of the tools file or directory (see tools/reload.py)."""
+    assert config.tools is not None
+
+    def apply(toolset: ToolSet) -> None:
+        dispatcher.toolset = toolset  # one assignment: a call keeps the tool it validated
+
+    return tools_watcher(
+        config.tools,
+        dispatcher.toolset,
+        builtins=_builtins(config).values(),
+        backends=dispatcher.sandboxes.backends,
+        apply=apply,
+        reloads=journal.reloads,
+        interval=config.policy_reload,
+    )
 
 
 def _identities_watcher(

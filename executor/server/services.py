@@ -76,7 +76,8 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         request: pb.ListToolsRequest,
         context: grpc.aio.ServicerContext[pb.ListToolsRequest, pb.ListToolsResponse],
     ) -> pb.ListToolsResponse:
-        return wire.tools(t.spec for t in self.dispatcher.tools.values())
+        toolset = self.dispatcher.toolset
+        return wire.tools((t.spec, toolset.providers[n]) for n, t in toolset.tools.items())
 
     async def Execute(
         self,

@@ -60,9 +60,10 @@ def seconds(ts: Timestamp) -> float:
     return ts.ToNanoseconds() / 1e9
 
 
-def tool_spec(spec: ToolSpec) -> pb.ToolSpec:
+def tool_spec(spec: ToolSpec, provider: str = "builtin") -> pb.ToolSpec:
     return pb.ToolSpec(
         name=spec.name,
+        provider=provider,
         description=spec.description,
         input_schema_json=json.dumps(spec.input_schema, sort_keys=True),
         effects=pb.ToolEffects(
@@ -423,8 +424,9 @@ def page_query(request: pb.ListCallsRequest, who: str) -> bytes:
 # -- Executor: responses out --------------------------------------------------------------
 
 
-def tools(specs: Iterable[ToolSpec]) -> pb.ListToolsResponse:
-    return pb.ListToolsResponse(tools=[tool_spec(s) for s in specs])
+def tools(specs: Iterable[tuple[ToolSpec, str]]) -> pb.ListToolsResponse:
+    """Each tool's spec with its provider ("builtin", "command", "mcp:SERVER")."""
+    return pb.ListToolsResponse(tools=[tool_spec(s, p) for s, p in specs])
 
 
 def batch_response(batch_id: str, finished: Sequence[Event | None]) -> pb.ExecuteResponse:

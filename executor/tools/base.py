@@ -23,6 +23,8 @@ from execgate.executor.locks.modes import Mode
 from execgate.executor.sandbox import Confinement, Sandbox
 from execgate.executor.sandbox.ladder import CancelScope
 
+from .decl import SandboxDecl
+
 
 class ResourceKind(enum.Enum):
     FILE = "file"  # the file named by an argument
@@ -176,3 +178,12 @@ class CheckedTool(Protocol):
     def check(self, args: dict[str, Any]) -> None:
         """Raise a REJECTED ToolError (`errors.invalid`) naming the field."""
         ...
+
+
+@runtime_checkable
+class PlacedTool(Protocol):
+    """A tool whose declaration says where it runs (a declared command, an MCP
+    server's tool): its backend and limits apply where no policy rule says otherwise,
+    and its timeout is the call's default and ceiling."""
+
+    placement: SandboxDecl

@@ -10,7 +10,7 @@ parses the statement -- implements `call_effects` and answers per call.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -29,6 +29,9 @@ class CallEffects:
     # Tool-specific analysis handed to the tool when it runs (ToolContext.analysis),
     # so it runs with exactly what it was scheduled with.
     detail: Any = None
+    # Paths the analysis resolved (a declared tool's effects), by where they were
+    # declared: the policy's `paths:` rules see them beside the path arguments.
+    paths: Mapping[str, Path] = field(default_factory=dict)
 
 
 @runtime_checkable

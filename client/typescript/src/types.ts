@@ -163,6 +163,8 @@ export interface ToolSpec {
   readonly readOnly: boolean;
   readonly destructive: boolean;
   readonly idempotent: boolean;
+  // "builtin", "command" (declared in the tools file) or "mcp:SERVER".
+  readonly provider: string;
 }
 
 export type EventKind = "queued" | "waiting" | "awaiting_approval" | "started" | "finished";

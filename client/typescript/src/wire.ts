@@ -190,6 +190,7 @@ export function toolSpec(msg: pb.ToolSpec): ToolSpec {
     readOnly: msg.effects?.readOnly ?? false,
     destructive: msg.effects?.destructive ?? false,
     idempotent: msg.effects?.idempotent ?? false,
+    provider: msg.provider || "builtin",
   };
 }
 

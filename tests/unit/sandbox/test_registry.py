@@ -49,3 +49,27 @@ def test_first_matching_sandbox_rule_decides(tmp_path: Path) -> None:
     assert box.name == "bwrap"
     assert conf == base
     assert conf.network is False
+
+
+def test_a_declaration_places_a_tool_where_no_rule_says_otherwise(tmp_path: Path) -> None:
+    policy = load_policy(
+        policy_file(
+            tmp_path,
+            "  - {tools: [ruled], backend: docker, network: true, limits: {processes: 8}}\n"
+            "  - {tools: [lowered], limits: {processes: 4, open_files: 4096}}\n",
+        )
+    )
+    backends: dict[str, Any] = {n: Named(n) for n in ("bwrap", "process", "docker")}
+    base = Confinement()
+    boxes = Sandboxes(backends, "bwrap", policy.sandbox_for, base)
+    placed = ("process", (("processes", 16), ("memory_bytes", 64 << 20)))
+    box, conf = boxes.for_call("free", placed=placed)
+    assert box.name == "process"
+    assert (conf.processes, conf.memory_bytes, conf.network) == (16, 64 << 20, False)
+    box, conf = boxes.for_call("ruled", placed=placed)  # the rule's backend and network win
+    assert box.name == "docker"
+    assert (conf.processes, conf.network) == (8, True)
+    box, conf = boxes.for_call("lowered", placed=placed)  # a rule lowers, never raises
+    assert box.name == "process"
+    assert (conf.processes, conf.open_files) == (4, 4096)
+    assert boxes.for_call("lowered", placed=("process", (("processes", 2),)))[1].processes == 2

@@ -1,0 +1,122 @@
+"""The tools the daemon serves, as one immutable value swapped whole on reload.
+
+A `ToolSet` holds every tool by name, its compiled argument validator and its
+provider ("builtin", "command", "mcp:SERVER"). The dispatcher keeps one and
+replaces it in one assignment when the tools file changes; a call takes the set
+once, at validation, and keeps the Tool object it found there, so a call in flight
+runs the definition it started with whatever is reloaded meanwhile.
+
+Providers contribute tools through `ToolProvider`: `name` is the provider label,
+`tools()` the tools it serves now (already listed: an MCP provider asks its servers
+before the set is built, never while it is).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Protocol
+
+import jsonschema
+
+from execgate.executor.core.errors import ConfigError
+
+from .base import Tool
+from .decl import ToolFile
+from .declared import CommandTool
+
+__all__ = ["SchemaValidator", "ToolProvider", "ToolSet", "provider_of"]
+
+# JSON Schema counts 2.0 as an integer; the tools index and slice with these values,
+# so an "integer" argument must be a Python int (never a bool).
+# (types-jsonschema leaves `extend` unannotated.)
+SchemaValidator = jsonschema.validators.extend(  # type: ignore[no-untyped-call]
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _checker, v: isinstance(v, int) and not isinstance(v, bool)
+    ),
+)
+
+BUILTIN = "builtin"
+
+
+class ToolProvider(Protocol):
+    """Something that serves tools beside the built-ins (the MCP servers)."""
+
+    @property
+    def name(self) -> str:
+        """The provider label ListTools shows ("mcp:git")."""
+        ...
+
+    def tools(self) -> Sequence[Tool]:
+        """The tools served now; each name unique across the whole set."""
+        ...
+
+
+def provider_of(tool: Tool) -> str:
+    """A tool's provider label: its `provider` attribute, "builtin" without one."""
+    label = getattr(tool, "provider", BUILTIN)
+    return label if isinstance(label, str) else BUILTIN
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSet:
+    # Invariant: `tools`, `validators` and `providers` have the same keys.
+    tools: Mapping[str, Tool]
+    validators: Mapping[str, Any]  # name -> SchemaValidator of its input schema
+    providers: Mapping[str, str]
+    # The tools file's revision ("" when the set is the built-ins alone).
+    revision: str = ""
+
+    @classmethod
+    def build(
+        cls,
+        builtins: Iterable[Tool],
+        commands: Iterable[Tool] = (),
+        providers: Iterable[ToolProvider] = (),
+        *,
+        revision: str = "",
+    ) -> ToolSet:
+        """Every tool under its name; a name served twice is a ConfigError naming it."""
+        found: dict[str, Tool] = {}
+        labels: dict[str, str] = {}
+        groups: list[tuple[str | None, Iterable[Tool]]] = [(None, builtins), (None, commands)]
+        groups += [(p.name, p.tools()) for p in providers]
+        for label, tools in groups:
+            for tool in tools:
+                name = tool.spec.name
+                by = label or provider_of(tool)
+                if name in found:
+                    raise ConfigError(f"tool {name!r} is served by {labels[name]} and {by}")
+                found[name] = tool
+                labels[name] = by
+        validators = {n: SchemaValidator(t.spec.input_schema) for n, t in found.items()}
+        return cls(
+            MappingProxyType(found),
+            MappingProxyType(validators),
+            MappingProxyType(labels),
+            revision,
+        )
+
+    @classmethod
+    def of(cls, tools: Mapping[str, Tool] | ToolSet) -> ToolSet:
+        """`tools` as a set (a plain mapping: tests, the built-ins alone)."""
+        return tools if isinstance(tools, ToolSet) else cls.build(tools.values())
+
+    @classmethod
+    def declared(
+        cls,
+        builtins: Iterable[Tool],
+        file: ToolFile,
+        providers: Iterable[ToolProvider] = (),
+    ) -> ToolSet:
+        """The built-ins, the file's command tools, and what the providers serve."""
+        commands = [CommandTool(decl) for decl in file.commands]
+        return cls.build(builtins, commands, providers, revision=file.revision)
+
+    def get(self, name: str) -> Tool | None:
+        return self.tools.get(name)
+
+    def values(self) -> Iterable[Tool]:
+        return self.tools.values()

@@ -1,0 +1,108 @@
+"""Argument injection into a declared command tool, through the real daemon and bwrap:
+whatever an argument holds (shell syntax, options, newlines, globs), each template is
+exactly one argv element; nothing reaches a shell; NUL is REJECTED naming the field."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from execgate.client import Call, Client, Status
+from tests.daemon import Daemon
+
+CORPUS = [
+    "; rm -rf /",
+    "&& touch pwned",
+    "| touch pwned",
+    "$(touch pwned)",
+    "`touch pwned`",
+    "${IFS}touch${IFS}pwned",
+    "-rf",
+    "--output=/etc/passwd",
+    "-",
+    "a\nb\n--c",
+    "\r\n",
+    "two words  and\ttabs",
+    "*",
+    "/*",
+    "~",
+    "'single' \"double\"",
+    "{arg}",
+    "{{arg}}",
+    "",
+    "é ✓ \u202e",
+]
+TOOLS = {
+    "version": 1,
+    "tools": [
+        {
+            "name": "argv",
+            "description": "prints its argv as JSON",
+            "input_schema": {
+                "type": "object",
+                "properties": {
+                    "arg": {"type": "string"},
+                    "more": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+            "argv": [
+                "python3",
+                "-c",
+                "import json,sys; print(json.dumps(sys.argv[1:]))",
+                "{arg}",
+                "--flag={arg}",
+                "{more...}",
+            ],
+            "effects": {},
+        }
+    ],
+}
+POLICY = {
+    "version": 1,
+    "default": "deny",
+    "rules": [{"id": "all", "effect": "allow", "tools": ["argv"]}],
+}
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Client]]:
+    root = tmp_path_factory.mktemp("inject")
+    (root / "tools.yaml").write_text(yaml.safe_dump(TOOLS))
+    (root / "policy.yaml").write_text(yaml.safe_dump(POLICY))
+    (root / "d").mkdir()
+    d = Daemon(
+        root / "d", "--tools", str(root / "tools.yaml"), "--policy", str(root / "policy.yaml")
+    )
+    d.start()
+    try:
+        with Client(d.address) as c:
+            yield d, c
+    finally:
+        d.stop()
+
+
+def test_every_injection_stays_one_element(client: tuple[Daemon, Client]) -> None:
+    d, c = client
+    calls = [Call(tool="argv", arguments={"arg": v, "more": [v, v]}) for v in CORPUS]
+    for value, o in zip(CORPUS, c.execute(calls), strict=True):
+        assert o.status is Status.SUCCESS, (value, o.message)
+        assert json.loads(o.text) == [value, f"--flag={value}", value, value], value
+    assert not list(d.workspace.rglob("pwned"))
+    assert not (Path.cwd() / "pwned").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [({"arg": "a\x00b"}, "arguments.arg"), ({"more": ["ok", "x\x00"]}, "arguments.more[1]")],
+)
+def test_nul_is_rejected_before_the_call_starts(
+    client: tuple[Daemon, Client], args: dict[str, object], field: str
+) -> None:
+    _, c = client
+    o = c.run(Call(tool="argv", arguments=args))
+    assert (o.status, o.error_class, o.field) == (Status.REJECTED, "invalid_argument", field)
+    assert o.mark("started") is None
