@@ -18,7 +18,9 @@ import yaml
 
 from execgate.client import Call, Client, EventKind, Outcome, Status
 from execgate.executor.policy import default_policy_path
+from tests.auth_support import write_identities
 from tests.daemon import Daemon, scaled
+from tests.loop_support import PEOPLE, TOKENS
 from tests.support import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -333,3 +335,37 @@ def test_an_invalid_tools_file_refuses_to_start_with_the_located_error(tmp_path:
     with pytest.raises(Exception, match="a built-in tool has this name"):
         d.start()
     assert f"{tools}:3: tool 'read_file'" in d.log()
+
+
+def test_an_approved_call_of_a_declared_tool_runs_and_writes(tmp_path: Path) -> None:
+    """`ask` on a declared tool that may write (its effects undeclared): the approver's
+    word lets it run, exactly as for run_command."""
+    stamp = command("stamp", [PY, "-c", "open('stamped.txt', 'w').write('yes')"])
+    (tmp_path / "tools.yaml").write_text(tools_text([stamp]))
+    policy = yaml.safe_load(default_policy_path().read_text())
+    policy["rules"].insert(
+        0,
+        {"id": "ask-stamp", "effect": "ask", "tools": ["stamp"], "approvers": ["approver"]},
+    )
+    (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy, sort_keys=False))
+    identities = write_identities(tmp_path / "identities.yaml", PEOPLE)
+    (tmp_path / "d").mkdir()
+    d = Daemon(
+        tmp_path / "d",
+        *("--policy", str(tmp_path / "policy.yaml"), "--identities", str(identities)),
+        *("--tools", str(tmp_path / "tools.yaml")),
+    ).start()
+    try:
+        bot = Client(d.address, token=TOKENS["bot"])
+        alice = Client(d.address, token=TOKENS["alice"])
+        stream = bot.stream([Call(tool="stamp", call_id="stamp-1")], timeout=scaled(60))
+        parked = next(e for e in stream if e.kind is EventKind.AWAITING_APPROVAL)
+        assert alice.approve(parked.approval_id, "fine").state.value == "approved"
+        final = [e for e in stream if e.kind is EventKind.FINISHED][-1].outcome
+        assert final is not None
+        assert final.status is Status.SUCCESS, (final.error_class, final.message)
+        assert (d.workspace / "stamped.txt").read_text() == "yes"
+        bot.close()
+        alice.close()
+    finally:
+        d.stop()
