@@ -74,6 +74,7 @@ EXPECTED: dict[str, list[str]] = {
         "Running",
         "Sandbox",
         "SandboxError",
+        "Serving",
     ],
     "execgate.executor.server": [],
     "execgate.executor.telemetry": [],
