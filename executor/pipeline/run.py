@@ -88,6 +88,7 @@ async def run_tool(
         may_write=call.may_write,
         marker=secrets.token_hex(8),
         run_id=req.run_id,
+        agent=decided_on.agent,
         deadline=time.monotonic() + allowed_s,
         readable=readable,
         hard_links=hard_links,

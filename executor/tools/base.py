@@ -105,6 +105,8 @@ class ToolContext:
     marker: str = ""
     # The run the call belongs to (a sandbox may keep warm state per run).
     run_id: str = ""
+    # The calling agent (an MCP server pooled per agent runs one process for each).
+    agent: str = ""
     # May this call read this (canonical, workspace) path? The policy's answer for the
     # one file, for tools that walk a tree (search, list_dir): a tree allowed as a
     # whole may still hold files a rule denies (`.env`), which they skip.

@@ -43,6 +43,7 @@ export type ErrorClass =
   | "nonzero_exit"
   | "duplicate_call_id"
   | "io_error"
+  | "tool_error"
   | "unspecified"
   | "unrecognized";
 
