@@ -130,9 +130,7 @@ class Pipes:
         held = [not task.done() for task in self._tasks]
         if len(held) == 1:  # serving: stdout was the caller's
             held.insert(0, False)
-        out, err = (
-            sink.captured(held_open=h) for sink, h in zip(self._sinks, held, strict=True)
-        )
+        out, err = (sink.captured(held_open=h) for sink, h in zip(self._sinks, held, strict=True))
         self.cancel()
         return out, err
 

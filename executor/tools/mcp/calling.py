@@ -56,7 +56,9 @@ class Call:
     meta: dict[str, Any] | None = None
 
 
-async def call(conn: Connection, what: Call, args: dict[str, Any], ctx: ToolContext, force: ForceRestart) -> ToolOutput:
+async def call(
+    conn: Connection, what: Call, args: dict[str, Any], ctx: ToolContext, force: ForceRestart
+) -> ToolOutput:
     session = conn.session
     if session is None:
         return _crashed(conn, what, ())
@@ -102,7 +104,9 @@ async def _answered(conn: Connection, what: Call, request: asyncio.Future[Any]) 
     return _failed(what, ErrorClass.INTERNAL, f"{what.server}: {type(exc).__name__}: {exc}")
 
 
-def _first_mark(ctx: ToolContext, cancelled: bool, started: float, limit: float) -> tuple[Mark, ErrorClass]:
+def _first_mark(
+    ctx: ToolContext, cancelled: bool, started: float, limit: float
+) -> tuple[Mark, ErrorClass]:
     scope = ctx.cancel
     if cancelled:
         by = f" (requested by {scope.requester})" if scope.requester else ""
@@ -151,7 +155,9 @@ async def _acknowledged(conn: Connection, ctx: ToolContext, grace: float) -> boo
         forced.cancel()
 
 
-def _interrupted(what: Call, reason: ErrorClass, how: StopMode, marks: list[Mark], left: int) -> ToolOutput:
+def _interrupted(
+    what: Call, reason: ErrorClass, how: StopMode, marks: list[Mark], left: int
+) -> ToolOutput:
     return ToolOutput(
         evidence=Evidence(sandbox=what.where, survivors=left),
         error_class=reason,

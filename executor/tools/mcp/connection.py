@@ -53,18 +53,18 @@ class Connection:
         self._stop = asyncio.Event()
         self._task = asyncio.ensure_future(self._run())
 
-    async def wait_ready(self, timeout: float) -> None:
+    async def wait_ready(self, within: float) -> None:
         """Until initialized and listed; StartFailed (the process killed) otherwise."""
         up = asyncio.ensure_future(self.ready.wait())
         down = asyncio.ensure_future(self.closed.wait())
         try:
-            await asyncio.wait({up, down}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({up, down}, timeout=within, return_when=asyncio.FIRST_COMPLETED)
         finally:
             up.cancel()
             down.cancel()
         if self.ready.is_set() and not self.closed.is_set():
             return
-        why = self.error or f"not ready within {timeout:g}s"
+        why = self.error or f"not ready within {within:g}s"
         await self.kill()
         if self.stderr:
             why += f"; stderr: {self.stderr[-STDERR_IN_ERRORS:]}"
@@ -74,17 +74,19 @@ class Connection:
         stdin, stdout = self.running.stdio()
         exited = asyncio.ensure_future(self.running.wait())
         try:
-            async with open_streams(stdin, stdout) as (read, write):
-                async with ClientSession(read, write, client_info=CLIENT_INFO) as session:
-                    await session.initialize()
-                    self.tools = await _list_all(session)
-                    self.session = session
-                    self.ready.set()
-                    stop = asyncio.ensure_future(self._stop.wait())
-                    await asyncio.wait({stop, exited}, return_when=asyncio.FIRST_COMPLETED)
-                    stop.cancel()
-                    if exited.done():
-                        self.error = f"server exited ({_exit_text(exited.result())})"
+            async with (
+                open_streams(stdin, stdout) as (read, write),
+                ClientSession(read, write, client_info=CLIENT_INFO) as session,
+            ):
+                await session.initialize()
+                self.tools = await _list_all(session)
+                self.session = session
+                self.ready.set()
+                stop = asyncio.ensure_future(self._stop.wait())
+                await asyncio.wait({stop, exited}, return_when=asyncio.FIRST_COMPLETED)
+                stop.cancel()
+                if exited.done():
+                    self.error = f"server exited ({_exit_text(exited.result())})"
         except Exception as exc:  # the SDK's errors, grouped by its task groups
             self.error = self.error or _describe(exc)
             if exited.done():
@@ -94,13 +96,13 @@ class Connection:
             self.closed.set()
             exited.cancel()
 
-    async def ping(self, timeout: float) -> bool:
+    async def ping(self, within: float) -> bool:
         """Whether the server answers a ping within `timeout` (it is reading its stdin)."""
         session = self.session
-        if session is None or timeout <= 0:
+        if session is None or within <= 0:
             return False
         try:
-            await asyncio.wait_for(session.send_ping(), timeout)
+            await asyncio.wait_for(session.send_ping(), within)
         except Exception:
             return False
         return True

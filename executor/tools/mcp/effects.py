@@ -53,7 +53,11 @@ class Hints:
 
 def hints(server: ServerDecl, tool: mcp_types.Tool, override: ToolOverride | None) -> Hints:
     notes = tool.annotations if server.trusted else None
-    source = "annotations" if notes is not None else ("untrusted" if not server.trusted else "unannotated")
+    source = (
+        "annotations"
+        if notes is not None
+        else ("untrusted" if not server.trusted else "unannotated")
+    )
     read_only = bool(notes and notes.read_only_hint)
     # MCP's defaults: a tool that is not read-only is destructive unless it says not.
     destructive = not read_only and (notes is None or notes.destructive_hint is not False)

@@ -38,7 +38,9 @@ BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL":
 
 
 class McpProvider:
-    def __init__(self, sandboxes: Sandboxes, workspace: Workspace, *, output_cap: int = 1 << 20) -> None:
+    def __init__(
+        self, sandboxes: Sandboxes, workspace: Workspace, *, output_cap: int = 1 << 20
+    ) -> None:
         self._sandboxes = sandboxes
         self._workspace = workspace
         self._output_cap = output_cap
@@ -64,23 +66,31 @@ class McpProvider:
         conn = await server.connection("", decl.startup_timeout)
         overrides = dict(decl.tools)
         found: list[McpTool] = []
-        for tool in conn.tools:
-            override = overrides.get(tool.name)
+        for listed in conn.tools:
+            override = overrides.get(listed.name)
             if override is not None and override.hidden:
                 continue
-            found.append(McpTool(server, tool, hints(decl, tool, override), override, workspace_writable=False))
+            found.append(
+                McpTool(
+                    server,
+                    listed,
+                    hints(decl, listed, override),
+                    override,
+                    workspace_writable=False,
+                )
+            )
         writer = any(not t.hints.read_only for t in found)
         keep = decl.prestart and decl.pool is Pool.DAEMON
         if writer or not keep:
             await server.close()
         if writer:
             self._writable[decl.name] = True
-            for tool in found:
-                tool.workspace_writable = True
+            for mine in found:
+                mine.workspace_writable = True
             if keep:
                 await server.connection("", decl.startup_timeout)
-        for tool in found:
-            self._tools[tool.spec.name] = tool
+        for mine in found:
+            self._tools[mine.spec.name] = mine
 
     def _launcher(self, decl: ServerDecl) -> Any:
         async def launch(key: str) -> tuple[Sandbox, Launch]:
@@ -113,7 +123,7 @@ class McpProvider:
         # The file's limits, each lowered by the policy's where that is lower.
         lowered = {k: min(v, getattr(conf, k)) for k, v in decl.sandbox.limits}
         if lowered:
-            conf = replace(conf, **lowered)  # type: ignore[arg-type]
+            conf = replace(conf, **lowered)
         return sandbox, conf
 
     def tools(self) -> dict[str, Tool]:

@@ -78,7 +78,7 @@ class Server:
             case Pool.AGENT:
                 return f"agent:{agent}"
 
-    async def connection(self, key: str, timeout: float) -> Connection:
+    async def connection(self, key: str, within: float) -> Connection:
         """A ready connection for `key`, started now if there is none (ServerDown if it
         cannot be: backoff, start failure)."""
         async with self._lock:
@@ -88,9 +88,9 @@ class Server:
                 return conn
             if conn is not None:
                 await self._forget(key, conn, conn.error or "the server exited")
-            return await self._start(key, timeout)
+            return await self._start(key, within)
 
-    async def _start(self, key: str, timeout: float) -> Connection:
+    async def _start(self, key: str, within: float) -> Connection:
         left = self._next_try - time.monotonic()
         if left > 0:
             raise ServerDown(self.decl.name, self.last_error or "restarting", left)
@@ -105,7 +105,7 @@ class Server:
             raise self._failed(f"{sandbox.name} cannot run a server")
         conn = Connection(running, self.decl.name)
         try:
-            await conn.wait_ready(min(timeout, self.decl.startup_timeout))
+            await conn.wait_ready(min(within, self.decl.startup_timeout))
         except StartFailed as exc:
             raise self._failed(exc.why) from exc
         self._failures = 0
@@ -166,7 +166,9 @@ class Server:
 
     def status(self) -> ServerStatus:
         running = sum(1 for c in self._live.values() if not c.closed.is_set())
-        return ServerStatus(self.decl.name, running, self.restarts, self.last_error, self.tool_count)
+        return ServerStatus(
+            self.decl.name, running, self.restarts, self.last_error, self.tool_count
+        )
 
 
 def marker() -> str:

@@ -24,7 +24,9 @@ log = logging.getLogger("execgate.mcp")
 # Bytes of one JSON-RPC message from a server; more ends the session.
 MAX_LINE_BYTES = 32 << 20
 
-Streams = tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
+Streams = tuple[
+    MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]
+]
 
 
 class LineTooLong(Exception):
@@ -96,7 +98,9 @@ def _parse(line: bytes) -> SessionMessage | Exception:
     return SessionMessage(message)
 
 
-async def _writer(stdin: asyncio.StreamWriter, source: MemoryObjectReceiveStream[SessionMessage]) -> None:
+async def _writer(
+    stdin: asyncio.StreamWriter, source: MemoryObjectReceiveStream[SessionMessage]
+) -> None:
     async with source:
         with contextlib.suppress(ConnectionError, OSError, anyio.ClosedResourceError):
             async for item in source:
