@@ -160,7 +160,8 @@ def test_faults_are_typed_outcomes_and_leave_nothing(tmp_path: Path) -> None:
         again = await call(provider, "echo", {"text": "back"})  # restarted for later calls
         assert again.text == "back", again
         [state] = provider.status()
-        assert state.restarts == 1 and "exited" in state.last_error, state
+        assert state.restarts == 1, state
+        assert "exited" in state.last_error, state
 
     run(ws, [_decl("faulty", ms.fixture_server(), tag)], body)
     assert ms.tagged(tag) == []
