@@ -90,6 +90,7 @@ EXPECTED: dict[str, list[str]] = {
         "ToolSpec",
         "builtin_tools",
     ],
+    "execgate.executor.tools.mcp": ["McpProvider", "McpTool", "ServerStatus"],
     "execgate.client": [
         "Approval",
         "ApprovalNotPending",

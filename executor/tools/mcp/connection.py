@@ -19,6 +19,7 @@ import time
 import mcp.types as mcp_types
 from mcp import ClientSession
 
+from execgate.executor.core.errors import ExecgateError
 from execgate.executor.sandbox import Serving
 from execgate.executor.sandbox.ladder import REAP_SECONDS
 
@@ -31,7 +32,7 @@ CLOSE_GRACE_SECONDS = 1.0
 STDERR_IN_ERRORS = 1000
 
 
-class StartFailed(Exception):
+class StartFailed(ExecgateError):
     """The server did not come up: `why` (exited, timed out, protocol error)."""
 
     def __init__(self, why: str) -> None:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from execgate.executor.core.errors import ToolError
+from execgate.executor.core.errors import ExecgateError, ToolError
 from execgate.executor.sandbox import Launch, Sandbox, SandboxError, Serving
 
 from ..decl import Pool, ServerDecl
@@ -45,7 +45,7 @@ class ServerStatus:
     tools: int
 
 
-class ServerDown(Exception):
+class ServerDown(ExecgateError):
     """The server cannot be started now: `why`; `retry_in` seconds of backoff left."""
 
     def __init__(self, name: str, why: str, retry_in: float = 0.0) -> None:

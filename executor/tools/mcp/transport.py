@@ -19,6 +19,8 @@ import mcp.types as mcp_types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.shared.message import SessionMessage
 
+from execgate.executor.core.errors import ExecgateError
+
 log = logging.getLogger("execgate.mcp")
 
 # Bytes of one JSON-RPC message from a server; more ends the session.
@@ -29,7 +31,7 @@ Streams = tuple[
 ]
 
 
-class LineTooLong(Exception):
+class LineTooLong(ExecgateError):
     """The server wrote more than `limit` bytes without a newline."""
 
     def __init__(self, limit: int) -> None:
