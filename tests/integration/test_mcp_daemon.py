@@ -23,6 +23,10 @@ POLICY = """\
 version: 1
 default: deny
 rules:
+  - id: no-secrets
+    effect: deny
+    paths: ["**/secret.txt"]
+    reason: a path the effects templates name reaches the policy
   - id: mcp-tools
     effect: allow
     tools: ["git.*", "faulty.*", "fs.*"]
@@ -73,7 +77,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, s
             ms.npm_server("server-filesystem", str(ws)),
             tag,
             trusted=True,
-            tools={"write_file": {"effects": {"writes": ["{path}"]}}},
+            tools={
+                "write_file": {"effects": {"writes": ["{path}"]}},
+                "read_text_file": {"effects": {"reads": ["{path}"]}},
+            },
         ),
     ]
     daemon = _daemon(root, tag, servers)
@@ -161,6 +168,15 @@ def test_reads_of_a_trusted_server_run_together(eg: Client, served: tuple[Daemon
     assert [p.waits_for for p in plans] == [(), (), ()], plans
     outcomes = eg.execute(calls)
     assert [o.text for o in outcomes[:2]] == ["hello\n", "hello\n"], outcomes
+
+
+def test_policy_sees_the_paths_of_effects_templates(eg: Client, served: tuple[Daemon, str]) -> None:
+    secret = served[0].workspace / "secret.txt"
+    secret.write_text("no")
+    o = eg.execute_one("fs.read_text_file", path=str(secret))
+    assert (o.status, o.error_class) == (Status.REJECTED, "policy_denied"), o
+    escape = eg.execute_one("fs.read_text_file", path="/etc/passwd")
+    assert (escape.status, escape.field) == (Status.REJECTED, "arguments.path"), escape
 
 
 def test_timeout_on_a_hung_writer_is_unknown(eg: Client) -> None:

@@ -32,10 +32,11 @@ from execgate.executor.core.paths import Workspace
 from execgate.executor.locks import Claim, Mode, net_key, workspace_key
 from execgate.executor.locks.keys import server_key
 
-from ..base import ToolSpec
+from ..base import ResourceKind, ResourceTemplate, ToolSpec
 from ..decl import EffectsDecl, ServerDecl, ToolOverride
 from ..effects import CallEffects, file_key
 
+_WHOLE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -81,7 +82,12 @@ def hints(server: ServerDecl, tool: mcp_types.Tool, override: ToolOverride | Non
     )
 
 
-def spec_for(server: ServerDecl, tool: mcp_types.Tool, believed: Hints) -> ToolSpec:
+def spec_for(
+    server: ServerDecl, tool: mcp_types.Tool, believed: Hints, effects: EffectsDecl | None
+) -> ToolSpec:
+    """The spec served. Effects templates that are one whole argument (`{path}`) are
+    also its resources: validation resolves them (an escape is REJECTED) and the policy
+    sees them as the call's paths, as it sees a built-in's."""
     return ToolSpec(
         name=f"{server.name}.{tool.name}",
         description=tool.description or tool.title or "",
@@ -89,7 +95,20 @@ def spec_for(server: ServerDecl, tool: mcp_types.Tool, believed: Hints) -> ToolS
         read_only=believed.read_only,
         destructive=believed.destructive,
         idempotent=believed.idempotent,
+        resources=_resources(effects),
     )
+
+
+def _resources(effects: EffectsDecl | None) -> tuple[ResourceTemplate, ...]:
+    if effects is None or not effects.declared:
+        return ()
+    found = []
+    for templates, mode in ((effects.reads, Mode.READ), (effects.writes, Mode.WRITE)):
+        for template in templates:
+            whole = _WHOLE.fullmatch(template)
+            if whole is not None:
+                found.append(ResourceTemplate(ResourceKind.FILE, whole.group(1), mode))
+    return tuple(found)
 
 
 def call_effects(

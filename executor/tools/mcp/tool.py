@@ -41,8 +41,8 @@ class McpTool:
         self.server = server
         self.remote_name = tool.name
         self.hints = believed
-        self.spec = spec_for(server.decl, tool, believed)
         self._effects = override.effects if override is not None else None
+        self.spec = spec_for(server.decl, tool, believed, self._effects)
         # Set by the provider once it knows whether some tool of the server writes.
         self.workspace_writable = workspace_writable
 
