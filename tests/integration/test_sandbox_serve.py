@@ -73,6 +73,8 @@ def test_server_dies_with_its_daemon(tmp_path: Path, backend: str) -> None:
             owner.wait(10)
         if owner.stdout is not None:
             owner.stdout.close()
+        for pid in ms.tagged(tag):  # what a failed check left: never an orphan of ours
+            os.kill(pid, signal.SIGKILL)
 
 
 def _comm(pid: int) -> str:
