@@ -23,6 +23,9 @@ from .calls import Approved, ValidCall
 
 log = logging.getLogger("execgate.dispatch")
 
+# A running call's progress report: (progress, total or None, message).
+Progress = Callable[[float, float | None, str], None]
+
 
 class Runner:
     """Runs approved calls' tools under the limits the policy in force sets for each."""
@@ -41,6 +44,7 @@ class Runner:
         deadline: float | None,
         scope: CancelScope,
         marks: tuple[Mark, ...],
+        progress: Progress | None = None,
     ) -> tuple[Outcome, str]:
         """The call's outcome (FINISHED marked) and raw result; `deadline`: its run's."""
         authorized = approved.authorized
@@ -57,6 +61,7 @@ class Runner:
             readable=self._authorizer.readable(authorized),
             hard_links=self._authorizer.hard_links(),
             marks=marks,
+            progress=progress,
         )
 
 
@@ -72,6 +77,7 @@ async def run_tool(
     readable: Callable[[Path], bool],
     hard_links: Callable[[Path], bool],
     marks: tuple[Mark, ...],
+    progress: Progress | None = None,
 ) -> tuple[Outcome, str]:
     """The tool's outcome (FINISHED marked) and its raw result for the journal.
     `allowed_s`: the call's timeout (its own, the policy's and the run's deadline)."""
@@ -93,6 +99,8 @@ async def run_tool(
         readable=readable,
         hard_links=hard_links,
     )
+    if progress is not None:
+        ctx.progress = progress
     try:
         out = await call.tool.run(call.args, ctx)
     except ToolError as err:

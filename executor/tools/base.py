@@ -114,6 +114,9 @@ class ToolContext:
     # May this call use a regular file with more than one hard link at this
     # (canonical) path? The policy's `hard_links:`; refused everywhere by default.
     hard_links: Callable[[Path], bool] = field(default=lambda _path: False)
+    # Report progress of the running call (progress, total or None, message): a
+    # PROGRESS event on the Execute stream. The dispatcher's callback throttles.
+    progress: Callable[[float, float | None, str], None] = field(default=lambda *_: None)
     # time.monotonic() by which the call must end (its timeout, cut to the run's
     # deadline), counted from before the sandbox starts; 0: `timeout` from now.
     deadline: float = 0.0

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from execgate.client import Call, Client, Status, StopMode
+from execgate.client import Call, Client, EventKind, Status, StopMode
 from tests import mcp_support as ms
 from tests.daemon import Daemon
 from tests.support import sandbox_serve_args
@@ -29,7 +29,7 @@ rules:
     reason: a path the effects templates name reaches the policy
   - id: mcp-tools
     effect: allow
-    tools: ["git.*", "faulty.*", "fs.*"]
+    tools: ["git.*", "faulty.*", "fs.*", "everything.*"]
     reason: the test's servers
 """
 # The repository belongs to the run-as user; the sandbox's uid 0 must be let in.
@@ -82,6 +82,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, s
                 "read_text_file": {"effects": {"reads": ["{path}"]}},
             },
         ),
+        _server("everything", ms.npm_server("server-everything"), tag, trusted=True),
     ]
     daemon = _daemon(root, tag, servers)
     from tests.daemon import reachable_workspace
@@ -190,6 +191,39 @@ def test_crash_mid_call_then_healthy(eg: Client) -> None:
     assert (o.status, o.error_class) == (Status.UNKNOWN_OUTCOME, "interrupted"), o
     again = eg.execute_one("faulty.echo", text="still here")
     assert (again.status, again.text) == (Status.SUCCESS, "still here"), again
+
+
+LONG = "everything.trigger-long-running-operation"
+
+
+def test_progress_reaches_the_stream(eg: Client) -> None:
+    call = Call(tool=LONG, arguments={"duration": 1.5, "steps": 5}, call_id="long-1")
+    events = list(eg.stream([call]))
+    progress = [e for e in events if e.kind is EventKind.PROGRESS]
+    assert len(progress) >= 2, events
+    assert {e.total for e in progress} == {5.0}
+    assert [e.progress for e in progress] == sorted(e.progress for e in progress)
+    finished = events[-1].outcome
+    assert finished is not None
+    assert finished.status is Status.SUCCESS, finished
+
+
+def test_long_running_cancel_ends_within_grace(eg: Client) -> None:
+    call = Call(tool=LONG, arguments={"duration": 60, "steps": 120}, call_id="long-2")
+    outcome = None
+    for e in eg.stream([call], run_id="long-cancel"):
+        if e.kind is EventKind.PROGRESS and e.progress == 1:
+            eg.cancel(call_id="long-2", run_id="long-cancel", reason="enough", grace=5)
+        if e.kind is EventKind.FINISHED:
+            outcome = e.outcome
+    assert outcome is not None
+    # Trusted and readOnlyHint: a reader, so FAILURE (nothing can have changed).
+    assert (outcome.status, outcome.error_class) == (Status.FAILURE, "cancelled"), outcome
+    assert outcome.stopped_how is StopMode.COOPERATIVE, outcome
+    asked, stopped = outcome.mark("cancel_requested"), outcome.mark("stopped")
+    assert asked is not None
+    assert stopped is not None
+    assert stopped.at - asked.at < 5, outcome.timeline
 
 
 def test_daemon_sigkill_leaves_no_server(tmp_path: Path) -> None:

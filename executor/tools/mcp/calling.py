@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import mcp.types as mcp_types
+from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.types import CONNECTION_CLOSED
 
@@ -63,7 +64,12 @@ async def call(
     if session is None:
         return _crashed(conn, what, ())
     request = asyncio.ensure_future(
-        session.call_tool(what.tool, args, meta=what.meta)  # type: ignore[arg-type]
+        session.call_tool(
+            what.tool,
+            args,
+            progress_callback=_reporter(ctx),
+            meta=what.meta,  # type: ignore[arg-type]  # the SDK's TypedDict, open-ended
+        )
     )
     asked = asyncio.ensure_future(ctx.cancel.requested.wait())
     died = asyncio.ensure_future(conn.closed.wait())
@@ -83,6 +89,15 @@ async def call(
     finally:
         for task in (request, asked, died):
             task.cancel()
+
+
+def _reporter(ctx: ToolContext) -> ProgressFnT:
+    """The SDK's progress callback: the server's notifications/progress for this call."""
+
+    async def report(progress: float, total: float | None, message: str | None) -> None:
+        ctx.progress(progress, total, message or "")
+
+    return report
 
 
 async def _answered(conn: Connection, what: Call, request: asyncio.Future[Any]) -> ToolOutput:
