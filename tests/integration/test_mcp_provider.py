@@ -18,7 +18,7 @@ from execgate.executor.sandbox import Confinement
 from execgate.executor.sandbox.bwrap import BwrapSandbox
 from execgate.executor.sandbox.registry import Sandboxes
 from execgate.executor.tools import CancelScope, Limits, ToolContext, ToolOutput
-from execgate.executor.tools.decl import EffectsDecl, EnvDecl, ServerDecl, ToolOverride
+from execgate.executor.tools.decl import EffectsDecl, EnvDecl, Pool, ServerDecl, ToolOverride
 from execgate.executor.tools.mcp import McpProvider, McpTool
 from tests import mcp_support as ms
 from tests.daemon import scaled
@@ -234,4 +234,39 @@ def test_everything_echo_and_long_running_cancel(tmp_path: Path) -> None:
         assert (out.error_class, out.stopped_how) == (ErrorClass.CANCELLED, StopMode.COOPERATIVE)
 
     run(ws, [_decl("everything", ms.npm_server("server-everything"), tag, prestart=True)], body)
+    assert ms.tagged(tag) == []
+
+
+def test_a_server_that_never_initializes_is_left_out(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    tag = ms.new_tag()
+    mute = ("sleep", ("300",))  # reads nothing, answers nothing
+
+    async def body(provider: McpProvider) -> None:
+        assert provider.tools() == {}
+        [state] = provider.status()
+        assert state.running == 0
+        assert "not ready within 1s" in state.last_error, state
+
+    run(ws, [_decl("mute", mute, tag, startup_timeout=1.0)], body)
+    assert ms.tagged(tag) == []
+
+
+def test_pool_per_run_gives_each_run_its_process(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    tag = ms.new_tag()
+
+    async def body(provider: McpProvider) -> None:
+        echo = tool(provider, "faulty.echo")
+        for run_id in ("r1", "r2", "r1"):
+            ctx = _ctx(ws)
+            ctx.run_id = run_id
+            out = await echo.run({"text": run_id}, ctx)
+            assert out.text == run_id, out
+        [state] = provider.status()
+        assert (state.running, state.restarts) == (2, 0), state
+
+    run(ws, [_decl("faulty", ms.fixture_server(), tag, pool=Pool.RUN)], body)
     assert ms.tagged(tag) == []
