@@ -22,6 +22,8 @@ import secrets
 from dataclasses import replace
 from typing import Any
 
+import jsonschema
+
 from execgate.executor.core.paths import Workspace
 from execgate.executor.sandbox import Confinement, Launch, Sandbox, SandboxError
 from execgate.executor.sandbox.registry import Sandboxes
@@ -69,6 +71,11 @@ class McpProvider:
         for listed in conn.tools:
             override = overrides.get(listed.name)
             if override is not None and override.hidden:
+                continue
+            refused = schema_problem(listed.input_schema)
+            if refused:
+                server.last_error = f"tool {listed.name} left out: {refused}"
+                log.error("MCP server %s: %s", decl.name, server.last_error)
                 continue
             found.append(
                 McpTool(
@@ -136,6 +143,18 @@ class McpProvider:
         """Kill every server (its whole tree); nothing of them is left."""
         for server in self._servers.values():
             await server.close()
+
+
+def schema_problem(schema: Any) -> str:
+    """Why a server's inputSchema cannot be used to validate calls ("" if it can): the
+    daemon validates every call against it before the server sees it."""
+    if not isinstance(schema, dict):
+        return "its inputSchema is not an object"
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        return f"its inputSchema is not a valid JSON Schema: {exc.message}"
+    return ""
 
 
 def _env(decl: ServerDecl, home: str) -> dict[str, str]:
