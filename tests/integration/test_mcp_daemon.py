@@ -186,6 +186,17 @@ def test_timeout_on_a_hung_writer_is_unknown(eg: Client) -> None:
     assert o.stopped_how is StopMode.COOPERATIVE, o
 
 
+def test_ignored_cancel_is_forced_then_healthy(eg: Client, served: tuple[Daemon, str]) -> None:
+    o = eg.run(Call(tool="faulty.ignore_cancel", timeout=1.0))
+    assert (o.status, o.error_class) == (Status.UNKNOWN_OUTCOME, "timeout"), o
+    assert o.stopped_how is StopMode.FORCE_TERMINATED, o
+    assert o.evidence.survivors == 0, o
+    forced = o.mark("force_terminated")
+    assert forced is not None
+    again = eg.execute_one("faulty.echo", text="restarted")
+    assert (again.status, again.text) == (Status.SUCCESS, "restarted"), again
+
+
 def test_crash_mid_call_then_healthy(eg: Client) -> None:
     o = eg.execute_one("faulty.crash", code=9)
     assert (o.status, o.error_class) == (Status.UNKNOWN_OUTCOME, "interrupted"), o
