@@ -52,6 +52,8 @@ class Connection:
         # What the server wrote on stderr (its first `output_cap` bytes), once killed.
         self.stderr = ""
         self._stop = asyncio.Event()
+        # Survivors of the kill, once killed (None: not killed yet).
+        self._killed: int | None = None
         self._task = asyncio.ensure_future(self._run())
 
     async def wait_ready(self, within: float) -> None:
@@ -116,8 +118,11 @@ class Connection:
         await self.kill()
 
     async def kill(self) -> int:
-        """Force-terminate the server's whole tree and release it; what survived."""
+        """Force-terminate the server's whole tree and release it; what survived.
+        Idempotent: a second kill reports the first one's survivors."""
         self._stop.set()
+        if self._killed is not None:
+            return self._killed
         await self.running.kill()
         left = await reap(self.running)
         self._task.cancel()
@@ -126,7 +131,8 @@ class Connection:
         _, err = await self.running.output()
         self.stderr = err.data.decode("utf-8", errors="replace").strip()
         await self.running.release()
-        return len(left)
+        self._killed = len(left)
+        return self._killed
 
 
 async def reap(running: Serving) -> list[int]:
