@@ -7,7 +7,7 @@ PROTOS := $(wildcard proto/execgate/v1/*.proto)
 # The run-state machine's data: both clients' tables and the daemon's are generated from it.
 RUNSTATES := proto/execgate/v1/runstates.json
 
-.PHONY: run test test-ts test-image install proto lint typecheck bench fuzz clean
+.PHONY: run test test-ts test-image test-deps install proto lint typecheck bench fuzz clean
 
 # `make run`'s daemon: the shipped policy, and an `agent` and an `operator` identity made
 # once under ./var/ (tokens in var/tokens/, owner-only; see executor/policy/local_identities.py).
@@ -17,8 +17,18 @@ RUN_ARGS := --policy policies/default.yaml --local-identities
 run: $(STAMP)
 	$(BIN)/execgate serve $(RUN_ARGS)
 
-test: $(STAMP) test-ts
+test: $(STAMP) test-ts test-deps
 	$(BIN)/python -m pytest
+
+# The npm MCP servers the tests run in the sandbox (tests/mcp_support.py); the PyPI ones
+# (mcp-server-git, mcp-server-time) come with the `test` extra. Pinned: the versions tested.
+MCP_NPM := .test-deps/npm
+MCP_NPM_PACKAGES := @modelcontextprotocol/server-everything@2026.8.31 \
+	@modelcontextprotocol/server-filesystem@2026.8.31
+test-deps: $(MCP_NPM)/.installed
+$(MCP_NPM)/.installed: Makefile
+	npm install --prefix $(MCP_NPM) --no-audit --no-fund --loglevel=error $(MCP_NPM_PACKAGES)
+	touch $@
 
 # The daemon's Docker image, built offline (a debootstrap base, wheels from the host)
 # and run: a call through its socket in its bwrap sandbox. Minutes; .ci/run runs it.
@@ -85,5 +95,5 @@ bench: $(STAMP)
 	$(BIN)/python bench/memory.py
 
 clean:
-	rm -rf $(VENV) gen build *.egg-info .pytest_cache
+	rm -rf $(VENV) gen build *.egg-info .pytest_cache .test-deps
 	rm -rf $(TS)/node_modules $(TS)/dist $(TS)/src/gen

@@ -114,6 +114,8 @@ class EventKind(enum.Enum):
     # A policy rule asks a human first: see `approval_id` (Client.approve / deny).
     AWAITING_APPROVAL = "awaiting_approval"
     STARTED = "started"
+    # The running call's tool reported progress (an MCP server's notification).
+    PROGRESS = "progress"
     FINISHED = "finished"
 
 
@@ -135,6 +137,10 @@ class Event:
     rule_id: str = ""
     reason: str = ""
     expires_at: float | None = None
+    # PROGRESS only: how far, out of `total` (0: not said), and the tool's message.
+    progress: float = 0.0
+    total: float = 0.0
+    progress_message: str = ""
     outcome: Outcome | None = None
 
 

@@ -118,6 +118,9 @@ def event(msg: pb.ExecuteEvent) -> Event:
         rule_id=asked.rule_id,
         reason=asked.reason,
         expires_at=_seconds(asked.expires_at) if asked.HasField("expires_at") else None,
+        progress=msg.progress.progress,
+        total=msg.progress.total,
+        progress_message=msg.progress.message,
     )
 
 

@@ -84,6 +84,10 @@ class Progress:
                 )
             case EventKind.STARTED:
                 self.state = "running"
+            case EventKind.PROGRESS:
+                of = f"/{e.total:g}" if e.total else ""
+                said = f": {e.progress_message}" if e.progress_message else ""
+                self.state = f"running ({e.progress:g}{of}{said})"
             case EventKind.FINISHED:
                 self.state = "finished"
 

@@ -53,6 +53,10 @@ and holds this drawing to the code: tests/unit/test_error_trees.py).
     │                                                   also a RuntimeError)
     ├── TemplateSyntaxError         tools.template      a tools file's template that does not
     │                                                   parse (also a ValueError)
+    ├── StartFailed                 tools.mcp.connection  an MCP server did not come up (why)
+    ├── ServerDown                  tools.mcp.server    an MCP server cannot be started now
+    │                                                   (name, why; backoff)
+    ├── LineTooLong                 tools.mcp.transport  an MCP message over the bound (limit)
     ├── ApprovalError               pipeline.approve    a Decide that cannot be done (refused,
     │                                                   message)
     ├── NotYours                    pipeline.inflight   a cancel of another's calls (agent,

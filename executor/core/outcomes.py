@@ -43,6 +43,8 @@ class ErrorClass(enum.Enum):
     NONZERO_EXIT = "nonzero_exit"
     DUPLICATE_CALL_ID = "duplicate_call_id"
     IO_ERROR = "io_error"
+    # An MCP server's tool answered `isError`: it ran and said it failed.
+    TOOL_ERROR = "tool_error"
 
 
 class StopMode(enum.Enum):

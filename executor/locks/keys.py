@@ -24,12 +24,13 @@ from dataclasses import dataclass
 
 _WS = "ws"
 _NET = "net"
+_MCP = "mcp"
 _TABLE = "\x00"
 
 
 @dataclass(frozen=True, slots=True, order=True)
 class Key:
-    """A node of a lock tree: `parts[0]` is the root ("ws" or "net")."""
+    """A node of a lock tree: `parts[0]` is the root ("ws", "net" or "mcp")."""
 
     parts: tuple[str, ...]
 
@@ -57,6 +58,8 @@ class Key:
         root, rest = self.parts[0], self.parts[1:]
         if root == _NET:
             return f"net:{rest[0]}" if rest else "net:*"
+        if root == _MCP:
+            return f"mcp:{rest[0]}" if rest else "mcp:*"
         if not rest:
             return "workspace"
         if rest[-1].startswith(_TABLE):
@@ -119,3 +122,11 @@ def net_key(host: str) -> Key:
 
 
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def server_key(name: str) -> Key:
+    """The key of an MCP server: what its tools claim when the operator has not said
+    which files they touch (an untrusted server's tools all WRITE it: serialized)."""
+    if not name:
+        raise ValueError("server name is empty")
+    return Key((_MCP, name))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -21,6 +22,8 @@ class EventKind(enum.Enum):
     # A policy `ask` rule parked it until an approver decides (no locks held).
     AWAITING_APPROVAL = "awaiting_approval"
     STARTED = "started"
+    # The running call's tool reported progress (an MCP server's notification).
+    PROGRESS = "progress"
     FINISHED = "finished"
     # Never sent: the daemon is stopping while the call awaits approval, which stays
     # pending for the next daemon (see approve.py). Ends the call's part of the stream.
@@ -29,6 +32,10 @@ class EventKind(enum.Enum):
     # it is not reported either; the RPC ends with INTERNAL naming the call.
     UNRECORDED = "unrecorded"
 
+
+# At most one PROGRESS event per call in this many seconds; a message cut to this length.
+PROGRESS_EVERY = 0.1
+PROGRESS_MESSAGE_CHARS = 1024
 
 # The events that end a call's part of a stream.
 ENDS = frozenset({EventKind.FINISHED, EventKind.DETACHED, EventKind.UNRECORDED})
@@ -48,6 +55,8 @@ class Event:
     waiting: tuple[tuple[str, ...], tuple[str, ...]] | None = None
     # AWAITING_APPROVAL only: the pending approval.
     approval: Approval | None = None
+    # PROGRESS only: (progress, total or 0, message).
+    progress: tuple[float, float, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +111,22 @@ class Batch:
             self.turns[i].set()
             i += 1
 
+    def progress_of(self, req: CallRequest) -> Callable[[float, float | None, str], None]:
+        """A running call's progress reporter: a PROGRESS event at most every
+        PROGRESS_EVERY seconds (a tool that reports in a tight loop must not fill the
+        stream's queue); reports in between are dropped."""
+        last = [0.0]
+
+        def report(progress: float, total: float | None, message: str) -> None:
+            now = time.monotonic()
+            if now - last[0] < PROGRESS_EVERY:
+                return
+            last[0] = now
+            done = (float(progress), float(total or 0.0), message[:PROGRESS_MESSAGE_CHARS])
+            self.emit(EventKind.PROGRESS, req, progress=done)
+
+        return report
+
     def emit(
         self,
         kind: EventKind,
@@ -111,6 +136,7 @@ class Batch:
         waiting: tuple[tuple[str, ...], tuple[str, ...]] | None = None,
         approval: Approval | None = None,
         reached: Reached = None,
+        progress: tuple[float, float, str] | None = None,
     ) -> None:
         if kind is EventKind.FINISHED and outcome is not None and self.on_finished is not None:
             self.on_finished(req, outcome, reached)
@@ -118,6 +144,15 @@ class Batch:
             return
         at = clock.now()
         event = Event(
-            kind, req.call_id, self.batch_id, at, req.index, outcome, replay_of, waiting, approval
+            kind,
+            req.call_id,
+            self.batch_id,
+            at,
+            req.index,
+            outcome,
+            replay_of,
+            waiting,
+            approval,
+            progress,
         )
         self.events.put_nowait(event)

@@ -25,6 +25,9 @@ from .calls import Approved, ValidCall
 
 log = logging.getLogger("execgate.dispatch")
 
+# A running call's progress report: (progress, total or None, message).
+Progress = Callable[[float, float | None, str], None]
+
 
 class Runner:
     """Runs approved calls' tools under the limits the policy in force sets for each."""
@@ -43,6 +46,7 @@ class Runner:
         deadline: float | None,
         scope: CancelScope,
         marks: tuple[Mark, ...],
+        progress: Progress | None = None,
     ) -> tuple[Outcome, str]:
         """The call's outcome (FINISHED marked) and raw result; `deadline`: its run's."""
         authorized = approved.authorized
@@ -59,6 +63,7 @@ class Runner:
             readable=self._authorizer.readable(authorized),
             hard_links=self._authorizer.hard_links(),
             marks=marks,
+            progress=progress,
         )
 
 
@@ -74,6 +79,7 @@ async def run_tool(
     readable: Callable[[Path], bool],
     hard_links: Callable[[Path], bool],
     marks: tuple[Mark, ...],
+    progress: Progress | None = None,
 ) -> tuple[Outcome, str]:
     """The tool's outcome (FINISHED marked) and its raw result for the journal.
     `allowed_s`: the call's timeout (its own, the policy's and the run's deadline)."""
@@ -99,10 +105,13 @@ async def run_tool(
         may_write=call.may_write,
         marker=secrets.token_hex(8),
         run_id=req.run_id,
+        agent=decided_on.agent,
         deadline=time.monotonic() + allowed_s,
         readable=readable,
         hard_links=hard_links,
     )
+    if progress is not None:
+        ctx.progress = progress
     try:
         out = await call.tool.run(call.args, ctx)
     except ToolError as err:

@@ -98,7 +98,8 @@ class Scheduler:
             return outcome.with_marks(*marks, mark(Phase.CANCEL_REQUESTED)), ""
         started = mark(Phase.STARTED)
         batch.emit(EventKind.STARTED, approved.request)
-        return await self._runner.run(approved, batch.deadline, scope, (*marks, started))
+        progress = batch.progress_of(approved.request)
+        return await self._runner.run(approved, batch.deadline, scope, (*marks, started), progress)
 
     async def _abandoned(
         self, approved: Approved, batch: Batch, scope: CancelScope, marks: tuple[Mark, ...]

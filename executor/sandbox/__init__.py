@@ -12,6 +12,7 @@ from .base import (
     Running,
     Sandbox,
     SandboxError,
+    Serving,
 )
 from .process import ProgramNotExecutable, ProgramNotFound
 
@@ -27,4 +28,5 @@ __all__ = [
     "Running",
     "Sandbox",
     "SandboxError",
+    "Serving",
 ]

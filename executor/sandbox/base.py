@@ -10,9 +10,10 @@ where the call ran.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from execgate.executor.core import ranges
 from execgate.executor.core.errors import ExecgateError
@@ -64,6 +65,10 @@ class Launch:
     output_cap: int = 1 << 20
     # The run the call belongs to: a backend may share warm state within it (docker).
     run_id: str = ""
+    # A long-lived server (an MCP server over stdio): stdin and stdout stay open as the
+    # caller's streams (`Serving.stdio`), only stderr is captured (`output_cap` bytes).
+    # The backend also ties the process to the daemon's life (no orphan on SIGKILL).
+    serve: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +142,15 @@ class Running(Protocol):
 
     async def release(self) -> None:
         """Remove what the sandbox left (cgroups, containers). Idempotent."""
+        ...
+
+
+@runtime_checkable
+class Serving(Running, Protocol):
+    """A `Running` started with `Launch.serve`: the server's stdin and stdout."""
+
+    def stdio(self) -> tuple[asyncio.StreamWriter, asyncio.StreamReader]:
+        """The server's stdin (to write to) and stdout (to read from)."""
         ...
 
 

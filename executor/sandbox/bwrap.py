@@ -232,14 +232,21 @@ class BwrapSandbox(ProcessSandbox):
             *bwrap_argv(launch, self.extra_ro, fd),
         ]
         try:
-            proc = await spawn(argv, cwd=launch.cwd, env={}, stdin=launch.stdin, pass_fds=(fd,))
+            proc = await spawn(
+                argv,
+                cwd=launch.cwd,
+                env={},
+                stdin=launch.stdin,
+                pass_fds=(fd,),
+                serve=launch.serve,
+            )
         except BaseException:
             if group is not None:
                 await asyncio.to_thread(group.remove)
             raise
         finally:
             os.close(fd)
-        pipes = Pipes(proc, launch.stdin, launch.output_cap)
+        pipes = Pipes(proc, launch.stdin, launch.output_cap, serve=launch.serve)
         where = f"bwrap {proc.pid}" + (f", cgroup {group.dirs[0].name}" if group else "")
         return BwrapRunning(proc, pipes, group, launch.marker, where)
 

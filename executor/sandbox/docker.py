@@ -53,6 +53,9 @@ class DockerSandbox:
         self._warm = WarmPool(self.dockerd)
 
     async def start(self, launch: Launch) -> ContainerRunning | ExecRunning:
+        if launch.serve:
+            # UNFINISHED: long-lived servers (MCP) in a container: attach stdin/stdout.
+            raise SandboxError("docker: long-lived servers are not supported yet")
         if self.mode == "warm":
             return await self._warm.start(launch)
         cid, sio = await asyncio.to_thread(self.dockerd.start_attached, launch)

@@ -59,9 +59,16 @@ class Privileges:
 
     run_as: RunAs | None
 
-    def prefix(self) -> list[str]:
-        """The `setpriv` step that execs the command without the daemon's powers."""
+    def prefix(self, *, pdeathsig: bool = False) -> list[str]:
+        """The `setpriv` step that execs the command without the daemon's powers.
+
+        `pdeathsig`: the command (a long-lived server) is SIGKILLed when the daemon
+        dies, however it dies (PR_SET_PDEATHSIG, set after the uid change, kept
+        across the exec). Its own children are not covered: their cgroup leaf is
+        removed at the next start (cleanup_stale)."""
         drop = ["--no-new-privs", "--inh-caps=-all", "--ambient-caps=-all"]
+        if pdeathsig:
+            drop.append("--pdeathsig=KILL")
         if self.run_as is not None:
             who = [f"--reuid={self.run_as.uid}", f"--regid={self.run_as.gid}", "--clear-groups"]
             drop = [*who, *drop, "--bounding-set=-all"]

@@ -169,6 +169,12 @@ class HostRunning:
     async def output(self) -> tuple[Captured, Captured]:
         return await self.pipes.result(OUTPUT_SETTLE_SECONDS)
 
+    def stdio(self) -> tuple[asyncio.StreamWriter, asyncio.StreamReader]:
+        """A server's protocol streams (`Launch.serve`; see base.Serving)."""
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        return self.proc.stdin, self.proc.stdout
+
     async def release(self) -> None:
         if self.proc.returncode is None:  # our own task was cancelled mid-call
             self._signal_group(signal.SIGKILL)
@@ -192,18 +198,20 @@ class ProcessSandbox:
 
     async def start(self, launch: Launch) -> HostRunning:
         group = await asyncio.to_thread(self._prepare, launch, ("/",))
-        argv = [*launcher(launch.confinement, group), *self.privileges.prefix(), *launch.argv]
+        drop = self.privileges.prefix(pdeathsig=launch.serve)
+        argv = [*launcher(launch.confinement, group), *drop, *launch.argv]
         env = {**launch.env, MARKER_ENV: launch.marker}
         try:
-            proc = await spawn(argv, cwd=launch.cwd, env=env, stdin=launch.stdin)
+            proc = await spawn(
+                argv, cwd=launch.cwd, env=env, stdin=launch.stdin, serve=launch.serve
+            )
         except BaseException:
             if group is not None:
                 await asyncio.to_thread(group.remove)
             raise
         where = f"process group {proc.pid}" + (f", cgroup {group.dirs[0].name}" if group else "")
-        return HostRunning(
-            proc, Pipes(proc, launch.stdin, launch.output_cap), group, launch.marker, where
-        )
+        pipes = Pipes(proc, launch.stdin, launch.output_cap, serve=launch.serve)
+        return HostRunning(proc, pipes, group, launch.marker, where)
 
     # The force kill needs the cgroup (no PID namespace here).
     needs_cgroup_kill = True

@@ -75,7 +75,10 @@ async def spawn(
     env: dict[str, str],
     stdin: bytes | None,
     pass_fds: tuple[int, ...] = (),
+    serve: bool = False,
 ) -> asyncio.subprocess.Process:
+    """`serve`: a long-lived server whose stdin stays a pipe the caller writes to."""
+    piped = stdin is not None or serve
     try:
         return await asyncio.create_subprocess_exec(
             *argv,
@@ -83,7 +86,9 @@ async def spawn(
             env=env,
             pass_fds=pass_fds,
             start_new_session=True,
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            # A server's messages may be long lines: no readline limit applies to ours.
+            limit=1 << 20,
+            stdin=asyncio.subprocess.PIPE if piped else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
@@ -92,26 +97,40 @@ async def spawn(
 
 
 class Pipes:
-    """Drains stdout and stderr (keeping `cap` bytes of each) and feeds stdin."""
+    """Drains stdout and stderr (keeping `cap` bytes of each) and feeds stdin.
 
-    def __init__(self, proc: asyncio.subprocess.Process, stdin: bytes | None, cap: int) -> None:
+    `serve`: stdin and stdout belong to the caller (a server's protocol streams);
+    only stderr is drained, and `result` reports an empty stdout."""
+
+    def __init__(
+        self,
+        proc: asyncio.subprocess.Process,
+        stdin: bytes | None,
+        cap: int,
+        *,
+        serve: bool = False,
+    ) -> None:
         assert proc.stdout is not None
         assert proc.stderr is not None
         self._sinks = (_Sink(cap), _Sink(cap))
         self._tasks = [
-            asyncio.ensure_future(_drain(proc.stdout, self._sinks[0])),
             asyncio.ensure_future(_drain(proc.stderr, self._sinks[1])),
         ]
+        if not serve:
+            self._tasks.insert(0, asyncio.ensure_future(_drain(proc.stdout, self._sinks[0])))
+        else:
+            self._sinks = (_Sink(0), self._sinks[1])
+            stdin = None
         self._feeder = asyncio.ensure_future(_feed(proc, stdin)) if stdin is not None else None
 
     async def result(self, settle: float) -> tuple[Captured, Captured]:
         """What was read, once both pipes closed or `settle` seconds passed; a pipe still
         open then is reported `held_open` (with what it gave so far)."""
         await asyncio.wait(self._tasks, timeout=settle)
-        out, err = (
-            sink.captured(held_open=not task.done())
-            for sink, task in zip(self._sinks, self._tasks, strict=True)
-        )
+        held = [not task.done() for task in self._tasks]
+        if len(held) == 1:  # serving: stdout was the caller's
+            held.insert(0, False)
+        out, err = (sink.captured(held_open=h) for sink, h in zip(self._sinks, held, strict=True))
         self.cancel()
         return out, err
 

@@ -40,7 +40,7 @@ from execgate.v1 import executor_pb2_grpc as pb_grpc
 from execgate.v1 import runs_pb2
 from execgate.v1 import runs_pb2_grpc as rpb_grpc
 
-from . import memdebug
+from . import mcp_wiring, memdebug
 from .auth import AuthInterceptor, server_credentials
 from .config import JOURNAL_NAME, Listener, ServeConfig
 from .guard import RequestGuard
@@ -152,6 +152,15 @@ async def serve(
     try:
         lock_fd = prepare_dirs(config)
         dispatcher, journal = build(config)
+        # Leftovers first: a crashed daemon's cgroup leaves, before any server starts.
+        stale = await dispatcher.sandboxes.cleanup_stale()
+        if stale:
+            log.warning("removed %d sandbox leftover(s) of a previous daemon", stale)
+        os.umask(old_umask)  # servers write files with the daemon's umask, not 077
+        try:
+            provider = await mcp_wiring.start_provider(config, dispatcher)
+        finally:
+            os.umask(0o077)
         interceptor = AuthInterceptor(identities)
         if identities is not None:
             dispatcher.authorizer.memberships = identities.memberships
@@ -166,9 +175,6 @@ async def serve(
         addresses = _bind(server, config)
     finally:
         os.umask(old_umask)
-    stale = await dispatcher.sandboxes.cleanup_stale()
-    if stale:
-        log.warning("removed %d sandbox leftover(s) of a previous daemon", stale)
     parked = dispatcher.resume_parked(journal.approvals.left_pending())
     if parked:
         log.info("%d call(s) still await approval from before the restart", parked)
@@ -188,6 +194,7 @@ async def serve(
     runs.close()
     await dispatcher.close()
     await stopping
+    await provider.close()
     await dispatcher.sandboxes.close()
     dispatcher.telemetry.shutdown()
     journal.close()

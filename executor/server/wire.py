@@ -151,6 +151,10 @@ def event(e: Event) -> pb.ExecuteEvent:
             msg.awaiting_approval.expires_at.CopyFrom(timestamp(a.expires_at))
         case EventKind.STARTED:
             msg.started.SetInParent()
+        case EventKind.PROGRESS:
+            assert e.progress is not None
+            done, total, text = e.progress
+            msg.progress.progress, msg.progress.total, msg.progress.message = done, total, text
         case EventKind.FINISHED:
             assert e.outcome is not None
             msg.finished.outcome.CopyFrom(outcome(e.outcome))

@@ -107,6 +107,8 @@ class ToolContext:
     marker: str = ""
     # The run the call belongs to (a sandbox may keep warm state per run).
     run_id: str = ""
+    # The calling agent (an MCP server pooled per agent runs one process for each).
+    agent: str = ""
     # May this call read this (canonical, workspace) path? The policy's answer for the
     # one file, for tools that walk a tree (search, list_dir): a tree allowed as a
     # whole may still hold files a rule denies (`.env`), which they skip.
@@ -114,6 +116,9 @@ class ToolContext:
     # May this call use a regular file with more than one hard link at this
     # (canonical) path? The policy's `hard_links:`; refused everywhere by default.
     hard_links: Callable[[Path], bool] = field(default=lambda _path: False)
+    # Report progress of the running call (progress, total or None, message): a
+    # PROGRESS event on the Execute stream. The dispatcher's callback throttles.
+    progress: Callable[[float, float | None, str], None] = field(default=lambda *_: None)
     # time.monotonic() by which the call must end (its timeout, cut to the run's
     # deadline), counted from before the sandbox starts; 0: `timeout` from now.
     deadline: float = 0.0

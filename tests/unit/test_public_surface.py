@@ -74,6 +74,7 @@ EXPECTED: dict[str, list[str]] = {
         "Running",
         "Sandbox",
         "SandboxError",
+        "Serving",
     ],
     "execgate.executor.server": [],
     "execgate.executor.telemetry": [],
@@ -89,6 +90,7 @@ EXPECTED: dict[str, list[str]] = {
         "ToolSpec",
         "builtin_tools",
     ],
+    "execgate.executor.tools.mcp": ["McpProvider", "McpTool", "ServerStatus"],
     "execgate.client": [
         "Approval",
         "ApprovalNotPending",

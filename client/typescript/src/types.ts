@@ -43,6 +43,7 @@ export type ErrorClass =
   | "nonzero_exit"
   | "duplicate_call_id"
   | "io_error"
+  | "tool_error"
   | "unspecified"
   | "unrecognized";
 
@@ -167,7 +168,13 @@ export interface ToolSpec {
   readonly provider: string;
 }
 
-export type EventKind = "queued" | "waiting" | "awaiting_approval" | "started" | "finished";
+export type EventKind =
+  | "queued"
+  | "waiting"
+  | "awaiting_approval"
+  | "started"
+  | "progress"
+  | "finished";
 
 interface EventBase {
   readonly callId: string;
@@ -195,6 +202,14 @@ export type Event =
       readonly ruleId: string;
       readonly reason: string;
       readonly expiresAt?: number;
+    })
+  | (EventBase & {
+      // The running call's tool reported progress (an MCP server's notification).
+      readonly kind: "progress";
+      readonly progress: number;
+      // 0: the tool did not say.
+      readonly total: number;
+      readonly message: string;
     })
   | (EventBase & { readonly kind: "finished"; readonly outcome: Outcome });
 

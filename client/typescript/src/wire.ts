@@ -163,6 +163,14 @@ export function event(msg: pb.ExecuteEvent): Event {
         ...(asked.expiresAt ? { expiresAt: seconds(asked.expiresAt) } : {}),
       };
     }
+    case "progress":
+      return {
+        ...base,
+        kind: "progress",
+        progress: kind.progress.progress,
+        total: kind.progress.total,
+        message: kind.progress.message,
+      };
     case "finished":
       return {
         ...base,

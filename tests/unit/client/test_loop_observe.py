@@ -37,7 +37,7 @@ def test_hints_cover_exactly_the_classes_the_daemon_emits() -> None:
     assert set(DAEMON_HINTS) == PROTO_CLASSES
     # The daemon's own enum is the same set: nothing it can emit is missing from the proto.
     assert {c.value for c in ErrorClass} == PROTO_CLASSES
-    assert len(ERROR_CLASSES) == 19
+    assert len(ERROR_CLASSES) == 20
 
 
 @pytest.mark.parametrize("error_class", ERROR_CLASSES)

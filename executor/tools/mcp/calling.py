@@ -1,0 +1,197 @@
+"""One `tools/call` on a live connection, stopped through the cancel ladder.
+
+    CANCEL_REQUESTED  the Cancel's arrival, or the deadline
+    SIGNAL_SENT       `notifications/cancelled` for the request (the SDK sends it
+                      when the waiting request is abandoned): the cooperative step
+    STOPPED           the server answered a ping within the grace: it is reading
+                      its stdin again, the request is dropped -> COOPERATIVE
+    GRACE_EXPIRED     no answer within the grace
+    FORCE_TERMINATED  the server's whole process tree killed; it is started anew
+                      for later calls -> FORCE_TERMINATED
+    STOPPED           with the count of survivors
+
+Why a ping: both SDKs never answer a cancelled request (the spec says not to),
+so the end of a cancelled call cannot be seen. A server that answers the next
+message has taken the cancellation (the SDKs process messages in order and
+cancel the handler on receipt); one that does not is hung or ignoring it. A
+server that keeps working on a cancelled request in the background while
+answering pings is not caught by this: for a tool that may write, the outcome
+is UNKNOWN_OUTCOME either way.
+
+A server that dies mid-call: INTERRUPTED (UNKNOWN_OUTCOME for a writer,
+FAILURE for a reader), never an RPC error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import mcp.types as mcp_types
+from mcp.shared.dispatcher import ProgressFnT
+from mcp.shared.exceptions import MCPError
+from mcp.types import CONNECTION_CLOSED
+
+from execgate.executor.core import clock
+from execgate.executor.core.outcomes import ErrorClass, Evidence, Mark, Phase, StopMode, mark
+from execgate.executor.sandbox.ladder import grace_for
+
+from ..base import ToolContext, ToolOutput
+from .connection import Connection
+from .results import to_output
+
+# How long a "connection closed" waits for the connection to see the process end.
+CLOSED_SETTLE_SECONDS = 1.0
+# Kill the server's tree and forget its connection; returns the survivors' count.
+ForceRestart = Callable[[Connection, str], Awaitable[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    server: str
+    tool: str
+    where: str  # the sandbox, for the evidence
+    meta: dict[str, Any] | None = None
+
+
+async def call(
+    conn: Connection, what: Call, args: dict[str, Any], ctx: ToolContext, force: ForceRestart
+) -> ToolOutput:
+    session = conn.session
+    if session is None:
+        return _crashed(conn, what, ())
+    request = asyncio.ensure_future(
+        session.call_tool(
+            what.tool,
+            args,
+            progress_callback=_reporter(ctx),
+            meta=what.meta,  # type: ignore[arg-type]  # the SDK's TypedDict, open-ended
+        )
+    )
+    asked = asyncio.ensure_future(ctx.cancel.requested.wait())
+    died = asyncio.ensure_future(conn.closed.wait())
+    started = clock.now()
+    limit = ctx.remaining()
+    try:
+        done, _ = await asyncio.wait(
+            {request, asked, died}, timeout=limit, return_when=asyncio.FIRST_COMPLETED
+        )
+        if request in done:
+            return await _answered(conn, what, request)
+        if died in done:
+            request.cancel()
+            return _crashed(conn, what, ())
+        first = _first_mark(ctx, asked in done, started, limit)
+        return await _stop(conn, what, request, ctx, first, force)
+    finally:
+        for task in (request, asked, died):
+            task.cancel()
+
+
+def _reporter(ctx: ToolContext) -> ProgressFnT:
+    """The SDK's progress callback: the server's notifications/progress for this call."""
+
+    async def report(progress: float, total: float | None, message: str | None) -> None:
+        ctx.progress(progress, total, message or "")
+
+    return report
+
+
+async def _answered(conn: Connection, what: Call, request: asyncio.Future[Any]) -> ToolOutput:
+    exc = request.exception()
+    if exc is None:
+        result = request.result()
+        if not isinstance(result, mcp_types.CallToolResult):
+            return _failed(what, ErrorClass.INTERNAL, f"unexpected result {type(result).__name__}")
+        return to_output(result, what.where)
+    if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED:
+        # The SDK's "connection closed" -- or a server's own error with that code: the
+        # connection tells which, as soon as it has seen the stream end.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(conn.closed.wait(), CLOSED_SETTLE_SECONDS)
+    if conn.closed.is_set():
+        return _crashed(conn, what, ())
+    if isinstance(exc, MCPError):  # a JSON-RPC error: the server refused or failed the call
+        return _failed(what, ErrorClass.TOOL_ERROR, f"{what.server}: {exc}")
+    return _failed(what, ErrorClass.INTERNAL, f"{what.server}: {type(exc).__name__}: {exc}")
+
+
+def _first_mark(
+    ctx: ToolContext, cancelled: bool, started: float, limit: float
+) -> tuple[Mark, ErrorClass]:
+    scope = ctx.cancel
+    if cancelled:
+        by = f" (requested by {scope.requester})" if scope.requester else ""
+        reason = ErrorClass.TIMEOUT if scope.timed_out else ErrorClass.CANCELLED
+        return Mark(Phase.CANCEL_REQUESTED, scope.requested_at, f"{scope.reason}{by}"), reason
+    at = started + limit
+    return Mark(Phase.CANCEL_REQUESTED, at, f"timeout after {ctx.timeout:g}s"), ErrorClass.TIMEOUT
+
+
+async def _stop(
+    conn: Connection,
+    what: Call,
+    request: asyncio.Future[Any],
+    ctx: ToolContext,
+    first: tuple[Mark, ErrorClass],
+    force: ForceRestart,
+) -> ToolOutput:
+    start, reason = first
+    request.cancel()  # the SDK writes notifications/cancelled for it (bounded, shielded)
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await request
+    marks = [start, mark(Phase.SIGNAL_SENT, f"notifications/cancelled to {what.server}")]
+    grace = grace_for(ctx.cancel, ctx.limits.grace, ctx.limits.max_grace)
+    if await _acknowledged(conn, ctx, grace):
+        marks.append(mark(Phase.STOPPED, "the server took the cancellation (answered a ping)"))
+        return _interrupted(what, reason, StopMode.COOPERATIVE, marks, 0)
+    expired = "forced: no grace" if ctx.cancel.forced.is_set() else f"after {grace:g}s"
+    marks.append(mark(Phase.GRACE_EXPIRED, expired))
+    marks.append(mark(Phase.FORCE_TERMINATED, f"{what.server}: {conn.running.description}"))
+    left = await force(conn, f"call stopped: {reason.value}")
+    detail = f"{left} survived" if left else "no process of the server is left"
+    marks.append(mark(Phase.STOPPED, detail + "; the server starts anew for later calls"))
+    return _interrupted(what, reason, StopMode.FORCE_TERMINATED, marks, left)
+
+
+async def _acknowledged(conn: Connection, ctx: ToolContext, grace: float) -> bool:
+    if grace <= 0 or ctx.cancel.forced.is_set():
+        return False
+    ping = asyncio.ensure_future(conn.ping(grace))
+    forced = asyncio.ensure_future(ctx.cancel.forced.wait())
+    try:
+        await asyncio.wait({ping, forced}, return_when=asyncio.FIRST_COMPLETED)
+        return ping.done() and ping.result() and not ctx.cancel.forced.is_set()
+    finally:
+        ping.cancel()
+        forced.cancel()
+
+
+def _interrupted(
+    what: Call, reason: ErrorClass, how: StopMode, marks: list[Mark], left: int
+) -> ToolOutput:
+    return ToolOutput(
+        evidence=Evidence(sandbox=what.where, survivors=left),
+        error_class=reason,
+        message=f"{reason.value}: stopped {how.value}",
+        stopped_how=how,
+        marks=tuple(marks),
+    )
+
+
+def _crashed(conn: Connection, what: Call, marks: tuple[Mark, ...]) -> ToolOutput:
+    why = conn.error or "the connection closed"
+    return ToolOutput(
+        evidence=Evidence(sandbox=what.where),
+        error_class=ErrorClass.INTERRUPTED,
+        message=f"MCP server {what.server} ended mid-call: {why}",
+        stopped_how=StopMode.INTERRUPTED,
+        marks=(*marks, mark(Phase.STOPPED, f"server {what.server} ended: {why}")),
+    )
+
+
+def _failed(what: Call, error: ErrorClass, message: str) -> ToolOutput:
+    return ToolOutput(evidence=Evidence(sandbox=what.where), error_class=error, message=message)

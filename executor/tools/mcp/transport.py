@@ -1,0 +1,111 @@
+"""The SDK's message streams over a sandboxed server's stdin and stdout.
+
+`mcp.client.stdio.stdio_client` spawns the server itself, which would bypass the
+sandbox; this is the same newline-delimited JSON-RPC framing over streams the
+sandbox gives us (`Serving.stdio`). Reading is bounded: a line longer than
+`max_line` ends the session (the server is then treated as crashed), so a server
+that floods stdout without a newline cannot make the daemon hold it all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import anyio
+import mcp.types as mcp_types
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp.shared.message import SessionMessage
+
+from execgate.executor.core.errors import ExecgateError
+
+log = logging.getLogger("execgate.mcp")
+
+# Bytes of one JSON-RPC message from a server; more ends the session.
+MAX_LINE_BYTES = 32 << 20
+
+Streams = tuple[
+    MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]
+]
+
+
+class LineTooLong(ExecgateError):
+    """The server wrote more than `limit` bytes without a newline."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"a message from the server exceeded {limit} bytes")
+        self.limit = limit
+
+
+@contextlib.asynccontextmanager
+async def open_streams(
+    stdin: asyncio.StreamWriter, stdout: asyncio.StreamReader, *, max_line: int = MAX_LINE_BYTES
+) -> AsyncIterator[Streams]:
+    """(read stream, write stream) for `mcp.ClientSession`, until the block exits.
+
+    The read stream ends when the server's stdout closes (it exited or was killed):
+    every request still waiting then fails with the SDK's "connection closed".
+    """
+    to_session, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_stream, from_session = anyio.create_memory_object_stream[SessionMessage](0)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_reader, stdout, to_session, max_line)
+        tg.start_soon(_writer, stdin, from_session)
+        try:
+            yield read_stream, write_stream
+        finally:
+            tg.cancel_scope.cancel()
+            with contextlib.suppress(Exception):
+                stdin.close()
+            for stream in (read_stream, write_stream):
+                await stream.aclose()
+
+
+async def _reader(
+    stdout: asyncio.StreamReader,
+    sink: MemoryObjectSendStream[SessionMessage | Exception],
+    max_line: int,
+) -> None:
+    async with sink:
+        buffer = bytearray()
+        while chunk := await stdout.read(65536):
+            buffer += chunk
+            while (end := buffer.find(b"\n")) >= 0:
+                line, buffer = bytes(buffer[:end]), buffer[end + 1 :]
+                if line.strip() and not await _deliver(sink, _parse(line)):
+                    return
+            if len(buffer) > max_line:
+                await _deliver(sink, LineTooLong(max_line))
+                return
+
+
+async def _deliver(
+    sink: MemoryObjectSendStream[SessionMessage | Exception], item: SessionMessage | Exception
+) -> bool:
+    try:
+        await sink.send(item)
+    except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+        return False
+    return True
+
+
+def _parse(line: bytes) -> SessionMessage | Exception:
+    try:
+        message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except ValueError as exc:
+        log.warning("an MCP server wrote a line that is not JSON-RPC: %s", str(exc)[:200])
+        return exc
+    return SessionMessage(message)
+
+
+async def _writer(
+    stdin: asyncio.StreamWriter, source: MemoryObjectReceiveStream[SessionMessage]
+) -> None:
+    async with source:
+        with contextlib.suppress(ConnectionError, OSError, anyio.ClosedResourceError):
+            async for item in source:
+                data = item.message.model_dump_json(by_alias=True, exclude_unset=True)
+                stdin.write(data.encode() + b"\n")
+                await stdin.drain()
