@@ -11,7 +11,6 @@ so these folders are bound read-only into the sandbox (`RO_PATHS`, the daemon's
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import secrets
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from execgate.executor.sandbox import procscan
 from tests.daemon import scaled
@@ -104,6 +104,7 @@ def git_repo(path: Path) -> Path:
     return path
 
 
-def servers_json(path: Path, servers: list[dict[str, Any]]) -> Path:
-    path.write_text(json.dumps(servers))
+def tools_file(path: Path, servers: list[dict[str, Any]]) -> Path:
+    """A tools file declaring `servers` (the file's keys; `env.set` as a mapping)."""
+    path.write_text(yaml.safe_dump({"version": 1, "servers": servers}, sort_keys=False))
     return path

@@ -12,7 +12,6 @@ from execgate.executor.policy import local_identities
 from execgate.executor.server import malloc
 from execgate.executor.server.config import ServeConfig, parse_listener
 from execgate.executor.tools import Limits
-from execgate.executor.tools.decl import ServerDecl
 
 from . import identity as cli_identity
 from . import sandbox as cli_sandbox
@@ -98,12 +97,6 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--reflection", action="store_true", help="serve gRPC server reflection")
     p.add_argument("--test-tools", action="store_true", help="also serve the `noop` probe tool")
     p.add_argument(
-        "--mcp-servers-json",
-        type=Path,
-        default=None,
-        help="MCP servers as a JSON list of ServerDecl fields (tests only, with --test-tools)",
-    )
-    p.add_argument(
         "--allow-remote",
         action="store_true",
         help="permit plaintext (non-TLS) TCP listeners on non-loopback addresses",
@@ -141,8 +134,6 @@ def _serve(args: argparse.Namespace) -> int:
         locks=args.locks,
         lock_dir=args.lock_dir,
         sandbox=cli_sandbox.config_from(args),
-        mcp_servers=_mcp_servers(args.mcp_servers_json),
-        mcp_from_json=args.mcp_servers_json is not None,
     )
 
     def ready(addresses: list[str]) -> None:
@@ -163,12 +154,3 @@ def _serve(args: argparse.Namespace) -> int:
 
     asyncio.run(serve(config, on_ready=ready))
     return 0
-
-
-def _mcp_servers(path: Path | None) -> tuple[ServerDecl, ...]:
-    """UNFINISHED: the test-only JSON bridge until the tools file declares servers."""
-    if path is None:
-        return ()
-    from execgate.executor.server.mcp_wiring import decls_from_json
-
-    return decls_from_json(path)

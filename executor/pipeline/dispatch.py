@@ -165,17 +165,6 @@ class Dispatcher:
         finally:
             span.end()
 
-    def add_tools(self, extra: dict[str, Tool]) -> None:
-        """Serve a provider's tools too (before the daemon serves: the validator is
-        rebuilt). A provider never shadows a tool already served.
-
-        UNFINISHED: the tools file's reload swaps a whole ToolSet instead (h-decl)."""
-        taken = sorted(set(extra) & set(self.tools))
-        if taken:
-            raise ValueError(f"tool names already served: {', '.join(taken)}")
-        self.tools.update(extra)
-        self._validator = Validator(self.tools, self.workspace, self.limits)
-
     async def close(self, reason: str = "daemon shutting down") -> None:
         """Cancel everything in flight (grace, then force) and wait until it is recorded.
         Calls awaiting approval are detached: their approvals stay pending."""

@@ -14,7 +14,6 @@ from execgate.executor.sandbox.registry import CHOICES as SANDBOXES
 from execgate.executor.sandbox.registry import SandboxConfig
 from execgate.executor.tools import Limits
 from execgate.executor.tools.base import check_limits
-from execgate.executor.tools.decl import ServerDecl
 
 DEFAULT_STATE_DIR = Path("var")
 DEFAULT_WORKSPACE = Path("workspace")
@@ -106,10 +105,6 @@ class ServeConfig:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     # Seconds between checks of the policy file for changes (hot reload).
     policy_reload: float = 1.0
-    # MCP servers whose tools the daemon serves (executor/tools/mcp/).
-    mcp_servers: tuple[ServerDecl, ...] = ()
-    # They came from the test-only --mcp-servers-json.
-    mcp_from_json: bool = False
 
     def listeners(self) -> tuple[Listener, ...]:
         if self.listen:
@@ -133,8 +128,6 @@ class ServeConfig:
             raise ConfigError("--sandbox docker needs --docker-image")
         if self.locks not in LOCK_BACKENDS:
             raise ConfigError(f"--locks must be one of {', '.join(LOCK_BACKENDS)}")
-        if self.mcp_from_json and not self.test_tools:
-            raise ConfigError("--mcp-servers-json is for tests only and needs --test-tools")
         if self.locks == "none" and not self.test_tools:
             raise ConfigError(
                 "--locks none turns the scheduler off; it is for tests only and needs --test-tools"

@@ -1,56 +1,56 @@
-"""The daemon's MCP servers: started after the sandboxes' leftovers are cleaned,
-their tools added to the dispatcher before anything is served, killed at exit.
+"""The daemon's MCP servers: the tools file's `servers:`, started after the sandboxes'
+leftovers are cleaned, their tools in the tool set before anything is served, killed
+at exit.
 
-UNFINISHED (for the lead): the servers come from `ServeConfig.mcp_servers`. Until
-the tools-file loader (`tools/toolfile.py`) is wired in, the only way to fill it is
-the test-only `--mcp-servers-json FILE` (needs `--test-tools`): a JSON list of
-objects with ServerDecl's fields (`tools`: name -> ToolOverride fields, `effects`
-with EffectsDecl's). The loader's `ToolFile.servers` replaces it.
+Servers are started with the daemon, not on a reload: a reload whose `servers:`
+section differs from the one the daemon started with is refused (journaled, the
+last good set stays) and says to restart. Its command tools may change freely.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
+from execgate.executor.core.errors import ConfigError
 from execgate.executor.pipeline.dispatch import Dispatcher
-from execgate.executor.tools.decl import EffectsDecl, EnvDecl, Pool, ServerDecl, ToolOverride
+from execgate.executor.tools import Tool
+from execgate.executor.tools.decl import ServerDecl, ToolFile
 from execgate.executor.tools.mcp import McpProvider
+from execgate.executor.tools.toolset import ToolProvider, ToolSet
 
-from .config import ServeConfig
+
+@dataclass(frozen=True, slots=True)
+class ServedServers:
+    """The running servers' tools as a tool-set provider (each tool is labelled
+    `mcp:SERVER` by its own `provider`)."""
+
+    provider: McpProvider
+    servers: tuple[ServerDecl, ...]
+    name: str = "mcp"
+
+    def tools(self) -> Sequence[Tool]:
+        return list(self.provider.tools().values())
+
+    def contribute(self, file: ToolFile) -> Sequence[ToolProvider]:
+        """For a reload of the tools file: these servers, if the file still declares
+        exactly them; a ConfigError (the reload is refused) if it does not."""
+        if file.servers != self.servers:
+            raise ConfigError(
+                "the tools file's servers: changed; MCP servers start with the daemon: "
+                "restart it to apply (the tools in force stay)"
+            )
+        return (self,)
 
 
-async def start_provider(config: ServeConfig, dispatcher: Dispatcher) -> McpProvider:
+async def start_servers(
+    dispatcher: Dispatcher, declared: ToolFile, builtins: Iterable[Tool]
+) -> ServedServers:
+    """Start every declared server, list its tools and put them in the tool set."""
     provider = McpProvider(
-        dispatcher.sandboxes, dispatcher.workspace, output_cap=config.limits.raw_cap_bytes
+        dispatcher.sandboxes, dispatcher.workspace, output_cap=dispatcher.limits.raw_cap_bytes
     )
-    await provider.start(config.mcp_servers)
-    dispatcher.add_tools(provider.tools())
-    return provider
-
-
-def decls_from_json(path: Path) -> tuple[ServerDecl, ...]:
-    """Test-only: ServerDecls from a JSON list (see the module docstring)."""
-    items: list[dict[str, Any]] = json.loads(path.read_text())
-    return tuple(_decl(item) for item in items)
-
-
-def _decl(item: dict[str, Any]) -> ServerDecl:
-    tools = tuple((name, _override(o)) for name, o in item.pop("tools", {}).items())
-    env = EnvDecl(**{k: tuple(map(_tuple, v)) for k, v in item.pop("env", {}).items()})
-    pool = Pool(item.pop("pool", "daemon"))
-    args = tuple(item.pop("args", ()))
-    return ServerDecl(tools=tools, env=env, pool=pool, args=args, **item)
-
-
-def _override(item: dict[str, Any]) -> ToolOverride:
-    effects = item.pop("effects", None)
-    if effects is not None:
-        fields = {k: tuple(v) for k, v in effects.items()}
-        item["effects"] = EffectsDecl(declared=True, **fields)
-    return ToolOverride(**item)
-
-
-def _tuple(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
+    await provider.start(declared.servers)
+    served = ServedServers(provider, declared.servers)
+    dispatcher.toolset = ToolSet.declared(builtins, declared, (served,))
+    return served

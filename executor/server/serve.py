@@ -34,6 +34,7 @@ from execgate.executor.sandbox.privileges import make_non_dumpable
 from execgate.executor.sandbox.registry import daemon_id
 from execgate.executor.telemetry import metrics, tracing
 from execgate.executor.tools import Tool, builtin_tools
+from execgate.executor.tools.decl import ToolFile
 from execgate.executor.tools.reload import backends_wanted, load_toolset, tools_watcher
 from execgate.executor.tools.toolset import ToolSet
 from execgate.v1 import executor_pb2_grpc as pb_grpc
@@ -95,7 +96,7 @@ def _clear_stale_socket(path: Path) -> None:
     raise ConfigError(f"another daemon is already listening on {path}")
 
 
-def build(config: ServeConfig) -> tuple[Dispatcher, Journal]:
+def build(config: ServeConfig) -> tuple[Dispatcher, Journal, ToolFile]:
     policy = load_policy(config.policy or default_policy_path())
     toolset, declared = load_toolset(config.tools, _builtins(config).values())
     journal = Journal(config.state_dir / JOURNAL_NAME)
@@ -121,7 +122,7 @@ def build(config: ServeConfig) -> tuple[Dispatcher, Journal]:
         locks=_lock_backend(config),
         sandboxes=sandboxes,
     )
-    return dispatcher, journal
+    return dispatcher, journal, declared
 
 
 def _builtins(config: ServeConfig) -> dict[str, Tool]:
@@ -151,16 +152,8 @@ async def serve(
     old_umask = os.umask(0o077)  # state dir, journal and sockets: owner only, from birth
     try:
         lock_fd = prepare_dirs(config)
-        dispatcher, journal = build(config)
-        # Leftovers first: a crashed daemon's cgroup leaves, before any server starts.
-        stale = await dispatcher.sandboxes.cleanup_stale()
-        if stale:
-            log.warning("removed %d sandbox leftover(s) of a previous daemon", stale)
-        os.umask(old_umask)  # servers write files with the daemon's umask, not 077
-        try:
-            provider = await mcp_wiring.start_provider(config, dispatcher)
-        finally:
-            os.umask(0o077)
+        dispatcher, journal, declared = build(config)
+        served = await _start_servers(config, dispatcher, declared, old_umask)
         interceptor = AuthInterceptor(identities)
         if identities is not None:
             dispatcher.authorizer.memberships = identities.memberships
@@ -181,7 +174,7 @@ async def serve(
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-    watchers = _watchers(config, dispatcher, journal, interceptor)
+    watchers = _watchers(config, dispatcher, journal, interceptor, served)
     watching = [asyncio.create_task(w.run()) for w in watchers]
     if on_ready is not None:
         on_ready(addresses)
@@ -194,22 +187,41 @@ async def serve(
     runs.close()
     await dispatcher.close()
     await stopping
-    await provider.close()
+    await served.provider.close()
     await dispatcher.sandboxes.close()
     dispatcher.telemetry.shutdown()
     journal.close()
     os.close(lock_fd)
 
 
+async def _start_servers(
+    config: ServeConfig, dispatcher: Dispatcher, declared: ToolFile, umask: int
+) -> mcp_wiring.ServedServers:
+    """Leftovers first (a crashed daemon's cgroup leaves), then the MCP servers, with
+    the daemon's own umask (a server's files are not the state dir's)."""
+    stale = await dispatcher.sandboxes.cleanup_stale()
+    if stale:
+        log.warning("removed %d sandbox leftover(s) of a previous daemon", stale)
+    restore = os.umask(umask)
+    try:
+        return await mcp_wiring.start_servers(dispatcher, declared, _builtins(config).values())
+    finally:
+        os.umask(restore)
+
+
 def _watchers(
-    config: ServeConfig, dispatcher: Dispatcher, journal: Journal, interceptor: AuthInterceptor
+    config: ServeConfig,
+    dispatcher: Dispatcher,
+    journal: Journal,
+    interceptor: AuthInterceptor,
+    served: mcp_wiring.ServedServers,
 ) -> list[FileWatcher[Any]]:
     """The files reloaded while the daemon runs: policy, identities, tools."""
     watchers: list[FileWatcher[Any]] = [_policy_watcher(config, dispatcher, journal)]
     if interceptor.identities is not None and config.identities is not None:
         watchers.append(_identities_watcher(config.identities, interceptor, dispatcher, journal))
     if config.tools is not None:
-        watchers.append(_tools_watcher(config, dispatcher, journal))
+        watchers.append(_tools_watcher(config, dispatcher, journal, served))
     return watchers
 
 
@@ -226,7 +238,10 @@ def _policy_watcher(
 
 
 def _tools_watcher(
-    config: ServeConfig, dispatcher: Dispatcher, journal: Journal
+    config: ServeConfig,
+    dispatcher: Dispatcher,
+    journal: Journal,
+    served: mcp_wiring.ServedServers,
 ) -> FileWatcher[ToolSet]:
     """Hot reload of the tools file or directory (see tools/reload.py)."""
     assert config.tools is not None
@@ -241,6 +256,7 @@ def _tools_watcher(
         backends=dispatcher.sandboxes.backends,
         apply=apply,
         reloads=journal.reloads,
+        contribute=served.contribute,
         interval=config.policy_reload,
     )
 

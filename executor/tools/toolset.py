@@ -86,7 +86,8 @@ class ToolSet:
         for label, tools in groups:
             for tool in tools:
                 name = tool.spec.name
-                by = label or provider_of(tool)
+                # A tool's own label first ("mcp:git"), then its provider's.
+                by = getattr(tool, "provider", None) or label or BUILTIN
                 if name in found:
                     raise ConfigError(f"tool {name!r} is served by {labels[name]} and {by}")
                 found[name] = tool

@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from execgate.client import Call, Client, EventKind, Status, StopMode
 from tests import mcp_support as ms
-from tests.daemon import Daemon
-from tests.support import sandbox_serve_args
+from tests.daemon import Daemon, scaled
+from tests.support import sandbox_serve_args, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -42,7 +45,7 @@ SAFE_DIRECTORY = [
 
 def _server(name: str, server: tuple[str, tuple[str, ...]], tag: str, **kw: Any) -> dict[str, Any]:
     command, args = server
-    env = {"set": [[ms.TAG_ENV, tag], *kw.pop("env", [])]}
+    env = {"set": dict([(ms.TAG_ENV, tag), *kw.pop("env", [])])}
     return {"name": name, "command": command, "args": list(args), "env": env, **kw}
 
 
@@ -53,14 +56,14 @@ def _daemon(root: Path, tag: str, servers: list[dict[str, Any]]) -> Daemon:
         *[a for p in ms.RO_PATHS for a in ("--sandbox-ro", str(p))],
         "--policy",
         str(root / "policy.yaml"),
-        "--mcp-servers-json",
-        str(root / "servers.json"),
+        "--tools",
+        str(root / "tools.yaml"),
         "--grace",
         "1",
     )
     (root / "policy.yaml").parent.mkdir(parents=True, exist_ok=True)
     (root / "policy.yaml").write_text(POLICY)
-    ms.servers_json(root / "servers.json", servers)
+    ms.tools_file(root / "tools.yaml", servers)
     return daemon
 
 
@@ -104,6 +107,8 @@ def eg(served: tuple[Daemon, str]) -> Iterator[Client]:
 def test_tools_listed_with_their_schemas(eg: Client) -> None:
     specs = {t.name: t for t in eg.list_tools()}
     assert {"git.git_status", "git.git_log", "faulty.echo", "fs.write_file"} <= set(specs)
+    assert specs["git.git_status"].provider == "mcp:git"
+    assert specs["faulty.echo"].provider == "mcp:faulty"
     assert specs["faulty.echo"].read_only is False  # untrusted: a writer
     assert "text" in specs["faulty.echo"].input_schema["properties"]
 
@@ -249,3 +254,52 @@ def test_daemon_sigkill_leaves_no_server(tmp_path: Path) -> None:
     daemon.proc.wait(10)  # type: ignore[union-attr]
     ms.wait_for(lambda: ms.tagged(tag) == [], 10, "no server process after the daemon's SIGKILL")
     daemon.kill_group()
+
+
+def test_a_reload_may_change_commands_but_not_servers(tmp_path: Path) -> None:
+    """Servers start with the daemon: a reload that keeps `servers:` as they were adds
+    its command tools; one that changes them is refused and the tools in force stay."""
+    tag = ms.new_tag()
+    servers = [_server("faulty", ms.fixture_server(), tag)]
+    daemon = _daemon(tmp_path, tag, servers).start(timeout=60)
+    tools_yaml = tmp_path / "tools.yaml"
+    try:
+        with Client(daemon.address) as eg:
+            doc = yaml.safe_load(tools_yaml.read_text())
+            doc["tools"] = [
+                {
+                    "name": "hello",
+                    "description": "says hello",
+                    "input_schema": {"type": "object"},
+                    "argv": ["echo", "hello"],
+                }
+            ]
+            _save(tools_yaml, yaml.safe_dump(doc, sort_keys=False))
+            wait_until(lambda: "hello" in _names(eg), "the new command tool", scaled(20))
+            assert "faulty.echo" in _names(eg)
+            doc["servers"][0]["trusted"] = True
+            _save(tools_yaml, yaml.safe_dump(doc, sort_keys=False))
+            wait_until(lambda: _refusals(daemon) != [], "the refused reload", scaled(20))
+            assert "restart" in _refusals(daemon)[0]
+            assert {"hello", "faulty.echo"} <= _names(eg)
+            spec = {t.name: t for t in eg.list_tools()}["faulty.echo"]
+            assert not spec.read_only  # still the untrusted server's writer
+    finally:
+        daemon.stop()
+
+
+def _names(eg: Client) -> set[str]:
+    return {t.name for t in eg.list_tools()}
+
+
+def _save(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.rename(path)
+
+
+def _refusals(d: Daemon) -> list[str]:
+    uri = f"file:{d.state_dir / 'journal.db'}?mode=ro"
+    with closing(sqlite3.connect(uri, uri=True)) as conn:
+        rows = conn.execute("SELECT accepted, message FROM policy_events ORDER BY seq").fetchall()
+    return [message for accepted, message in rows if not accepted]

@@ -40,6 +40,7 @@ class McpTool:
     ) -> None:
         self.server = server
         self.remote_name = tool.name
+        self.provider = f"mcp:{server.decl.name}"  # ListTools' provider column
         self.hints = believed
         self._effects = override.effects if override is not None else None
         self.spec = spec_for(server.decl, tool, believed, self._effects)
