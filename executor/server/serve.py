@@ -183,6 +183,20 @@ async def serve(
         task.cancel()
     log.info("shutting down: draining in-flight calls")
     await health_servicer.enter_graceful_shutdown()
+    await _shut_down(server, config, runs, dispatcher, served)
+    journal.close()
+    os.close(lock_fd)
+
+
+async def _shut_down(
+    server: grpc.aio.Server,
+    config: ServeConfig,
+    runs: RunStore,
+    dispatcher: Dispatcher,
+    served: mcp_wiring.ServedServers,
+) -> None:
+    """No new RPCs; every call in flight stopped (grace, then force) and recorded; then
+    the MCP servers and the sandboxes go."""
     stopping = asyncio.create_task(server.stop(grace=config.limits.grace + 5))
     runs.close()
     await dispatcher.close()
@@ -190,8 +204,6 @@ async def serve(
     await served.provider.close()
     await dispatcher.sandboxes.close()
     dispatcher.telemetry.shutdown()
-    journal.close()
-    os.close(lock_fd)
 
 
 async def _start_servers(
