@@ -1,0 +1,159 @@
+"""Security review of declared command tools (merge16): each test is the proof of one
+finding, through the real daemon on a real socket and the real bwrap sandbox.
+
+The policy denies every path under `vault/`; the agent must not read or write there
+through a declared tool whose effects the policy checks."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from execgate.client import Call, Client, Status
+from tests.daemon import Daemon
+
+PY = sys.executable if sys.executable.startswith("/usr/") else "python3"
+VAULT = "VAULT-" + uuid.uuid4().hex
+# A secret JSON escapes (a non-ASCII letter: json.dumps writes \\u00e9): the escaped
+# form is not the value, so it is not cut from stdout, and parsing stdout restores it.
+SECRET = "tok-é-" + uuid.uuid4().hex
+STR = {"type": "string"}
+READ = "import sys; print(open(sys.argv[1]).read())"
+WRITE = "import sys; open(sys.argv[1], 'w').write('PWNED')"
+DUMP = "import json, os; print(json.dumps({{'token': os.environ['TOKEN']}}))"
+
+
+def tool(name: str, argv: list[str], props: dict[str, Any], **more: Any) -> dict[str, Any]:
+    schema = {"type": "object", "properties": props, "additionalProperties": False}
+    return {"name": name, "description": name, "input_schema": schema, "argv": argv, **more}
+
+
+TOOLS = [
+    tool("show", [PY, "-c", READ, "{path}"], {"path": STR}, effects={"reads": ["{path}"]}),
+    tool(
+        "save",
+        [PY, "-c", WRITE, "{name}"],
+        {"dir": STR, "name": STR},
+        cwd="{dir}",
+        effects={"writes": ["{dir}/{name}"]},
+    ),
+    tool(
+        "token_json",
+        [PY, "-c", DUMP],
+        {},
+        env={"secrets": {"TOKEN": "EG_REVIEW_SECRET"}},
+        effects={},
+        output="json",
+    ),
+]
+POLICY = {
+    "version": 1,
+    "default": "deny",
+    "rules": [
+        {"id": "vault", "effect": "deny", "paths": ["vault/**"]},
+        {"id": "all", "effect": "allow", "tools": ["*"]},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Client]]:
+    root = tmp_path_factory.mktemp("review")
+    (root / "tools.yaml").write_text(yaml.safe_dump({"version": 1, "tools": TOOLS}))
+    (root / "policy.yaml").write_text(yaml.safe_dump(POLICY))
+    (root / "d").mkdir()
+    d = Daemon(
+        root / "d",
+        "--tools",
+        str(root / "tools.yaml"),
+        "--policy",
+        str(root / "policy.yaml"),
+        env={"EG_REVIEW_SECRET": SECRET},
+    )
+    d.start()
+    (d.workspace / "vault").mkdir(exist_ok=True)
+    (d.workspace / "sub").mkdir(exist_ok=True)
+    try:
+        with Client(d.address) as c:
+            yield d, c
+    finally:
+        d.stop()
+
+
+@pytest.fixture(autouse=True)
+def vault(live: tuple[Daemon, Client]) -> None:
+    """The vault's key as it should stay, before each test."""
+    (live[0].workspace / "vault" / "key").write_text(VAULT)
+
+
+def test_the_vault_is_denied_to_a_direct_call(live: tuple[Daemon, Client]) -> None:
+    """The baseline the findings below get around: the policy does see effects paths."""
+    _, c = live
+    o = c.run(Call(tool="show", arguments={"path": "vault/key"}))
+    assert (o.status, o.error_class) == (Status.REJECTED, "policy_denied"), o.message
+
+
+def test_a_symlink_made_after_validation_is_followed_at_run(
+    live: tuple[Daemon, Client],
+) -> None:
+    """FINDING (high): the effects path is checked at validation, but the command gets
+    the raw argument and follows whatever it names when it runs. Call 0 of a batch makes
+    `link` -> vault/key; call 1, validated when `link` did not exist, reads the vault."""
+    d, c = live
+    link = "link-" + uuid.uuid4().hex[:8]
+    make = f"import os, time; time.sleep(0.5); os.symlink('vault/key', {link!r})"
+    calls = [
+        Call(tool="run_command", arguments={"argv": [PY, "-c", make]}),
+        Call(tool="show", arguments={"path": link}),
+    ]
+    first, second = c.execute(calls)
+    assert first.status is Status.SUCCESS, first.message
+    assert VAULT not in second.text, "a declared tool read a path the policy denies"
+    assert second.status is not Status.SUCCESS
+
+
+def test_an_absolute_piece_of_a_joined_template_escapes_the_checked_path(
+    live: tuple[Daemon, Client],
+) -> None:
+    """FINDING (high): `writes: ["{dir}/{name}"]` with `cwd: "{dir}"` and argv `{name}`:
+    an absolute `name` makes the checked path `sub//abs/...` (inside the workspace,
+    outside the vault) while the command writes the absolute path itself."""
+    d, c = live
+    target = d.workspace / "vault" / "key"
+    o = c.run(Call(tool="save", arguments={"dir": "sub", "name": str(target)}))
+    assert target.read_text() == VAULT, "the vault was written through a declared tool"
+    assert o.status is Status.REJECTED, (o.status, o.message)
+    assert o.field == "arguments.name"
+
+
+def test_an_absent_piece_of_a_joined_template_drops_the_check(
+    live: tuple[Daemon, Client],
+) -> None:
+    """FINDING (high): an optional argument left out drops the whole effect
+    (`{dir}/{name}` without `dir`), so `name` reaches the command unchecked."""
+    d, c = live
+    target = d.workspace / "vault" / "key"
+    o = c.run(Call(tool="save", arguments={"name": "vault/key"}))
+    assert target.read_text() == VAULT, "the vault was written through a declared tool"
+    assert o.status is Status.REJECTED, (o.status, o.message)
+
+
+def test_a_secret_json_escapes_is_not_in_the_structured_result(
+    live: tuple[Daemon, Client],
+) -> None:
+    """FINDING (medium): `output: json` parses stdout after the secret was cut from its
+    text; a secret JSON escapes (quote, backslash, non-ASCII) is not found in the text and
+    comes back whole in `structured`."""
+    d, c = live
+    o = c.run(Call(tool="token_json", arguments={}))
+    assert o.status is Status.SUCCESS, o.message
+    assert SECRET not in o.structured.values()
+    assert SECRET not in o.text and SECRET not in o.message
+    journal = b"".join(p.read_bytes() for p in d.state_dir.rglob("*") if p.is_file())
+    assert SECRET.encode() not in journal
