@@ -41,6 +41,9 @@ class Prepared:
     argv: tuple[str, ...]
     cwd: Path
     stdin: bytes | None
+    # (field, the expanded text, the path it resolved to) of the cwd and of every
+    # effects path: re-resolved when the call starts (`_unchanged`), after its locks.
+    checked: tuple[tuple[str, str, Path], ...] = ()
 
 
 class CommandTool:
@@ -93,12 +96,17 @@ class CommandTool:
             value = template.parse(host).expand(args)
             if value:
                 claims.append(Claim(net_key(value), Mode.READ))
+        checked = prepared.checked + tuple(
+            (field, text, found[key]) for key, field, text in self._texts(args)
+        )
+        prepared = replace(prepared, checked=checked)
         return CallEffects(tuple(claims), effects.may_write, prepared, paths=found)
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         prepared = ctx.analysis
         if not isinstance(prepared, Prepared):  # run without validation (a unit test)
             prepared = self._prepare(args, ctx.workspace)
+        _unchanged(prepared, ctx.workspace)
         env, hidden = self._environment(ctx.workspace.root)
         launch = Launch(
             argv=prepared.argv,
@@ -128,12 +136,13 @@ class CommandTool:
             if value is not None:
                 argv.append(value)
         cwd_text = template.parse(self.decl.cwd).expand(args) or "."
-        cwd = workspace.resolve(cwd_text, _field(self.decl.cwd, "cwd"))
+        cwd_field = _field(self.decl.cwd, "cwd")
+        cwd = workspace.resolve(cwd_text, cwd_field)
         stdin = None
         if self.decl.stdin is not None:
             text = template.parse(self.decl.stdin).expand(args)
             stdin = text.encode("utf-8", errors="surrogatepass") if text is not None else None
-        return Prepared(tuple(argv), cwd, stdin)
+        return Prepared(tuple(argv), cwd, stdin, ((cwd_field, cwd_text, cwd),))
 
     def _paths(
         self,
@@ -146,7 +155,7 @@ class CommandTool:
     ) -> list[Claim]:
         claims = []
         for i, text in enumerate(templates):
-            value = template.parse(text).expand(args)
+            value = _path_text(text, args, f"effects.{key}[{i}]")
             if value is None:
                 continue
             path = workspace.resolve(value, _field(text, f"effects.{key}[{i}]"))
@@ -164,7 +173,7 @@ class CommandTool:
     ) -> list[Claim]:
         claims = []
         for i, text in enumerate(templates):
-            value = template.parse(text).expand(args)
+            value = _path_text(text, args, f"effects.{key}[{i}]")
             if value is None:
                 continue
             db, _, table = value.rpartition(":")
@@ -179,6 +188,17 @@ class CommandTool:
                 )
             claims.append(Claim(table_key(rel, table), mode))
         return claims
+
+    def _texts(self, args: dict[str, Any]) -> list[tuple[str, str, str]]:
+        """(`_paths`' key, the field it names, expanded text) of each effects path given."""
+        out = []
+        for key in ("reads", "writes"):
+            for i, text in enumerate(getattr(self.decl.effects, key)):
+                where = f"effects.{key}[{i}]"
+                value = _path_text(text, args, where)
+                if value is not None:
+                    out.append((where, _field(text, where), value))
+        return out
 
     # -- environment and result ---------------------------------------------------
 
@@ -200,6 +220,9 @@ class CommandTool:
             env[child] = value
             if value:
                 hidden[value] = child
+                # As JSON writes it (`output: json` parses stdout after the cut).
+                for form in (json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]):
+                    hidden.setdefault(form, child)
         return env, hidden
 
     def _judged(self, out: ToolOutput) -> ToolOutput:
@@ -250,3 +273,44 @@ def _field(text: str, fallback: str) -> str:
     """The argument a template names (`arguments.path`), or where it is declared."""
     names = template.parse(text).names
     return f"arguments.{names[0]}" if names else fallback
+
+
+def _path_text(text: str, args: dict[str, Any], where: str) -> str | None:
+    """An effects path template expanded for the check. None when none of its arguments
+    is given; REJECTED when only some are (the path checked would not be the one the
+    command gets), or when a value not at the template's start is absolute (`{dir}/{name}`
+    with name `/x` checks `dir//x` while the command is handed `/x`)."""
+    parsed = template.parse(text)
+    given = [n for n in parsed.names if args.get(n) is not None]
+    if not given:
+        return None
+    missing = [n for n in parsed.names if n not in given]
+    if missing:
+        raise ToolError(
+            ErrorClass.INVALID_ARGUMENT,
+            f"{where} ({text!r}) needs {missing[0]} with {given[0]}: the path cannot be checked",
+            field=f"arguments.{missing[0]}",
+            status=Status.REJECTED,
+        )
+    for at, (is_arg, name) in enumerate(parsed.parts):
+        if is_arg and at > 0 and template.render(args[name]).startswith("/"):
+            raise ToolError(
+                ErrorClass.PERMISSION_DENIED,
+                f"{where} ({text!r}): {name} must be a relative path inside it",
+                field=f"arguments.{name}",
+                status=Status.REJECTED,
+            )
+    return parsed.expand(args)
+
+
+def _unchanged(prepared: Prepared, workspace: Workspace) -> None:
+    """Each path checked at validation resolves as it did then (now, under the call's
+    locks): a symlink made meanwhile is REJECTED naming its argument, never followed."""
+    for field, text, path in prepared.checked:
+        if workspace.resolve(text, field) != path:
+            raise ToolError(
+                ErrorClass.PERMISSION_DENIED,
+                f"{text!r} changed since the call was checked (a symlink?)",
+                field=field,
+                status=Status.REJECTED,
+            )

@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -105,7 +104,7 @@ def test_a_symlink_made_after_validation_is_followed_at_run(
     """FINDING (high): the effects path is checked at validation, but the command gets
     the raw argument and follows whatever it names when it runs. Call 0 of a batch makes
     `link` -> vault/key; call 1, validated when `link` did not exist, reads the vault."""
-    d, c = live
+    _d, c = live
     link = "link-" + uuid.uuid4().hex[:8]
     make = f"import os, time; time.sleep(0.5); os.symlink('vault/key', {link!r})"
     calls = [
@@ -154,6 +153,7 @@ def test_a_secret_json_escapes_is_not_in_the_structured_result(
     o = c.run(Call(tool="token_json", arguments={}))
     assert o.status is Status.SUCCESS, o.message
     assert SECRET not in o.structured.values()
-    assert SECRET not in o.text and SECRET not in o.message
+    assert SECRET not in o.text
+    assert SECRET not in o.message
     journal = b"".join(p.read_bytes() for p in d.state_dir.rglob("*") if p.is_file())
     assert SECRET.encode() not in journal
