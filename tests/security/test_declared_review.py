@@ -162,3 +162,94 @@ def test_a_secret_json_escapes_is_not_in_the_structured_result(
     assert SECRET not in o.message
     journal = b"".join(p.read_bytes() for p in d.state_dir.rglob("*") if p.is_file())
     assert SECRET.encode() not in journal
+
+
+# -- the process backend a tools file may ask for -------------------------------------
+
+HOLD = (
+    "import os, time\n"
+    "t = time.monotonic()\n"
+    "while not os.path.exists('go') and time.monotonic() - t < 60: time.sleep(0.02)\n"
+)
+# Another call, as the agent writes it: every environment it may read, until the secret.
+SNOOP = (
+    "import glob, os, time\n"
+    "t, seen = time.monotonic(), ''\n"
+    "while 'TOKEN=' not in seen and time.monotonic() - t < 30:\n"
+    "    for p in glob.glob('/proc/[0-9]*/environ'):\n"
+    "        try: e = open(p, 'rb').read().decode('utf-8', 'replace')\n"
+    "        except OSError: continue\n"
+    "        if 'TOKEN=' in e: seen = e\n"
+    "open('go', 'w').close()\n"
+    "print(seen.replace(chr(0), ' '))\n"
+)
+PROCESS_TOOLS = [
+    tool(
+        "ro_process",
+        [PY, "-c", "open('written-by-a-reader', 'w').write('x')"],
+        {},
+        effects={"reads": ["."]},
+        sandbox={"backend": "process"},
+    ),
+    tool(
+        "hold_secret",
+        [PY, "-c", HOLD],
+        {},
+        env={"secrets": {"TOKEN": "EG_REVIEW_SECRET"}},
+        effects={},
+        sandbox={"backend": "process"},
+    ),
+]
+PROCESS_POLICY = {
+    "version": 1,
+    "default": "deny",
+    "rules": [{"id": "all", "effect": "allow", "tools": ["*"]}],
+    "sandbox": [{"tools": ["run_command"], "backend": "process"}],
+}
+
+
+@pytest.fixture(scope="module")
+def process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Client]]:
+    root = tmp_path_factory.mktemp("review-process")
+    (root / "tools.yaml").write_text(yaml.safe_dump({"version": 1, "tools": PROCESS_TOOLS}))
+    (root / "policy.yaml").write_text(yaml.safe_dump(PROCESS_POLICY))
+    (root / "d").mkdir()
+    d = Daemon(
+        root / "d",
+        "--tools",
+        str(root / "tools.yaml"),
+        "--policy",
+        str(root / "policy.yaml"),
+        env={"EG_REVIEW_SECRET": SECRET},
+    ).start()
+    try:
+        with Client(d.address) as c:
+            yield d, c
+    finally:
+        d.stop()
+
+
+@pytest.mark.xfail(strict=True, reason="UNFINISHED: the process backend has no read-only bind")
+def test_a_reader_asking_for_process_cannot_write(process: tuple[Daemon, Client]) -> None:
+    """FINDING (medium, not fixed): docs/tools.md promises a tool that declares no write
+    a read-only workspace "so it cannot write even if it tries"; the process backend a
+    tools file may name (`sandbox.backend: process`) binds nothing read-only."""
+    d, c = process
+    o = c.run(Call(tool="ro_process", arguments={}))
+    assert not (d.workspace / "written-by-a-reader").exists(), "a declared reader wrote"
+    assert o.status is not Status.SUCCESS, o.message
+
+
+@pytest.mark.xfail(strict=True, reason="UNFINISHED: process-backend calls share one uid")
+def test_a_secret_is_not_in_another_calls_reach(process: tuple[Daemon, Client]) -> None:
+    """FINDING (medium, not fixed): under the process backend every call runs as the same
+    run-as user, so another call (run_command, the agent's argv) reads the secret from
+    /proc/PID/environ of the declared tool's child while it runs."""
+    _, c = process
+    calls = [
+        Call(tool="hold_secret", arguments={}),
+        Call(tool="run_command", arguments={"argv": [PY, "-c", SNOOP]}),
+    ]
+    held, snooped = c.execute(calls)
+    assert held.status is Status.SUCCESS, held.message
+    assert SECRET not in snooped.text, "another call read the secret from /proc"
