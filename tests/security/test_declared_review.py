@@ -15,6 +15,8 @@ import pytest
 import yaml
 
 from execgate.client import Call, Client, Status
+from execgate.executor.core.errors import ToolFileErrors
+from execgate.executor.tools.toolfile import parse_sources
 from tests.daemon import Daemon
 
 PY = sys.executable if sys.executable.startswith("/usr/") else "python3"
@@ -253,3 +255,19 @@ def test_a_secret_is_not_in_another_calls_reach(process: tuple[Daemon, Client]) 
     held, snooped = c.execute(calls)
     assert held.status is Status.SUCCESS, held.message
     assert SECRET not in snooped.text, "another call read the secret from /proc"
+
+
+# -- the program ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("program", ["{p}", "./scripts/{p}", "{p}.sh"])
+def test_the_program_holds_no_placeholder(program: str) -> None:
+    """FINDING (medium, fixed): argv[0] took placeholders, so an argument chose the
+    program (`./scripts/{p}` with p `../../usr/bin/python3`), and an optional one left
+    out made argv[1] the program."""
+    text = yaml.safe_dump(
+        {"version": 1, "tools": [tool("t", [program, "x"], {"p": STR}, effects={})]}
+    )
+    with pytest.raises(ToolFileErrors) as info:
+        parse_sources([("t.yaml", text)])
+    assert "tools[0].argv[0]: the program cannot hold a placeholder" in str(info.value)
