@@ -266,7 +266,23 @@ def _redacted(out: ToolOutput, hidden: dict[str, str]) -> ToolOutput:
     for value in sorted(hidden, key=len, reverse=True):
         mask = f"[secret {hidden[value]}]"
         text, message = text.replace(value, mask), message.replace(value, mask)
+        if out.truncated:
+            text = _cut_tails(text, value, mask)
     return replace(out, text=text, message=message)
+
+
+_STDERR = "\n[stderr]\n"  # between stdout and stderr in `text` (command._output)
+
+
+def _cut_tails(text: str, value: str, mask: str) -> str:
+    """A stream the raw cap cut mid-secret ends with a part of it: masked too. The end
+    of stdout is before the stderr line, the end of stderr (or of stdout) the text's."""
+    for k in range(len(value) - 1, 0, -1):
+        part = value[:k]
+        if text.endswith(part):
+            text = text[: -len(part)] + mask
+        text = text.replace(part + _STDERR, mask + _STDERR)
+    return text
 
 
 def _field(text: str, fallback: str) -> str:

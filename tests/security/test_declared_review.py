@@ -27,6 +27,9 @@ SECRET = "tok-é-" + uuid.uuid4().hex
 STR = {"type": "string"}
 READ = "import sys; print(open(sys.argv[1]).read())"
 WRITE = "import sys; open(sys.argv[1], 'w').write('PWNED')"
+# `n` bytes of padding, then the secret: the agent chooses where the raw cap cuts it.
+PAD = "import os, sys; sys.stdout.write('x' * int(sys.argv[1]) + os.environ['TOKEN'])"
+RAW_CAP = 1024 * 1024  # Limits.raw_cap_bytes: what the tool keeps of stdout
 DUMP = "import json, os; print(json.dumps({{'token': os.environ['TOKEN']}}))"
 
 
@@ -43,6 +46,13 @@ TOOLS = [
         {"dir": STR, "name": STR},
         cwd="{dir}",
         effects={"writes": ["{dir}/{name}"]},
+    ),
+    tool(
+        "pad_then_token",
+        [PY, "-c", PAD, "{n}"],
+        {"n": {"type": "integer"}},
+        env={"secrets": {"TOKEN": "EG_REVIEW_SECRET"}},
+        effects={},
     ),
     tool(
         "token_json",
@@ -271,3 +281,18 @@ def test_the_program_holds_no_placeholder(program: str) -> None:
     with pytest.raises(ToolFileErrors) as info:
         parse_sources([("t.yaml", text)])
     assert "tools[0].argv[0]: the program cannot hold a placeholder" in str(info.value)
+
+
+def test_a_secret_cut_by_the_raw_cap_is_not_kept_in_part(
+    live: tuple[Daemon, Client],
+) -> None:
+    """FINDING (low): the raw cap cuts stdout mid-secret, so no whole occurrence is
+    found to redact and all of the secret but its last character is journaled with the
+    raw output (the agent picks the cut through an argument)."""
+    d, c = live
+    keep = SECRET.encode()[:-1]
+    o = c.run(Call(tool="pad_then_token", arguments={"n": RAW_CAP - len(keep)}))
+    assert o.status is Status.PARTIAL, o.message  # over the (64 KiB) result cap
+    journal = b"".join(p.read_bytes() for p in d.state_dir.rglob("*") if p.is_file())
+    assert b"x" * 1000 in journal, "the raw output is journaled (else this proves nothing)"
+    assert keep not in journal
