@@ -197,6 +197,13 @@ SNOOP = (
 )
 PROCESS_TOOLS = [
     tool(
+        "ifaces_process",
+        [PY, "-c", "import socket; print([n for _, n in socket.if_nameindex()])"],
+        {},
+        effects={"net": ["example.com"]},
+        sandbox={"backend": "process"},
+    ),
+    tool(
         "ro_process",
         [PY, "-c", "open('written-by-a-reader', 'w').write('x')"],
         {},
@@ -216,7 +223,10 @@ PROCESS_POLICY = {
     "version": 1,
     "default": "deny",
     "rules": [{"id": "all", "effect": "allow", "tools": ["*"]}],
-    "sandbox": [{"tools": ["run_command"], "backend": "process"}],
+    "sandbox": [
+        {"tools": ["run_command"], "backend": "process"},
+        {"tools": ["ifaces_process"], "network": False},
+    ],
 }
 
 
@@ -250,6 +260,20 @@ def test_a_reader_asking_for_process_cannot_write(process: tuple[Daemon, Client]
     o = c.run(Call(tool="ro_process", arguments={}))
     assert not (d.workspace / "written-by-a-reader").exists(), "a declared reader wrote"
     assert o.status is not Status.SUCCESS, o.message
+
+
+@pytest.mark.xfail(strict=True, reason="UNFINISHED: the process backend has no netns")
+def test_a_tools_file_asking_for_process_gets_no_network(
+    process: tuple[Daemon, Client],
+) -> None:
+    """FINDING (medium, not fixed): docs/tools.md: "only the policy's sandbox: rule for
+    the tool" opens the network. The policy's rule here says `network: false` (backend
+    default); the declared `process` backend wins over the daemon's bwrap and has the
+    host's network."""
+    _, c = process
+    o = c.run(Call(tool="ifaces_process", arguments={}))
+    assert o.status is Status.SUCCESS, o.message
+    assert o.text.strip() == "['lo']", o.text
 
 
 @pytest.mark.xfail(strict=True, reason="UNFINISHED: process-backend calls share one uid")
