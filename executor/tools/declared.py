@@ -14,14 +14,15 @@ from __future__ import annotations
 import json
 import os
 import secrets as tokens
-from collections.abc import Mapping
+import stat
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from execgate.executor.core.errors import ToolError
 from execgate.executor.core.outcomes import ErrorClass, Status, StopMode
-from execgate.executor.core.paths import Workspace
+from execgate.executor.core.paths import Workspace, hard_link_refused
 from execgate.executor.locks import Claim, Mode, net_key, path_key, table_key, workspace_key
 from execgate.executor.sandbox import Launch
 
@@ -106,7 +107,7 @@ class CommandTool:
         prepared = ctx.analysis
         if not isinstance(prepared, Prepared):  # run without validation (a unit test)
             prepared = self._prepare(args, ctx.workspace)
-        _unchanged(prepared, ctx.workspace)
+        _unchanged(prepared, ctx.workspace, ctx.hard_links)
         env, hidden = self._environment(ctx.workspace.root)
         launch = Launch(
             argv=prepared.argv,
@@ -319,9 +320,13 @@ def _path_text(text: str, args: dict[str, Any], where: str) -> str | None:
     return parsed.expand(args)
 
 
-def _unchanged(prepared: Prepared, workspace: Workspace) -> None:
+def _unchanged(
+    prepared: Prepared, workspace: Workspace, hard_links: Callable[[Path], bool]
+) -> None:
     """Each path checked at validation resolves as it did then (now, under the call's
-    locks): a symlink made meanwhile is REJECTED naming its argument, never followed."""
+    locks): a symlink made meanwhile is REJECTED naming its argument, never followed.
+    A regular file with several hard links is outside, as for the built-ins, unless
+    the policy's `hard_links:` allows it there."""
     for field, text, path in prepared.checked:
         if workspace.resolve(text, field) != path:
             raise ToolError(
@@ -330,3 +335,9 @@ def _unchanged(prepared: Prepared, workspace: Workspace) -> None:
                 field=field,
                 status=Status.REJECTED,
             )
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue  # not there (yet): nothing links to it
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1 and not hard_links(path):
+            raise hard_link_refused(workspace.relative(path), st.st_nlink, field)

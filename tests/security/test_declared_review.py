@@ -6,6 +6,7 @@ through a declared tool whose effects the policy checks."""
 
 from __future__ import annotations
 
+import os
 import sys
 import uuid
 from collections.abc import Iterator
@@ -320,3 +321,17 @@ def test_a_secret_cut_by_the_raw_cap_is_not_kept_in_part(
     journal = b"".join(p.read_bytes() for p in d.state_dir.rglob("*") if p.is_file())
     assert b"x" * 1000 in journal, "the raw output is journaled (else this proves nothing)"
     assert keep not in journal
+
+
+def test_a_hard_link_to_an_outside_file_is_refused(live: tuple[Daemon, Client]) -> None:
+    """FINDING (medium, fixed): the built-ins treat a regular file with several hard
+    links as outside the workspace (tests/security/test_hard_links.py); a declared
+    tool's effects path did not, so a planted link read the outside file."""
+    d, c = live
+    outside = d.root / ("outside-" + uuid.uuid4().hex)
+    outside.write_text(VAULT)
+    name = "planted-" + uuid.uuid4().hex[:8]
+    os.link(outside, d.workspace / name)
+    o = c.run(Call(tool="show", arguments={"path": name}))
+    assert VAULT not in o.text, "a declared tool read a file outside the workspace"
+    assert (o.error_class, o.field) == ("permission_denied", "arguments.path"), o.message
