@@ -236,7 +236,12 @@ class CommandTool:
             return replace(
                 out, error_class=ErrorClass.NONZERO_EXIT, message=f"{why} (not a success code)"
             )
-        out = replace(out, error_class=ErrorClass.NONE, message="")
+        # A success code is no failure; what else the message says stays (an escaped
+        # process that held the output open: command._output).
+        message = out.message
+        if out.error_class is ErrorClass.NONZERO_EXIT:
+            message = message.removeprefix(f"exited with status {code}").removeprefix("; ")
+        out = replace(out, error_class=ErrorClass.NONE, message=message)
         if self.decl.output is OutputMode.JSON:
             return _json(out)
         return out

@@ -17,6 +17,10 @@ import yaml
 
 from execgate.client import Call, Client, Status
 from execgate.executor.core.errors import ToolFileErrors
+from execgate.executor.core.outcomes import ErrorClass, Evidence
+from execgate.executor.tools import ToolOutput
+from execgate.executor.tools.decl import CommandDecl
+from execgate.executor.tools.declared import CommandTool
 from execgate.executor.tools.toolfile import parse_sources
 from tests.daemon import Daemon
 
@@ -30,6 +34,7 @@ READ = "import sys; print(open(sys.argv[1]).read())"
 WRITE = "import sys; open(sys.argv[1], 'w').write('PWNED')"
 # `n` bytes of padding, then the secret: the agent chooses where the raw cap cuts it.
 PAD = "import os, sys; sys.stdout.write('x' * int(sys.argv[1]) + os.environ['TOKEN'])"
+ESCAPED = "a process the sandbox could not find still held the output open"
 RAW_CAP = 1024 * 1024  # Limits.raw_cap_bytes: what the tool keeps of stdout
 DUMP = "import json, os; print(json.dumps({{'token': os.environ['TOKEN']}}))"
 
@@ -335,3 +340,21 @@ def test_a_hard_link_to_an_outside_file_is_refused(live: tuple[Daemon, Client]) 
     o = c.run(Call(tool="show", arguments={"path": name}))
     assert VAULT not in o.text, "a declared tool read a file outside the workspace"
     assert (o.error_class, o.field) == ("permission_denied", "arguments.path"), o.message
+
+
+@pytest.mark.parametrize(
+    ("code", "message"), [(0, ESCAPED), (1, f"exited with status 1; {ESCAPED}")]
+)
+def test_a_success_code_keeps_the_escape_warning(code: int, message: str) -> None:
+    """FINDING (low, fixed): a success code cleared the whole message, so "a process the
+    sandbox could not find still held the output open" (command._output: survivors
+    unverified) vanished from the outcome of a declared tool."""
+    decl = CommandDecl(
+        name="t", description="d", input_schema={"type": "object"}, argv=("true",),
+        success_codes=(0, 1),
+    )  # fmt: skip
+    error = ErrorClass.NONE if code == 0 else ErrorClass.NONZERO_EXIT
+    out = ToolOutput(evidence=Evidence(exit_code=code), error_class=error, message=message)
+    judged = CommandTool(decl, environ={})._judged(out)
+    assert judged.error_class is ErrorClass.NONE
+    assert ESCAPED in judged.message
