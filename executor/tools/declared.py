@@ -6,7 +6,8 @@ the effects' paths resolved inside the workspace (an escape is REJECTED naming t
 argument) and turned into claims. The tool runs exactly what was analysed
 (`ToolContext.analysis`), through `run_sandboxed` and the cancel ladder, like
 `run_command`. Secret values go to the child's environment only: they are cut out of
-its output before anything leaves the tool (`[secret NAME]`).
+its output before anything leaves the tool (`[secret NAME]`). The checks around the run
+(paths again under the call's locks, the secrets' cut) are in `declguard`.
 """
 
 from __future__ import annotations
@@ -14,15 +15,14 @@ from __future__ import annotations
 import json
 import os
 import secrets as tokens
-import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from execgate.executor.core.errors import ToolError
 from execgate.executor.core.outcomes import ErrorClass, Status, StopMode
-from execgate.executor.core.paths import Workspace, hard_link_refused
+from execgate.executor.core.paths import Workspace
 from execgate.executor.locks import Claim, Mode, net_key, path_key, table_key, workspace_key
 from execgate.executor.sandbox import Launch
 
@@ -30,6 +30,7 @@ from . import template
 from .base import ToolContext, ToolOutput, ToolSpec
 from .command import BASE_ENV, run_sandboxed
 from .decl import CommandDecl, OutputMode, SandboxDecl
+from .declguard import path_text, redacted, secret_forms, unchanged
 from .effects import CallEffects
 
 __all__ = ["CommandTool", "Prepared"]
@@ -107,7 +108,7 @@ class CommandTool:
         prepared = ctx.analysis
         if not isinstance(prepared, Prepared):  # run without validation (a unit test)
             prepared = self._prepare(args, ctx.workspace)
-        _unchanged(prepared, ctx.workspace, ctx.hard_links)
+        unchanged(prepared.checked, ctx.workspace, ctx.hard_links)
         env, hidden = self._environment(ctx.workspace.root)
         launch = Launch(
             argv=prepared.argv,
@@ -121,7 +122,7 @@ class CommandTool:
             output_cap=ctx.limits.raw_cap_bytes,
             run_id=ctx.run_id,
         )
-        out = _redacted(await run_sandboxed(launch, ctx), hidden)
+        out = redacted(await run_sandboxed(launch, ctx), hidden)
         return self._judged(out)
 
     # -- expansion ----------------------------------------------------------------
@@ -156,7 +157,7 @@ class CommandTool:
     ) -> list[Claim]:
         claims = []
         for i, text in enumerate(templates):
-            value = _path_text(text, args, f"effects.{key}[{i}]")
+            value = path_text(text, args, f"effects.{key}[{i}]")
             if value is None:
                 continue
             path = workspace.resolve(value, _field(text, f"effects.{key}[{i}]"))
@@ -174,7 +175,7 @@ class CommandTool:
     ) -> list[Claim]:
         claims = []
         for i, text in enumerate(templates):
-            value = _path_text(text, args, f"effects.{key}[{i}]")
+            value = path_text(text, args, f"effects.{key}[{i}]")
             if value is None:
                 continue
             db, _, table = value.rpartition(":")
@@ -196,7 +197,7 @@ class CommandTool:
         for key in ("reads", "writes"):
             for i, text in enumerate(getattr(self.decl.effects, key)):
                 where = f"effects.{key}[{i}]"
-                value = _path_text(text, args, where)
+                value = path_text(text, args, where)
                 if value is not None:
                     out.append((where, _field(text, where), value))
         return out
@@ -219,11 +220,8 @@ class CommandTool:
                     field=f"secrets.{child}",
                 )
             env[child] = value
-            if value:
-                hidden[value] = child
-                # As JSON writes it (`output: json` parses stdout after the cut).
-                for form in (json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]):
-                    hidden.setdefault(form, child)
+            for form in secret_forms(value) if value else ():
+                hidden.setdefault(form, child)
         return env, hidden
 
     def _judged(self, out: ToolOutput) -> ToolOutput:
@@ -263,86 +261,7 @@ def _json(out: ToolOutput) -> ToolOutput:
     return replace(out, structured=structured)
 
 
-def _redacted(out: ToolOutput, hidden: dict[str, str]) -> ToolOutput:
-    """Every secret value in the output replaced by `[secret NAME]` (longest first, so
-    a secret that contains another is cut whole)."""
-    if not hidden:
-        return out
-    text, message = out.text, out.message
-    for value in sorted(hidden, key=len, reverse=True):
-        mask = f"[secret {hidden[value]}]"
-        text, message = text.replace(value, mask), message.replace(value, mask)
-        if out.truncated:
-            text = _cut_tails(text, value, mask)
-    return replace(out, text=text, message=message)
-
-
-_STDERR = "\n[stderr]\n"  # between stdout and stderr in `text` (command._output)
-
-
-def _cut_tails(text: str, value: str, mask: str) -> str:
-    """A stream the raw cap cut mid-secret ends with a part of it: masked too. The end
-    of stdout is before the stderr line, the end of stderr (or of stdout) the text's."""
-    for k in range(len(value) - 1, 0, -1):
-        part = value[:k]
-        if text.endswith(part):
-            text = text[: -len(part)] + mask
-        text = text.replace(part + _STDERR, mask + _STDERR)
-    return text
-
-
 def _field(text: str, fallback: str) -> str:
     """The argument a template names (`arguments.path`), or where it is declared."""
     names = template.parse(text).names
     return f"arguments.{names[0]}" if names else fallback
-
-
-def _path_text(text: str, args: dict[str, Any], where: str) -> str | None:
-    """An effects path template expanded for the check. None when none of its arguments
-    is given; REJECTED when only some are (the path checked would not be the one the
-    command gets), or when a value not at the template's start is absolute (`{dir}/{name}`
-    with name `/x` checks `dir//x` while the command is handed `/x`)."""
-    parsed = template.parse(text)
-    given = [n for n in parsed.names if args.get(n) is not None]
-    if not given:
-        return None
-    missing = [n for n in parsed.names if n not in given]
-    if missing:
-        raise ToolError(
-            ErrorClass.INVALID_ARGUMENT,
-            f"{where} ({text!r}) needs {missing[0]} with {given[0]}: the path cannot be checked",
-            field=f"arguments.{missing[0]}",
-            status=Status.REJECTED,
-        )
-    for at, (is_arg, name) in enumerate(parsed.parts):
-        if is_arg and at > 0 and template.render(args[name]).startswith("/"):
-            raise ToolError(
-                ErrorClass.PERMISSION_DENIED,
-                f"{where} ({text!r}): {name} must be a relative path inside it",
-                field=f"arguments.{name}",
-                status=Status.REJECTED,
-            )
-    return parsed.expand(args)
-
-
-def _unchanged(
-    prepared: Prepared, workspace: Workspace, hard_links: Callable[[Path], bool]
-) -> None:
-    """Each path checked at validation resolves as it did then (now, under the call's
-    locks): a symlink made meanwhile is REJECTED naming its argument, never followed.
-    A regular file with several hard links is outside, as for the built-ins, unless
-    the policy's `hard_links:` allows it there."""
-    for field, text, path in prepared.checked:
-        if workspace.resolve(text, field) != path:
-            raise ToolError(
-                ErrorClass.PERMISSION_DENIED,
-                f"{text!r} changed since the call was checked (a symlink?)",
-                field=field,
-                status=Status.REJECTED,
-            )
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue  # not there (yet): nothing links to it
-        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1 and not hard_links(path):
-            raise hard_link_refused(workspace.relative(path), st.st_nlink, field)
