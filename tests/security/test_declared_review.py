@@ -180,6 +180,7 @@ def test_a_secret_json_escapes_is_not_in_the_structured_result(
     assert SECRET not in o.message
     journal = b"".join(p.read_bytes() for p in d.state_dir.rglob("*") if p.is_file())
     assert SECRET.encode() not in journal
+    assert SECRET not in d.log()
 
 
 # -- the process backend a tools file may ask for -------------------------------------
