@@ -6,7 +6,8 @@ the effects' paths resolved inside the workspace (an escape is REJECTED naming t
 argument) and turned into claims. The tool runs exactly what was analysed
 (`ToolContext.analysis`), through `run_sandboxed` and the cancel ladder, like
 `run_command`. Secret values go to the child's environment only: they are cut out of
-its output before anything leaves the tool (`[secret NAME]`).
+its output before anything leaves the tool (`[secret NAME]`). The checks around the run
+(paths again under the call's locks, the secrets' cut) are in `declguard`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from . import template
 from .base import ToolContext, ToolOutput, ToolSpec
 from .command import BASE_ENV, run_sandboxed
 from .decl import CommandDecl, OutputMode, SandboxDecl
+from .declguard import path_text, redacted, secret_forms, unchanged
 from .effects import CallEffects
 
 __all__ = ["CommandTool", "Prepared"]
@@ -41,6 +43,9 @@ class Prepared:
     argv: tuple[str, ...]
     cwd: Path
     stdin: bytes | None
+    # (field, the expanded text, the path it resolved to) of the cwd and of every
+    # effects path: re-resolved when the call starts (`_unchanged`), after its locks.
+    checked: tuple[tuple[str, str, Path], ...] = ()
 
 
 class CommandTool:
@@ -93,12 +98,17 @@ class CommandTool:
             value = template.parse(host).expand(args)
             if value:
                 claims.append(Claim(net_key(value), Mode.READ))
+        checked = prepared.checked + tuple(
+            (field, text, found[key]) for key, field, text in self._texts(args)
+        )
+        prepared = replace(prepared, checked=checked)
         return CallEffects(tuple(claims), effects.may_write, prepared, paths=found)
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         prepared = ctx.analysis
         if not isinstance(prepared, Prepared):  # run without validation (a unit test)
             prepared = self._prepare(args, ctx.workspace)
+        unchanged(prepared.checked, ctx.workspace, ctx.hard_links)
         env, hidden = self._environment(ctx.workspace.root)
         launch = Launch(
             argv=prepared.argv,
@@ -112,7 +122,7 @@ class CommandTool:
             output_cap=ctx.limits.raw_cap_bytes,
             run_id=ctx.run_id,
         )
-        out = _redacted(await run_sandboxed(launch, ctx), hidden)
+        out = redacted(await run_sandboxed(launch, ctx), hidden)
         return self._judged(out)
 
     # -- expansion ----------------------------------------------------------------
@@ -128,12 +138,13 @@ class CommandTool:
             if value is not None:
                 argv.append(value)
         cwd_text = template.parse(self.decl.cwd).expand(args) or "."
-        cwd = workspace.resolve(cwd_text, _field(self.decl.cwd, "cwd"))
+        cwd_field = _field(self.decl.cwd, "cwd")
+        cwd = workspace.resolve(cwd_text, cwd_field)
         stdin = None
         if self.decl.stdin is not None:
             text = template.parse(self.decl.stdin).expand(args)
             stdin = text.encode("utf-8", errors="surrogatepass") if text is not None else None
-        return Prepared(tuple(argv), cwd, stdin)
+        return Prepared(tuple(argv), cwd, stdin, ((cwd_field, cwd_text, cwd),))
 
     def _paths(
         self,
@@ -146,7 +157,7 @@ class CommandTool:
     ) -> list[Claim]:
         claims = []
         for i, text in enumerate(templates):
-            value = template.parse(text).expand(args)
+            value = path_text(text, args, f"effects.{key}[{i}]")
             if value is None:
                 continue
             path = workspace.resolve(value, _field(text, f"effects.{key}[{i}]"))
@@ -164,7 +175,7 @@ class CommandTool:
     ) -> list[Claim]:
         claims = []
         for i, text in enumerate(templates):
-            value = template.parse(text).expand(args)
+            value = path_text(text, args, f"effects.{key}[{i}]")
             if value is None:
                 continue
             db, _, table = value.rpartition(":")
@@ -179,6 +190,17 @@ class CommandTool:
                 )
             claims.append(Claim(table_key(rel, table), mode))
         return claims
+
+    def _texts(self, args: dict[str, Any]) -> list[tuple[str, str, str]]:
+        """(`_paths`' key, the field it names, expanded text) of each effects path given."""
+        out = []
+        for key in ("reads", "writes"):
+            for i, text in enumerate(getattr(self.decl.effects, key)):
+                where = f"effects.{key}[{i}]"
+                value = path_text(text, args, where)
+                if value is not None:
+                    out.append((where, _field(text, where), value))
+        return out
 
     # -- environment and result ---------------------------------------------------
 
@@ -198,8 +220,8 @@ class CommandTool:
                     field=f"secrets.{child}",
                 )
             env[child] = value
-            if value:
-                hidden[value] = child
+            for form in secret_forms(value) if value else ():
+                hidden.setdefault(form, child)
         return env, hidden
 
     def _judged(self, out: ToolOutput) -> ToolOutput:
@@ -212,7 +234,12 @@ class CommandTool:
             return replace(
                 out, error_class=ErrorClass.NONZERO_EXIT, message=f"{why} (not a success code)"
             )
-        out = replace(out, error_class=ErrorClass.NONE, message="")
+        # A success code is no failure; what else the message says stays (an escaped
+        # process that held the output open: command._output).
+        message = out.message
+        if out.error_class is ErrorClass.NONZERO_EXIT:
+            message = message.removeprefix(f"exited with status {code}").removeprefix("; ")
+        out = replace(out, error_class=ErrorClass.NONE, message=message)
         if self.decl.output is OutputMode.JSON:
             return _json(out)
         return out
@@ -232,18 +259,6 @@ def _json(out: ToolOutput) -> ToolOutput:
         )
     structured = value if isinstance(value, dict) else {"value": value}
     return replace(out, structured=structured)
-
-
-def _redacted(out: ToolOutput, hidden: dict[str, str]) -> ToolOutput:
-    """Every secret value in the output replaced by `[secret NAME]` (longest first, so
-    a secret that contains another is cut whole)."""
-    if not hidden:
-        return out
-    text, message = out.text, out.message
-    for value in sorted(hidden, key=len, reverse=True):
-        mask = f"[secret {hidden[value]}]"
-        text, message = text.replace(value, mask), message.replace(value, mask)
-    return replace(out, text=text, message=message)
 
 
 def _field(text: str, fallback: str) -> str:

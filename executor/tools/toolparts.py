@@ -157,6 +157,11 @@ def _argv(doc: YamlDoc, node: yaml.Node, where: str, props: dict[str, Any]) -> t
             out.append(str(doc.value(item)))
         else:
             out.append(_template(doc, item, here, props))
+            if i == 0 and template.parse(out[0]).names:
+                # The program is the operator's: an argument there picks any program
+                # (`./scripts/{name}` with name `../../bin/sh`), or, left out, makes
+                # argv[1] the program.
+                raise doc.error(item, f"{here}: the program cannot hold a placeholder")
     return tuple(out)
 
 

@@ -1,0 +1,110 @@
+"""What a declared command tool checks around its run: the effects paths it was
+validated with (each path template given whole; resolved again, under the call's
+locks, when it starts) and the secrets cut from what it printed.
+
+`declared` calls these; they hold no state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from execgate.executor.core.errors import ToolError
+from execgate.executor.core.outcomes import ErrorClass, Status
+from execgate.executor.core.paths import Workspace, hard_link_refused
+
+from . import template
+from .base import ToolOutput
+
+__all__ = ["path_text", "redacted", "secret_forms", "unchanged"]
+
+Checked = tuple[tuple[str, str, Path], ...]
+
+
+def secret_forms(value: str) -> tuple[str, ...]:
+    """The secret as it is and as JSON writes it (`output: json` parses stdout after
+    the cut), each form to be cut."""
+    return (value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1])
+
+
+def redacted(out: ToolOutput, hidden: dict[str, str]) -> ToolOutput:
+    """Every secret value in the output replaced by `[secret NAME]` (longest first, so
+    a secret that contains another is cut whole)."""
+    if not hidden:
+        return out
+    text, message = out.text, out.message
+    for value in sorted(hidden, key=len, reverse=True):
+        mask = f"[secret {hidden[value]}]"
+        text, message = text.replace(value, mask), message.replace(value, mask)
+        if out.truncated:
+            text = _cut_tails(text, value, mask)
+    return replace(out, text=text, message=message)
+
+
+_STDERR = "\n[stderr]\n"  # between stdout and stderr in `text` (command._output)
+
+
+def _cut_tails(text: str, value: str, mask: str) -> str:
+    """A stream the raw cap cut mid-secret ends with a part of it: masked too. The end
+    of stdout is before the stderr line, the end of stderr (or of stdout) the text's."""
+    for k in range(len(value) - 1, 0, -1):
+        part = value[:k]
+        if text.endswith(part):
+            text = text[: -len(part)] + mask
+        text = text.replace(part + _STDERR, mask + _STDERR)
+    return text
+
+
+def path_text(text: str, args: dict[str, Any], where: str) -> str | None:
+    """An effects path template expanded for the check. None when none of its arguments
+    is given; REJECTED when only some are (the path checked would not be the one the
+    command gets), or when a value not at the template's start is absolute (`{dir}/{name}`
+    with name `/x` checks `dir//x` while the command is handed `/x`)."""
+    parsed = template.parse(text)
+    given = [n for n in parsed.names if args.get(n) is not None]
+    if not given:
+        return None
+    missing = [n for n in parsed.names if n not in given]
+    if missing:
+        raise ToolError(
+            ErrorClass.INVALID_ARGUMENT,
+            f"{where} ({text!r}) needs {missing[0]} with {given[0]}: the path cannot be checked",
+            field=f"arguments.{missing[0]}",
+            status=Status.REJECTED,
+        )
+    for at, (is_arg, name) in enumerate(parsed.parts):
+        if is_arg and at > 0 and template.render(args[name]).startswith("/"):
+            raise ToolError(
+                ErrorClass.PERMISSION_DENIED,
+                f"{where} ({text!r}): {name} must be a relative path inside it",
+                field=f"arguments.{name}",
+                status=Status.REJECTED,
+            )
+    return parsed.expand(args)
+
+
+def unchanged(checked: Checked, workspace: Workspace, hard_links: Callable[[Path], bool]) -> None:
+    """Each path checked at validation resolves as it did then (now, under the call's
+    locks): a symlink made meanwhile is REJECTED naming its argument, never followed.
+    A regular file with several hard links is outside, as for the built-ins, unless
+    the policy's `hard_links:` allows it there."""
+    for field, text, path in checked:
+        if workspace.resolve(text, field) != path:
+            raise ToolError(
+                ErrorClass.PERMISSION_DENIED,
+                f"{text!r} changed since the call was checked (a symlink?)",
+                field=field,
+                status=Status.REJECTED,
+            )
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue  # not there (yet): nothing links to it
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1 and not hard_links(path):
+            raise hard_link_refused(workspace.relative(path), st.st_nlink, field)
