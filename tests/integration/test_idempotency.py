@@ -240,7 +240,8 @@ def test_resending_the_same_call_with_its_key_replays_it(daemon: Daemon, client:
 
 def test_resending_a_call_id_without_a_key_is_a_duplicate(daemon: Daemon, client: Client) -> None:
     counter = daemon.workspace / "counter"
-    assert client.run(bump("nokey", "")).status is Status.SUCCESS
+    first = client.run(bump("nokey", ""))
+    assert first.status is Status.SUCCESS, (first.message, first.text)
     again = client.run(bump("nokey", ""))
     assert again.status is Status.REJECTED
     assert again.error_class == "duplicate_call_id"
