@@ -118,6 +118,12 @@ class Sandboxes:
         if rule is not None:
             conf = replace(conf, network=network)
         name = self.default if backend == "default" else backend
+        if placed is not None and name == "process" and _weakened(rule, self.default):
+            raise SandboxError(
+                "the tools file asks for the process backend, weaker than "
+                f"{self.default}: no read-only workspace, no network namespace, one uid "
+                "for every call; only a policy sandbox rule may choose process for a tool"
+            )
         if name not in self.backends:
             raise SandboxError(f"backend {name} is not running in this daemon (restart it)")
         return self.backends[name], conf
@@ -198,3 +204,9 @@ def _default(config: SandboxConfig, cgroups: CgroupRoot | None) -> str:
     if config.default != "auto":
         return config.default
     return "bwrap" if BwrapSandbox(cgroups, config.ro_paths).probe().ok else "process"
+
+
+def _weakened(rule: SandboxRule | None, default: str) -> bool:
+    """A declaration's `process` would loosen what the policy and the daemon chose."""
+    chosen = rule.backend if rule is not None and rule.backend != "default" else default
+    return chosen != "process"

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from execgate.client import Call, Client, Status
+from execgate.client import Call, Client, Outcome, Status
 from execgate.executor.core.errors import ToolFileErrors
 from execgate.executor.core.outcomes import ErrorClass, Evidence
 from execgate.executor.tools import ToolOutput
@@ -258,43 +258,42 @@ def process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, 
         d.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="UNFINISHED: the process backend has no read-only bind")
-def test_a_reader_asking_for_process_cannot_write(process: tuple[Daemon, Client]) -> None:
-    """FINDING (medium, not fixed): docs/tools.md promises a tool that declares no write
-    a read-only workspace "so it cannot write even if it tries"; the process backend a
-    tools file may name (`sandbox.backend: process`) binds nothing read-only."""
+def _refused_as_weaker(o: Outcome) -> None:
+    assert (o.status, o.error_class) == (Status.FAILURE, "sandbox_error"), o.message
+    assert "weaker than bwrap" in o.message, o.message
+
+
+def test_a_reader_asking_for_process_is_refused(process: tuple[Daemon, Client]) -> None:
+    """FINDING (medium, fixed): the process backend binds nothing read-only, so a tools
+    file's `sandbox.backend: process` let a declared reader write. A declaration may no
+    longer loosen the daemon's or the policy's backend: the call is refused, nothing ran."""
     d, c = process
     o = c.run(Call(tool="ro_process", arguments={}))
     assert not (d.workspace / "written-by-a-reader").exists(), "a declared reader wrote"
-    assert o.status is not Status.SUCCESS, o.message
+    _refused_as_weaker(o)
 
 
-@pytest.mark.xfail(strict=True, reason="UNFINISHED: the process backend has no netns")
 def test_a_tools_file_asking_for_process_gets_no_network(
     process: tuple[Daemon, Client],
 ) -> None:
-    """FINDING (medium, not fixed): docs/tools.md: "only the policy's sandbox: rule for
-    the tool" opens the network. The policy's rule here says `network: false` (backend
-    default); the declared `process` backend wins over the daemon's bwrap and has the
-    host's network."""
+    """FINDING (medium, fixed): the declared `process` backend won over the daemon's bwrap
+    and had the host's network although the policy's rule says `network: false`."""
     _, c = process
-    o = c.run(Call(tool="ifaces_process", arguments={}))
-    assert o.status is Status.SUCCESS, o.message
-    assert o.text.strip() == "['lo']", o.text
+    _refused_as_weaker(c.run(Call(tool="ifaces_process", arguments={})))
 
 
-@pytest.mark.xfail(strict=True, reason="UNFINISHED: process-backend calls share one uid")
 def test_a_secret_is_not_in_another_calls_reach(process: tuple[Daemon, Client]) -> None:
-    """FINDING (medium, not fixed): under the process backend every call runs as the same
-    run-as user, so another call (run_command, the agent's argv) reads the secret from
-    /proc/PID/environ of the declared tool's child while it runs."""
+    """FINDING (medium, fixed for tools files): under the process backend every call runs
+    as one user, so another call could read a declared tool's secret from /proc. A tools
+    file can no longer choose process; a policy rule or `--sandbox process` that does is
+    documented as giving up this isolation (docs/tools.md)."""
     _, c = process
     calls = [
         Call(tool="hold_secret", arguments={}),
         Call(tool="run_command", arguments={"argv": [PY, "-c", SNOOP]}),
     ]
     held, snooped = c.execute(calls)
-    assert held.status is Status.SUCCESS, held.message
+    _refused_as_weaker(held)
     assert SECRET not in snooped.text, "another call read the secret from /proc"
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from execgate.executor.policy import load_policy
-from execgate.executor.sandbox import Confinement
+from execgate.executor.sandbox import Confinement, SandboxError
 from execgate.executor.sandbox.registry import Sandboxes
 
 
@@ -55,21 +57,35 @@ def test_a_declaration_places_a_tool_where_no_rule_says_otherwise(tmp_path: Path
     policy = load_policy(
         policy_file(
             tmp_path,
-            "  - {tools: [ruled], backend: docker, network: true, limits: {processes: 8}}\n"
+            "  - {tools: [ruled], backend: bwrap, network: true, limits: {processes: 8}}\n"
             "  - {tools: [lowered], limits: {processes: 4, open_files: 4096}}\n",
         )
     )
     backends: dict[str, Any] = {n: Named(n) for n in ("bwrap", "process", "docker")}
     base = Confinement()
     boxes = Sandboxes(backends, "bwrap", policy.sandbox_for, base)
-    placed = ("process", (("processes", 16), ("memory_bytes", 64 << 20)))
+    placed = ("docker", (("processes", 16), ("memory_bytes", 64 << 20)))
     box, conf = boxes.for_call("free", placed=placed)
-    assert box.name == "process"
+    assert box.name == "docker"
     assert (conf.processes, conf.memory_bytes, conf.network) == (16, 64 << 20, False)
     box, conf = boxes.for_call("ruled", placed=placed)  # the rule's backend and network win
-    assert box.name == "docker"
+    assert box.name == "bwrap"
     assert (conf.processes, conf.network) == (8, True)
     box, conf = boxes.for_call("lowered", placed=placed)  # a rule lowers, never raises
-    assert box.name == "process"
+    assert box.name == "docker"
     assert (conf.processes, conf.open_files) == (4, 4096)
-    assert boxes.for_call("lowered", placed=("process", (("processes", 2),)))[1].processes == 2
+    assert boxes.for_call("lowered", placed=("docker", (("processes", 2),)))[1].processes == 2
+
+
+def test_a_declaration_cannot_loosen_the_backend_to_process(tmp_path: Path) -> None:
+    """A tools file's `process` would drop the read-only workspace, the network namespace
+    and the per-call isolation the daemon's bwrap gives; only the policy may choose it."""
+    policy = load_policy(policy_file(tmp_path, "  - {tools: [chosen], backend: process}\n"))
+    backends: dict[str, Any] = {n: Named(n) for n in ("bwrap", "process")}
+    boxes = Sandboxes(backends, "bwrap", policy.sandbox_for, Confinement())
+    with pytest.raises(SandboxError, match="weaker than bwrap"):
+        boxes.for_call("free", placed=("process", ()))
+    assert boxes.for_call("chosen", placed=("process", ()))[0].name == "process"
+    assert boxes.for_call("free", placed=("bwrap", ()))[0].name == "bwrap"
+    on_process = Sandboxes(backends, "process", policy.sandbox_for, Confinement())
+    assert on_process.for_call("free", placed=("process", ()))[0].name == "process"
