@@ -9,7 +9,10 @@ One run measures, interleaved in rounds on this (small, shared) machine:
               same server started the same way (bwrap with the arguments the
               daemon's sandbox gives it, the workspace writable: the server is
               untrusted, so its tools write). p50/p99 of both, the added p50 in ms
-              (goal <= 1.5 ms) and the ratio.
+              (goal <= 1.5 ms) and the ratio; where an Execute's time goes (its
+              timeline marks); in the same rounds the server again as `reader`
+              (its echo declared read-only by the operator) and the built-in
+              `noop` (what any Execute costs, without a tool).
   startup     per round, two fresh daemons: `prestart: true` and `prestart: false`;
               the time from spawning `execgate serve` until health says SERVING,
               and the first `faulty.echo` call after that (the channel warmed by a
@@ -58,7 +61,7 @@ import yaml  # noqa: E402
 from mcp import ClientSession, StdioServerParameters, stdio_client  # noqa: E402
 
 from bench.dispatch import environment  # noqa: E402
-from execgate.client import AsyncClient, Call, Status  # noqa: E402
+from execgate.client import AsyncClient, Call, Outcome, Status  # noqa: E402
 from execgate.executor.sandbox import Launch  # noqa: E402
 from execgate.executor.sandbox.bwrap import bwrap_argv  # noqa: E402
 from execgate.executor.tools.mcp.provider import BASE_ENV  # noqa: E402
@@ -74,7 +77,7 @@ default: deny
 rules:
   - id: bench
     effect: allow
-    tools: [noop, run_command, echo_hi, "faulty.*"]
+    tools: [noop, run_command, echo_hi, "faulty.*", "reader.*"]
     reason: the benchmark's tools
 """
 
@@ -129,15 +132,18 @@ class Meter:
     def __exit__(self, *exc: object) -> None:
         wall = time.perf_counter() - self._t0
         ours = _tree_cpu(self.pids) - self._o0
-        self.others = max(0.0, _busy() - self._m0 - ours) / max(wall, 1e-9)
+        # /proc/stat counts in 10 ms ticks: short samples are coarse, so clamp.
+        others = max(0.0, _busy() - self._m0 - ours) / max(wall, 1e-9)
+        self.others = min(others, float(os.cpu_count() or 1))
 
 
 # ------------------------------------------------------------------ the daemon
 
 
-def tools_yaml(workspace: Path, tag: str, prestart: bool) -> str:
-    command, args = ms.fixture_server()
-    doc = {
+def tools_yaml(tag: str, prestart: bool, reader: bool) -> str:
+    """The command tool `echo_hi`, the untrusted fixture server `faulty` (its tools
+    write), and with `reader` the same server as `reader`, its echo a reader."""
+    doc: dict[str, Any] = {
         "version": 1,
         "tools": [
             {
@@ -147,17 +153,23 @@ def tools_yaml(workspace: Path, tag: str, prestart: bool) -> str:
                 "argv": ["echo", TEXT],
             }
         ],
-        "servers": [
-            {
-                "name": "faulty",
-                "command": command,
-                "args": list(args),
-                "env": {"set": {ms.TAG_ENV: tag}},
-                "prestart": prestart,
-            }
-        ],
+        "servers": [_server("faulty", tag, prestart)],
     }
+    if reader:  # the same server, its echo declared a reader by the operator
+        doc["servers"].append(_server("reader", tag, prestart, {"echo": {"read_only": True}}))
     return yaml.safe_dump(doc, sort_keys=False)
+
+
+def _server(name: str, tag: str, prestart: bool, tools: dict[str, Any] | None = None) -> Any:
+    command, args = ms.fixture_server()
+    decl = {
+        "name": name,
+        "command": command,
+        "args": list(args),
+        "env": {"set": {ms.TAG_ENV: tag}},
+        "prestart": prestart,
+    }
+    return decl | ({"tools": tools} if tools else {})
 
 
 class TimedDaemon(Daemon):
@@ -183,10 +195,10 @@ class TimedDaemon(Daemon):
         raise BenchError(f"daemon not serving after {timeout * 4:.0f}s:\n{self.log()}")
 
 
-def make_daemon(root: Path, tag: str, prestart: bool) -> TimedDaemon:
+def make_daemon(root: Path, tag: str, prestart: bool, reader: bool = False) -> TimedDaemon:
     root.mkdir(parents=True, exist_ok=True)
     (root / "policy.yaml").write_text(POLICY)
-    (root / "tools.yaml").write_text(tools_yaml(root / "workspace", tag, prestart))
+    (root / "tools.yaml").write_text(tools_yaml(tag, prestart, reader))
     ro = [a for p in ms.RO_PATHS for a in ("--sandbox-ro", str(p))]
     return TimedDaemon(
         root,
@@ -200,19 +212,55 @@ def make_daemon(root: Path, tag: str, prestart: bool) -> TimedDaemon:
     )
 
 
-async def checked(client: AsyncClient, call: Call, want: str | None) -> None:
+async def checked(client: AsyncClient, call: Call, want: str | None) -> Outcome:
     """Run `call`; BenchError unless it succeeds with text `want` (None: any text)."""
     outcome = await client.run(call)
     wrong = want is not None and outcome.text.strip() != want
     if outcome.status is not Status.SUCCESS or wrong:
         raise BenchError(f"{call.tool}: {outcome.status} {outcome.text!r} {outcome.message}")
+    return outcome
 
 
-def via_daemon(client: AsyncClient, tool: str, arguments: dict[str, Any], want: str) -> Fn:
+Trace = tuple[Outcome, float, float]  # the outcome, client send and receive wall time
+
+
+def via_daemon(
+    client: AsyncClient,
+    tool: str,
+    arguments: dict[str, Any],
+    want: str | None,
+    traces: list[Trace] | None = None,
+) -> Fn:
     async def once() -> None:
-        await checked(client, Call(tool=tool, arguments=arguments), want)
+        w0 = time.time()
+        outcome = await checked(client, Call(tool=tool, arguments=arguments), want)
+        if traces is not None:
+            traces.append((outcome, w0, time.time()))
 
     return once
+
+
+SEGMENTS = (
+    ("in", "client send -> queued mark (gRPC in, servicer, call task)"),
+    ("admit", "queued -> lock_granted (validation, policy, locks)"),
+    ("intent", "lock_granted -> started (journal intent)"),
+    ("tool", "started -> finished mark (the MCP tools/call round trip and result)"),
+    ("out", "finished mark -> client has it (journal outcome, gRPC out, client)"),
+)
+
+
+def breakdown(traces: list[Trace]) -> dict[str, float]:
+    """Median ms of each segment of an Execute (daemon and client share one clock)."""
+    per: dict[str, list[float]] = {name: [] for name, _ in SEGMENTS}
+    for outcome, w0, w1 in traces:
+        at = {m.phase: m.at for m in outcome.timeline}
+        phases = ("queued", "lock_granted", "started", "finished")
+        if not all(p in at for p in phases):
+            continue
+        points = [w0, *(at[p] for p in phases), w1]
+        for (name, _), a, b in zip(SEGMENTS, points, points[1:], strict=False):
+            per[name].append((b - a) * 1000)
+    return {k: statistics.median(v) for k, v in per.items() if v}
 
 
 # ------------------------------------------------------------------ the server, directly
@@ -246,7 +294,7 @@ async def echo(session: ClientSession) -> None:
 
 @contextlib.asynccontextmanager
 async def direct_session(params: StdioServerParameters) -> AsyncIterator[ClientSession]:
-    with open(os.devnull, "w") as errlog:
+    with open(os.devnull, "w") as errlog:  # noqa: ASYNC230 -- /dev/null does not block
         async with (
             stdio_client(params, errlog=errlog) as (read, write),
             ClientSession(read, write) as session,
@@ -288,13 +336,13 @@ async def rounds_of(
                     ms_.append((time.perf_counter() - t0) * 1000)
             row[name] = {"p50": pct(ms_, 0.5), "p99": pct(ms_, 0.99), "others": meter.others}
         out.append(row)
-        print(f"  round {r + 1}/{rounds}  " + "  ".join(f"{k} {v['p50']:.2f}" for k, v in row.items()))
+        print(
+            f"  round {r + 1}/{rounds}  " + "  ".join(f"{k} {v['p50']:.2f}" for k, v in row.items())
+        )
     return out
 
 
-def median_round(
-    rows: list[dict[str, dict[str, float]]], base: str, case: str
-) -> dict[str, Any]:
+def median_round(rows: list[dict[str, dict[str, float]]], base: str, case: str) -> dict[str, Any]:
     """The median over rounds of each figure of `case`, with ratio and added ms vs `base`."""
 
     def med(f: Callable[[dict[str, dict[str, float]]], float]) -> float:
@@ -311,19 +359,20 @@ def median_round(
 # ------------------------------------------------------------------ the three measures
 
 
-async def warm_cases(
-    daemon: Daemon, tag: str, rounds: int, per_round: int
-) -> dict[str, Any]:
+async def warm_cases(daemon: Daemon, tag: str, rounds: int, per_round: int) -> dict[str, Any]:
     assert daemon.proc is not None
     params = direct_params(daemon.workspace, tag)
     async with AsyncClient(daemon.address, run_id="bench-tools") as client:
         async with direct_session(params) as session:
             pids = [os.getpid(), daemon.proc.pid]
+            traces: list[Trace] = []
             print("mcp warm: direct (SDK) vs execgate, p50 ms")
             mcp_rows = await rounds_of(
                 {
                     "direct": lambda: echo(session),
-                    "execgate": via_daemon(client, "faulty.echo", {"text": TEXT}, TEXT),
+                    "execgate": via_daemon(client, "faulty.echo", {"text": TEXT}, TEXT, traces),
+                    "reader": via_daemon(client, "reader.echo", {"text": TEXT}, TEXT),
+                    "noop": via_daemon(client, "noop", {}, None),
                 },
                 rounds,
                 per_round,
@@ -340,7 +389,13 @@ async def warm_cases(
             pids,
         )
     return {
-        "mcp": {**median_round(mcp_rows, "direct", "execgate"), "rounds": mcp_rows},
+        "mcp": {
+            **median_round(mcp_rows, "direct", "execgate"),
+            "segments_ms": breakdown(traces[5:]),  # the warm-up's left out
+            "rounds": mcp_rows,
+        },
+        "mcp_reader": median_round(mcp_rows, "direct", "reader"),
+        "noop": median_round(mcp_rows, "direct", "noop"),
         "command": {**median_round(cmd_rows, "run_command", "declared"), "rounds": cmd_rows},
     }
 
@@ -386,11 +441,11 @@ async def startup_cases(tmp: Path, tag: str, rounds: int) -> dict[str, Any]:
     for r in range(rounds):
         row = await startup_round(tmp, r, tag)
         rows.append(row)
+        pre, no = row["prestart"], row["no_prestart"]
         print(
             f"  round {r + 1}/{rounds}  cold {row['cold_spawn']['ms']:.0f}  "
-            f"serve {row['prestart']['serve_ms']:.0f}/{row['no_prestart']['serve_ms']:.0f}  "
-            f"first {row['prestart']['first_call_ms']:.1f}/{row['no_prestart']['first_call_ms']:.1f}"
-            "  (prestart/no)"
+            f"serve {pre['serve_ms']:.0f}/{no['serve_ms']:.0f}  "
+            f"first {pre['first_call_ms']:.1f}/{no['first_call_ms']:.1f}  (prestart/no)"
         )
     med = {
         case: {k: statistics.median(row[case][k] for row in rows) for k in rows[0][case]}
@@ -406,7 +461,8 @@ def print_report(res: dict[str, Any]) -> None:
     m, c, s = res["mcp"], res["command"], res["startup"]
 
     def line(label: str, f: dict[str, float]) -> str:
-        return f"  {label:<24} p50 {f['p50']:7.2f} ms  p99 {f['p99']:7.2f} ms  others {f['others']:4.2f} cores"
+        times = f"p50 {f['p50']:7.2f} ms  p99 {f['p99']:7.2f} ms"
+        return f"  {label:<24} {times}  others {f['others']:4.2f} cores"
 
     print("\n== MCP warm call (faulty.echo, bwrap)")
     print(line("direct (SDK session)", m["base"]))
@@ -415,13 +471,22 @@ def print_report(res: dict[str, Any]) -> None:
         f"  added p50 {m['added_ms']:+.2f} ms (goal <= {GOALS['mcp_added_p50_ms']} ms)"
         f"  ratio {m['ratio']:.2f}x"
     )
+    print("  where an Execute's time goes (median ms):")
+    for name, what in SEGMENTS:
+        print(f"    {name:<7} {m['segments_ms'].get(name, float('nan')):6.2f}  {what}")
+    rd = res["mcp_reader"]
+    print(line("execgate, echo a reader", rd["case"]))
+    print(f"  added p50 {rd['added_ms']:+.2f} ms  ratio {rd['ratio']:.2f}x")
+    print(line("execgate noop (any call)", res["noop"]["case"]))
     print("\n== Command tool (echo hi, bwrap)")
     print(line("run_command", c["base"]))
     print(line("declared echo_hi", c["case"]))
     print(f"  ratio {c['ratio']:.2f}x  added p50 {c['added_ms']:+.2f} ms (goal: noise)")
     print("\n== Startup (median of rounds)")
     cs = s["cold_spawn"]
-    print(f"  cold spawn to first result (SDK)  {cs['ms']:7.1f} ms  others {cs['others']:4.2f} cores")
+    print(
+        f"  cold spawn to first result (SDK)  {cs['ms']:7.1f} ms  others {cs['others']:4.2f} cores"
+    )
     for name in ("prestart", "no_prestart"):
         d = s[name]
         print(
@@ -431,9 +496,9 @@ def print_report(res: dict[str, Any]) -> None:
 
 
 async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    rounds, per_round, start_rounds = (2, 5, 1) if args.quick else (5, 40, 3)
+    rounds, per_round, start_rounds = (2, 5, 1) if args.quick else (5, 100, 3)
     tag = ms.new_tag()
-    daemon = make_daemon(tmp / "warm", tag, prestart=True)
+    daemon = make_daemon(tmp / "warm", tag, prestart=True, reader=True)
     await asyncio.to_thread(daemon.start)
     try:
         warm = await warm_cases(daemon, tag, rounds, per_round)
@@ -450,7 +515,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run, seconds")
     args = parser.parse_args()
-    if not ms.FIXTURE.exists() or subprocess.run(["bwrap", "--version"], capture_output=True).returncode:
+    if (
+        not ms.FIXTURE.exists()
+        or subprocess.run(["bwrap", "--version"], capture_output=True).returncode
+    ):
         print("bench/tools.py needs bwrap and tests/fixtures/mcp", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="eg-bench-tools-") as d:
