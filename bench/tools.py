@@ -366,12 +366,15 @@ async def warm_cases(daemon: Daemon, tag: str, rounds: int, per_round: int) -> d
         async with direct_session(params) as session:
             pids = [os.getpid(), daemon.proc.pid]
             traces: list[Trace] = []
+            reader_traces: list[Trace] = []
             print("mcp warm: direct (SDK) vs execgate, p50 ms")
             mcp_rows = await rounds_of(
                 {
                     "direct": lambda: echo(session),
                     "execgate": via_daemon(client, "faulty.echo", {"text": TEXT}, TEXT, traces),
-                    "reader": via_daemon(client, "reader.echo", {"text": TEXT}, TEXT),
+                    "reader": via_daemon(
+                        client, "reader.echo", {"text": TEXT}, TEXT, reader_traces
+                    ),
                     "noop": via_daemon(client, "noop", {}, None),
                 },
                 rounds,
@@ -394,7 +397,10 @@ async def warm_cases(daemon: Daemon, tag: str, rounds: int, per_round: int) -> d
             "segments_ms": breakdown(traces[5:]),  # the warm-up's left out
             "rounds": mcp_rows,
         },
-        "mcp_reader": median_round(mcp_rows, "direct", "reader"),
+        "mcp_reader": {
+            **median_round(mcp_rows, "direct", "reader"),
+            "segments_ms": breakdown(reader_traces[5:]),
+        },
         "noop": median_round(mcp_rows, "direct", "noop"),
         "command": {**median_round(cmd_rows, "run_command", "declared"), "rounds": cmd_rows},
     }
@@ -471,10 +477,11 @@ def print_report(res: dict[str, Any]) -> None:
         f"  added p50 {m['added_ms']:+.2f} ms (goal <= {GOALS['mcp_added_p50_ms']} ms)"
         f"  ratio {m['ratio']:.2f}x"
     )
-    print("  where an Execute's time goes (median ms):")
-    for name, what in SEGMENTS:
-        print(f"    {name:<7} {m['segments_ms'].get(name, float('nan')):6.2f}  {what}")
     rd = res["mcp_reader"]
+    print("  where an Execute's time goes (median ms): writer (faulty), reader")
+    for name, what in SEGMENTS:
+        w, r = (x["segments_ms"].get(name, float("nan")) for x in (m, rd))
+        print(f"    {name:<7} {w:6.2f} {r:6.2f}  {what}")
     print(line("execgate, echo a reader", rd["case"]))
     print(f"  added p50 {rd['added_ms']:+.2f} ms  ratio {rd['ratio']:.2f}x")
     print(line("execgate noop (any call)", res["noop"]["case"]))
