@@ -348,9 +348,14 @@ def median_round(rows: list[dict[str, dict[str, float]]], base: str, case: str) 
     def med(f: Callable[[dict[str, dict[str, float]]], float]) -> float:
         return statistics.median(f(row) for row in rows)
 
+    def figures(name: str) -> dict[str, float]:
+        return {
+            k: statistics.median(row[name][k] for row in rows) for k in ("p50", "p99", "others")
+        }
+
     return {
-        "base": {k: med(lambda r, k=k: r[base][k]) for k in ("p50", "p99", "others")},
-        "case": {k: med(lambda r, k=k: r[case][k]) for k in ("p50", "p99", "others")},
+        "base": figures(base),
+        "case": figures(case),
         "ratio": med(lambda r: r[case]["p50"] / r[base]["p50"]),
         "added_ms": med(lambda r: r[case]["p50"] - r[base]["p50"]),
     }
