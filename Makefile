@@ -7,7 +7,7 @@ PROTOS := $(wildcard proto/execgate/v1/*.proto)
 # The run-state machine's data: both clients' tables and the daemon's are generated from it.
 RUNSTATES := proto/execgate/v1/runstates.json
 
-.PHONY: run test test-ts test-image test-deps install proto lint typecheck bench fuzz clean
+.PHONY: run test test-ts test-image test-deps install proto lint typecheck bench bench-tools fuzz clean
 
 # `make run`'s daemon: the shipped policy, and an `agent` and an `operator` identity made
 # once under ./var/ (tokens in var/tokens/, owner-only; see executor/policy/local_identities.py).
@@ -93,6 +93,11 @@ bench: $(STAMP)
 	$(BIN)/python bench/cancel.py
 	$(BIN)/python bench/loop.py
 	$(BIN)/python bench/memory.py
+	$(BIN)/python bench/tools.py
+
+# Declared command tools and MCP servers alone (bench/tools.py, bench/README.md).
+bench-tools: $(STAMP)
+	$(BIN)/python bench/tools.py
 
 clean:
 	rm -rf $(VENV) gen build *.egg-info .pytest_cache .test-deps
