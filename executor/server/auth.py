@@ -59,6 +59,7 @@ ACCESS: Mapping[str, frozenset[Role]] = {
     # The policy's decision for a described call: agents for their own calls, and those
     # who read or decide calls for anyone's (services.ExecutorService.ExplainPolicy).
     _EXECUTOR + "ExplainPolicy": _RUNS | _SEES_APPROVALS,
+    _EXECUTOR + "ListProviders": _READS,
     _EXECUTOR + "GetCall": _READS,
     _EXECUTOR + "ListCalls": _READS,
     _EXECUTOR + "Cancel": _READS,
