@@ -68,6 +68,16 @@ describe("declared and MCP tools", () => {
     assert.equal(specs.get("shout")?.readOnly, true);
     assert.equal(specs.get("faulty.echo")?.provider, "mcp:faulty");
     assert.equal(specs.get("faulty.echo")?.readOnly, false); // untrusted: a writer
+    assert.equal(specs.get("shout")?.annotationsTrusted, true);
+    assert.equal(specs.get("faulty.echo")?.annotationsTrusted, false);
+  });
+
+  test("the server's state", async () => {
+    const [faulty, ...others] = await client.listProviders();
+    assert.deepEqual(others, []);
+    assert.equal(faulty?.provider, "mcp:faulty");
+    assert.equal(faulty?.lastError, "");
+    assert.ok((faulty?.tools ?? 0) >= 8, JSON.stringify(faulty));
   });
 
   test("the declared tool runs", async () => {
