@@ -9,6 +9,7 @@ and `execgate tools list` show each server's state and each tool's trust."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,10 +20,12 @@ import yaml
 
 from execgate.client import Client, Status
 from tests import mcp_support as ms
-from tests.daemon import Daemon
+from tests.daemon import Daemon, scaled
 from tests.support import sandbox_serve_args
 
 pytestmark = pytest.mark.timeout(120)
+
+REPO = Path(__file__).resolve().parents[2]
 
 POLICY = """\
 version: 1
@@ -164,3 +167,30 @@ def test_tools_list_shows_provider_effects_and_trust(served: Daemon) -> None:
     assert {"mcp:faulty", "writes", "no"} <= set(row.replace(",", " ").split()), table
     row = next(x for x in table.splitlines() if "shout" in x)
     assert {"command", "read-only", "yes"} <= set(row.split()), table
+
+
+AGENT = REPO / "client" / "typescript" / "dist" / "test" / "support" / "tools-agent.js"
+
+
+def test_the_typescript_client_sees_the_same(served: Daemon) -> None:
+    """The same daemon through the TypeScript client (needs it built: `make test-ts`)."""
+    node = shutil.which("node")
+    if node is None or not AGENT.exists():
+        pytest.fail(f"needs node and the built TypeScript client ({AGENT}): run `make test-ts`")
+    done = subprocess.run(
+        [node, str(AGENT), "--addr", served.address],
+        capture_output=True,
+        text=True,
+        timeout=scaled(60),
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert (seen["providers"]["shout"], seen["providers"]["faulty.echo"]) == (
+        "command",
+        "mcp:faulty",
+    )
+    assert seen["outcomes"] == [
+        {"status": "success", "text": "from node\n"},
+        {"status": "success", "text": "from node"},
+    ]
+    assert {"provider": "mcp:faulty", "running": 1} in seen["servers"], seen
