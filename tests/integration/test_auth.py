@@ -115,7 +115,7 @@ EXPECTED = {
     "Explain": RUNS,
     "GetCall": READS,
     "ListCalls": READS,
-    "ListProviders": READS,
+    "ListProviders": {"olga", "root"},
     "Cancel": READS,
     # Agents for their own calls, operators and approvers for anyone's (the described
     # call below is the caller's own, so every known identity gets an answer).
