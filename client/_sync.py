@@ -22,6 +22,7 @@ from .types import (
     Event,
     Outcome,
     PolicyExplanation,
+    ProviderStatus,
     Status,
     ToolSpec,
 )
@@ -74,6 +75,15 @@ class Client:
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address) from exc
         return [wire.tool_spec(t) for t in response.tools]
+
+    def list_providers(self) -> list[ProviderStatus]:
+        """The MCP servers of the daemon's tools file and their state (`execgate doctor`)."""
+        request = pb.ListProvidersRequest()
+        try:
+            response = self._stub.ListProviders(request, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise wire.translate(exc, self.address) from exc
+        return [wire.provider_status(p) for p in response.providers]
 
     def stream(
         self,

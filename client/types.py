@@ -106,6 +106,20 @@ class ToolSpec:
     idempotent: bool
     # "builtin", "command" (declared in the tools file) or "mcp:SERVER".
     provider: str = "builtin"
+    # The effects above are believed (the daemon's, the operator's, a trusted server's);
+    # False: an untrusted server's tool, scheduled as a writer whatever it says.
+    annotations_trusted: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProviderStatus:
+    """One MCP server of the daemon's tools file, now (`Client.list_providers`)."""
+
+    provider: str  # "mcp:git"
+    running: int  # live processes (0: not started yet, or stopped between calls)
+    restarts: int
+    last_error: str  # "" if it never failed
+    tools: int  # tools of it served
 
 
 class EventKind(enum.Enum):

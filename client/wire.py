@@ -36,6 +36,7 @@ from .types import (
     Outcome,
     PolicyDecision,
     PolicyExplanation,
+    ProviderStatus,
     RuleVerdict,
     Status,
     StopMode,
@@ -240,6 +241,17 @@ def tool_spec(msg: pb.ToolSpec) -> ToolSpec:
         destructive=msg.effects.destructive,
         idempotent=msg.effects.idempotent,
         provider=msg.provider or "builtin",
+        annotations_trusted=msg.annotations_trusted,
+    )
+
+
+def provider_status(msg: pb.ProviderStatus) -> ProviderStatus:
+    return ProviderStatus(
+        provider=msg.provider,
+        running=msg.running,
+        restarts=msg.restarts,
+        last_error=msg.last_error,
+        tools=msg.tools,
     )
 
 

@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "runs": ("runs", "runs recorded by the daemon: list, show, cancel"),
     "trace": ("trace.command", "a run's calls on a timeline (terminal, JSON or HTML)"),
     "kills": ("kills", "calls the daemon force-terminated, and how"),
-    "doctor": ("sandbox", "which sandbox backends work on this machine"),
+    "doctor": ("sandbox", "which sandbox backends work here; the daemon's MCP servers"),
     "policy": ("policy", "check, explain and test policy files (no daemon needed)"),
     "token": ("identity", "bearer tokens for the identities file"),
     "demo": ("demo", "run a scripted agent against a daemon, narrated"),

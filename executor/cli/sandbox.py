@@ -1,4 +1,5 @@
-"""The sandbox part of the command line: `serve` flags and `execgate doctor`."""
+"""The sandbox part of the command line: `serve` flags and `execgate doctor` (with the
+running daemon's MCP servers, doctor_servers.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import sys
 from pathlib import Path
 
 from execgate.executor.sandbox.registry import CHOICES, SandboxConfig, daemon_id, probe_all
+
+from . import doctor_servers
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -69,8 +72,11 @@ docker images need no registry; make one offline, then --docker-image NAME:
 
 
 def add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("doctor", help="which sandbox backends work on this machine")
+    p = sub.add_parser(
+        "doctor", help="which sandbox backends work here; the daemon's MCP servers' state"
+    )
     add_serve_args(p)
+    doctor_servers.add_args(p)
     p.add_argument("--state-dir", type=Path, default=Path("var"), help=argparse.SUPPRESS)
     p.add_argument("--workspace", type=Path, default=Path("workspace"), help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -81,10 +87,16 @@ def _doctor(args: argparse.Namespace) -> int:
     config = config_from(args)
     probes, default = probe_all(config, "doctor-" + daemon_id(args.state_dir))
     chosen = next(p for p in probes if p.name == default)
+    servers, error = doctor_servers.fetch(args) if doctor_servers.wanted(args) else ([], "")
+    # A server that never started is something to fix, like a default sandbox that fails;
+    # so is a daemon named by --addr that cannot be asked.
+    healthy = chosen.ok and all(doctor_servers.state(s) != "failed" for s in servers)
+    healthy = healthy and not (error and args.addr)
     if args.json:
         backends = [{"name": p.name, "works": p.ok, "detail": p.detail} for p in probes]
-        print(json.dumps({"backends": backends, "default": default, "default_works": chosen.ok}))
-        return 0 if chosen.ok else 1
+        found = {"backends": backends, "default": default, "default_works": chosen.ok}
+        print(json.dumps(found | doctor_servers.as_json(servers, error)))
+        return 0 if healthy else 1
     width = max(len(p.name) for p in probes)
     for probe in probes:
         state = "works " if probe.ok else "absent"
@@ -94,7 +106,8 @@ def _doctor(args: argparse.Namespace) -> int:
         print(OFFLINE_IMAGE)
     chosen = next(p for p in probes if p.name == default)
     print(f"default: {default}" + ("" if chosen.ok else " (does NOT work here)"))
+    if doctor_servers.wanted(args):
+        doctor_servers.show(servers, error)
     if not chosen.ok:
         print(f"execgate: the default sandbox {default} does not work here", file=sys.stderr)
-        return 1
-    return 0
+    return 0 if healthy else 1

@@ -43,6 +43,7 @@ def _list(args: argparse.Namespace) -> int:
         common.print_json([dataclasses.asdict(t) for t in tools])
         return 0
     columns = [Col("tool", keep=True, style="bold"), Col("provider"), Col("effects")]
+    columns += [Col("trusted")]
     columns += [Col("arguments"), Col("description")]
     rows = []
     for t in tools:
@@ -51,7 +52,9 @@ def _list(args: argparse.Namespace) -> int:
         props = t.input_schema.get("properties", {})
         required = set(t.input_schema.get("required", []))
         names = ", ".join(n + ("" if n in required else "?") for n in props)
-        rows.append([t.name, t.provider, effects, names, t.description.split(". ")[0]])
+        # no: an untrusted server's hints are ignored and the tool is taken for a writer.
+        trusted = "yes" if t.annotations_trusted else "no"
+        rows.append([t.name, t.provider, effects, trusted, names, t.description.split(". ")[0]])
     print_table(Console(highlight=False), columns, rows, title="execgate tools")
     return 0
 

@@ -42,6 +42,9 @@ _RUNS = frozenset({Role.AGENT, Role.ADMIN})
 # Reading the journal and cancelling: any agent, operator or admin. An agent cancels
 # only its own calls and runs (services.ExecutorService.Cancel, inflight.NotYours).
 _READS = frozenset({Role.AGENT, Role.OPERATOR, Role.ADMIN})
+# The daemon's own state (ListProviders: a server's last error may quote its stderr):
+# operators and admins, not agents.
+_OPERATES = frozenset({Role.OPERATOR, Role.ADMIN})
 _APPROVALS = "/execgate.v1.Approvals/"
 _RUNS_SERVICE = "/execgate.v1.Runs/"
 # Seeing what waits for a decision: approvers, operators, admins. Deciding: approvers
@@ -59,6 +62,7 @@ ACCESS: Mapping[str, frozenset[Role]] = {
     # The policy's decision for a described call: agents for their own calls, and those
     # who read or decide calls for anyone's (services.ExecutorService.ExplainPolicy).
     _EXECUTOR + "ExplainPolicy": _RUNS | _SEES_APPROVALS,
+    _EXECUTOR + "ListProviders": _OPERATES,
     _EXECUTOR + "GetCall": _READS,
     _EXECUTOR + "ListCalls": _READS,
     _EXECUTOR + "Cancel": _READS,

@@ -164,7 +164,7 @@ async def serve(
         runs = RunStore(journal.runs)
         dispatcher.ended_runs = runs.ended
         dispatcher.run_owners = runs.owners
-        server, health_servicer = _server(config, dispatcher, runs, interceptor)
+        server, health_servicer = _server(config, dispatcher, runs, interceptor, served)
         addresses = _bind(server, config)
     finally:
         os.umask(old_umask)
@@ -294,7 +294,11 @@ def _identities_watcher(
 
 
 def _server(
-    config: ServeConfig, dispatcher: Dispatcher, runs: RunStore, interceptor: AuthInterceptor
+    config: ServeConfig,
+    dispatcher: Dispatcher,
+    runs: RunStore,
+    interceptor: AuthInterceptor,
+    served: mcp_wiring.ServedServers,
 ) -> tuple[grpc.aio.Server, Any]:  # Any: health.aio.HealthServicer, see below
     server = grpc.aio.server(
         # The guard runs inside authentication: a stranger's garbage stays UNAUTHENTICATED.
@@ -305,7 +309,8 @@ def _server(
             ("grpc.so_reuseport", 0),
         ],
     )
-    pb_grpc.add_ExecutorServicer_to_server(ExecutorService(dispatcher), server)
+    executor = ExecutorService(dispatcher, served.provider.status)
+    pb_grpc.add_ExecutorServicer_to_server(executor, server)
     approvals = ApprovalsService(dispatcher.approvals, lambda: dispatcher.policy)
     pb_grpc.add_ApprovalsServicer_to_server(approvals, server)
     rpb_grpc.add_RunsServicer_to_server(RunsService(runs, dispatcher), server)

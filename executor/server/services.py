@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -26,6 +26,8 @@ from execgate.executor.policy.explain import explain
 from execgate.executor.policy.identity import Role
 from execgate.executor.policy.model import memberships
 from execgate.executor.policy.scope import scope_of
+from execgate.executor.tools.mcp.server import ServerStatus
+from execgate.executor.tools.toolset import trusted_of
 from execgate.v1 import executor_pb2 as pb
 from execgate.v1 import executor_pb2_grpc as pb_grpc
 
@@ -67,9 +69,13 @@ async def _abort_unsent(context: grpc.aio.ServicerContext[Any, Any], unsent: lis
 
 
 class ExecutorService(pb_grpc.ExecutorServicer):
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(
+        self, dispatcher: Dispatcher, statuses: Callable[[], Sequence[ServerStatus]]
+    ) -> None:
         self.dispatcher = dispatcher
         self.pages = PageTokens()
+        # The MCP servers' states (mcp_wiring.ServedServers' provider).
+        self.statuses = statuses
 
     async def ListTools(
         self,
@@ -77,7 +83,16 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         context: grpc.aio.ServicerContext[pb.ListToolsRequest, pb.ListToolsResponse],
     ) -> pb.ListToolsResponse:
         toolset = self.dispatcher.toolset
-        return wire.tools((t.spec, toolset.providers[n]) for n, t in toolset.tools.items())
+        return wire.tools(
+            (t.spec, toolset.providers[n], trusted_of(t)) for n, t in toolset.tools.items()
+        )
+
+    async def ListProviders(
+        self,
+        request: pb.ListProvidersRequest,
+        context: grpc.aio.ServicerContext[pb.ListProvidersRequest, pb.ListProvidersResponse],
+    ) -> pb.ListProvidersResponse:
+        return wire.providers(self.statuses())
 
     async def Execute(
         self,

@@ -24,6 +24,7 @@ from execgate.executor.pipeline.inflight import CancelOrder
 from execgate.executor.policy import PolicyInput
 from execgate.executor.policy.explain import Explanation, canonical
 from execgate.executor.tools import Mode, ToolSpec
+from execgate.executor.tools.mcp.server import ServerStatus
 from execgate.v1 import executor_pb2 as pb
 
 from . import wirecheck
@@ -60,10 +61,11 @@ def seconds(ts: Timestamp) -> float:
     return ts.ToNanoseconds() / 1e9
 
 
-def tool_spec(spec: ToolSpec, provider: str = "builtin") -> pb.ToolSpec:
+def tool_spec(spec: ToolSpec, provider: str = "builtin", trusted: bool = True) -> pb.ToolSpec:
     return pb.ToolSpec(
         name=spec.name,
         provider=provider,
+        annotations_trusted=trusted,
         description=spec.description,
         input_schema_json=json.dumps(spec.input_schema, sort_keys=True),
         effects=pb.ToolEffects(
@@ -428,9 +430,26 @@ def page_query(request: pb.ListCallsRequest, who: str) -> bytes:
 # -- Executor: responses out --------------------------------------------------------------
 
 
-def tools(specs: Iterable[tuple[ToolSpec, str]]) -> pb.ListToolsResponse:
-    """Each tool's spec with its provider ("builtin", "command", "mcp:SERVER")."""
-    return pb.ListToolsResponse(tools=[tool_spec(s, p) for s, p in specs])
+def tools(specs: Iterable[tuple[ToolSpec, str, bool]]) -> pb.ListToolsResponse:
+    """Each tool's spec with its provider ("builtin", "command", "mcp:SERVER") and
+    whether its effects are believed."""
+    return pb.ListToolsResponse(tools=[tool_spec(s, p, t) for s, p, t in specs])
+
+
+def providers(statuses: Iterable[ServerStatus]) -> pb.ListProvidersResponse:
+    """Each MCP server's state, as `McpProvider.status` reports it."""
+    return pb.ListProvidersResponse(
+        providers=[
+            pb.ProviderStatus(
+                provider=f"mcp:{s.name}",
+                running=s.running,
+                restarts=s.restarts,
+                last_error=s.last_error,
+                tools=s.tools,
+            )
+            for s in statuses
+        ]
+    )
 
 
 def batch_response(batch_id: str, finished: Sequence[Event | None]) -> pb.ExecuteResponse:

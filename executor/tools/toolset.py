@@ -26,7 +26,7 @@ from .base import Tool
 from .decl import ToolFile
 from .declared import CommandTool
 
-__all__ = ["SchemaValidator", "ToolProvider", "ToolSet", "provider_of"]
+__all__ = ["SchemaValidator", "ToolProvider", "ToolSet", "provider_of", "trusted_of"]
 
 # JSON Schema counts 2.0 as an integer; the tools index and slice with these values,
 # so an "integer" argument must be a Python int (never a bool).
@@ -58,6 +58,13 @@ def provider_of(tool: Tool) -> str:
     """A tool's provider label: its `provider` attribute, "builtin" without one."""
     label = getattr(tool, "provider", BUILTIN)
     return label if isinstance(label, str) else BUILTIN
+
+
+def trusted_of(tool: Tool) -> bool:
+    """Whether a tool's effects are believed (ListTools' annotations_trusted): the
+    daemon's own and the operator's are; an MCP tool says by `annotations_trusted`."""
+    trusted = getattr(tool, "annotations_trusted", True)
+    return trusted if isinstance(trusted, bool) else True
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,6 +115,7 @@ EXPECTED = {
     "Explain": RUNS,
     "GetCall": READS,
     "ListCalls": READS,
+    "ListProviders": {"olga", "root"},
     "Cancel": READS,
     # Agents for their own calls, operators and approvers for anyone's (the described
     # call below is the caller's own, so every known identity gets an answer).
@@ -164,6 +165,7 @@ def _rpc(stub: pb_grpc.ExecutorStub, rpc: str, tag: str, md: Any) -> Callable[[]
             pb.GetCallRequest(run_id="setup", call_id="seen"), metadata=md
         ),
         "ListCalls": lambda: stub.ListCalls(pb.ListCallsRequest(limit=5), metadata=md),
+        "ListProviders": lambda: stub.ListProviders(pb.ListProvidersRequest(), metadata=md),
         # A call of the run, not the run: barring a whole run also needs its ownership
         # (tests/integration/test_cancel_ownership.py), which is not what this matrix is about.
         "Cancel": lambda: stub.Cancel(pb.CancelRequest(run_id=tag, call_id="c"), metadata=md),

@@ -14,7 +14,16 @@ import {
   resolveToken,
   type TlsConfig,
 } from "./transport.js";
-import type { Call, CallPlan, CallRecord, Event, Outcome, Status, ToolSpec } from "./types.js";
+import type {
+  Call,
+  CallPlan,
+  CallRecord,
+  Event,
+  Outcome,
+  ProviderStatus,
+  Status,
+  ToolSpec,
+} from "./types.js";
 import * as wire from "./wire.js";
 
 export interface ClientOptions {
@@ -106,6 +115,14 @@ export class Client {
       this.stub.listTools(pb.ListToolsRequest.create(), md, done),
     );
     return response.tools.map(wire.toolSpec);
+  }
+
+  /** The MCP servers of the daemon's tools file and their state (`execgate doctor`). */
+  async listProviders(): Promise<ProviderStatus[]> {
+    const response = await this.rpc.unary<pb.ListProvidersResponse>((md, done) =>
+      this.stub.listProviders(pb.ListProvidersRequest.create(), md, done),
+    );
+    return response.providers.map(wire.providerStatus);
   }
 
   /**

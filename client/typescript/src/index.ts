@@ -144,6 +144,7 @@ export {
   type OutcomeFields,
   type Phase,
   type PolicyDecision,
+  type ProviderStatus,
   type Status,
   STATUSES,
   type StopMode,

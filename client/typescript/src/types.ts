@@ -166,15 +166,23 @@ export interface ToolSpec {
   readonly idempotent: boolean;
   // "builtin", "command" (declared in the tools file) or "mcp:SERVER".
   readonly provider: string;
+  // The effects are believed (the daemon's, the operator's, a trusted server's); false:
+  // an untrusted server's tool, scheduled as a writer whatever it says.
+  readonly annotationsTrusted: boolean;
+}
+
+/** One MCP server of the daemon's tools file, now (`Client.listProviders`). */
+export interface ProviderStatus {
+  readonly provider: string; // "mcp:git"
+  // Live processes (0: not started yet, or stopped between calls).
+  readonly running: number;
+  readonly restarts: number;
+  readonly lastError: string; // "" if it never failed
+  readonly tools: number; // tools of it served
 }
 
 export type EventKind =
-  | "queued"
-  | "waiting"
-  | "awaiting_approval"
-  | "started"
-  | "progress"
-  | "finished";
+  "queued" | "waiting" | "awaiting_approval" | "started" | "progress" | "finished";
 
 interface EventBase {
   readonly callId: string;

@@ -22,6 +22,7 @@ import {
   Outcome,
   type Phase,
   type PolicyDecision,
+  type ProviderStatus,
   type Status,
   STATUSES,
   type StopMode,
@@ -199,6 +200,17 @@ export function toolSpec(msg: pb.ToolSpec): ToolSpec {
     destructive: msg.effects?.destructive ?? false,
     idempotent: msg.effects?.idempotent ?? false,
     provider: msg.provider || "builtin",
+    annotationsTrusted: msg.annotationsTrusted,
+  };
+}
+
+export function providerStatus(msg: pb.ProviderStatus): ProviderStatus {
+  return {
+    provider: msg.provider,
+    running: msg.running,
+    restarts: msg.restarts,
+    lastError: msg.lastError,
+    tools: msg.tools,
   };
 }
 

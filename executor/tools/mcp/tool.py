@@ -42,6 +42,9 @@ class McpTool:
         self.remote_name = tool.name
         self.provider = f"mcp:{server.decl.name}"  # ListTools' provider column
         self.hints = believed
+        # ListTools' annotations_trusted: the effects are the operator's or a trusted
+        # server's, not the untrusted default (a writer).
+        self.annotations_trusted = believed.source != "untrusted"
         self._effects = override.effects if override is not None else None
         self.spec = spec_for(server.decl, tool, believed, self._effects)
         # Set by the provider once it knows whether some tool of the server writes.
