@@ -114,6 +114,7 @@ EXPECTED: dict[str, list[str]] = {
         "PermissionDenied",
         "PolicyDecision",
         "PolicyExplanation",
+        "ProviderStatus",
         "RequestError",
         "RuleVerdict",
         "RunDetail",
