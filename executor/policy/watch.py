@@ -57,6 +57,7 @@ class FileWatcher(Generic[T]):
         # (`loaded`: the sha256 of the text the daemon started with), so an edit made
         # while the daemon was starting is not missed.
         self._seen: tuple[int, ...] = (0, 0, 0)
+        self._looked: tuple[int, ...] = (0, 0, 0)  # the fingerprint at the last look
         self.revision = loaded
         self._refused = ""  # revision of the last refused file: journaled once
 
@@ -71,6 +72,12 @@ class FileWatcher(Generic[T]):
     async def check(self) -> bool:
         """Reload if the file changed; True if a new version is now in force."""
         seen = _fingerprint(self.path)
+        if seen != self._looked:
+            # Still being written (an editor that truncates, then writes): a file is
+            # read only once it has held still for one interval, so a half-written
+            # one that happens to parse is never put in force.
+            self._looked = seen
+            return False
         if seen == self._seen:
             return False
         self._seen = seen

@@ -42,6 +42,7 @@ TYPED = frozenset(
 # One valid request per method, to mutate.
 SAMPLES: dict[str, Message] = {
     "/execgate.v1.Executor/ListTools": pb.ListToolsRequest(),
+    "/execgate.v1.Executor/ListProviders": pb.ListProvidersRequest(),
     "/execgate.v1.Executor/Execute": pb.ExecuteRequest(
         run_id="fuzz",
         calls=[pb.ToolCall(tool="noop", arguments_json='{"echo": "hi"}', idempotency_key="k")],
