@@ -20,14 +20,16 @@ run: $(STAMP)
 test: $(STAMP) test-ts test-deps
 	$(BIN)/python -m pytest
 
-# The npm MCP servers the tests run in the sandbox (tests/mcp_support.py); the PyPI ones
-# (mcp-server-git, mcp-server-time) come with the `test` extra. Pinned: the versions tested.
+# The npm MCP servers the tests run in the sandbox (tests/mcp_support.py), from their
+# lockfile (tests/fixtures/mcp/npm); the PyPI ones (mcp-server-git, mcp-server-time) come
+# with the `test` extra.
 MCP_NPM := .test-deps/npm
-MCP_NPM_PACKAGES := @modelcontextprotocol/server-everything@2026.8.31 \
-	@modelcontextprotocol/server-filesystem@2026.8.31
+MCP_LOCK := tests/fixtures/mcp/npm
 test-deps: $(MCP_NPM)/.installed
-$(MCP_NPM)/.installed: Makefile
-	npm install --prefix $(MCP_NPM) --no-audit --no-fund --loglevel=error $(MCP_NPM_PACKAGES)
+$(MCP_NPM)/.installed: $(MCP_LOCK)/package.json $(MCP_LOCK)/package-lock.json
+	mkdir -p $(MCP_NPM)
+	cp $(MCP_LOCK)/package.json $(MCP_LOCK)/package-lock.json $(MCP_NPM)/
+	npm ci --prefix $(MCP_NPM) --no-audit --no-fund --loglevel=error
 	touch $@
 
 # The daemon's Docker image, built offline (a debootstrap base, wheels from the host)

@@ -27,9 +27,9 @@ from .toolset import ToolProvider, ToolSet
 __all__ = ["Contribute", "backends_wanted", "load_toolset", "tools_watcher"]
 
 # The file as loaded -> the providers that add tools to the set (MCP servers).
-# UNFINISHED: synchronous, called while the file is parsed (start and each reload); a
-# provider that must start a server to list its tools lists them before (at start) or
-# serves what it last listed. The server does not pass one yet (the MCP provider will).
+# Synchronous, called while the file is parsed: the MCP servers list their tools once,
+# at daemon start (server/mcp_wiring.py), and a reload serves what they listed then (a
+# reload that changes `servers:` is refused there).
 Contribute = Callable[[ToolFile], Sequence[ToolProvider]]
 
 

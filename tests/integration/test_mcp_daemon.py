@@ -17,7 +17,9 @@ import yaml
 
 from execgate.client import Call, Client, EventKind, Status, StopMode
 from tests import mcp_support as ms
+from tests.auth_support import write_identities
 from tests.daemon import Daemon, scaled
+from tests.loop_support import PEOPLE, TOKENS
 from tests.support import sandbox_serve_args, wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -303,3 +305,43 @@ def _refusals(d: Daemon) -> list[str]:
     with closing(sqlite3.connect(uri, uri=True)) as conn:
         rows = conn.execute("SELECT accepted, message FROM policy_events ORDER BY seq").fetchall()
     return [message for accepted, message in rows if not accepted]
+
+
+ASK_POLICY = """\
+version: 1
+default: deny
+rules:
+  - id: ask-echo
+    effect: ask
+    tools: ["faulty.echo"]
+    approvers: [approver]
+    reason: a human looks at what the server is sent
+  - id: mcp-tools
+    effect: allow
+    tools: ["faulty.*"]
+"""
+
+
+def test_a_policy_ask_parks_an_mcp_tool_until_an_approver_says_yes(tmp_path: Path) -> None:
+    """`ask` on `SERVER.TOOL` works as on the built-ins: the call waits parked under the
+    rule that asked, and the approver's word lets it run through the server."""
+    tag = ms.new_tag()
+    daemon = _daemon(tmp_path, tag, [_server("faulty", ms.fixture_server(), tag)])
+    (tmp_path / "policy.yaml").write_text(ASK_POLICY)
+    identities = write_identities(tmp_path / "identities.yaml", PEOPLE)
+    daemon.extra_args = (*daemon.extra_args, "--identities", str(identities))
+    daemon.start(timeout=60)
+    try:
+        with Client(daemon.address, token=TOKENS["bot"]) as bot:
+            call = Call(tool="faulty.echo", arguments={"text": "hello"}, call_id="asked")
+            stream = bot.stream([call], timeout=scaled(60))
+            parked = next(e for e in stream if e.kind is EventKind.AWAITING_APPROVAL)
+            assert parked.rule_id == "ask-echo"
+            with Client(daemon.address, token=TOKENS["alice"]) as alice:
+                alice.approve(parked.approval_id, "fine")
+            final = [e for e in stream if e.kind is EventKind.FINISHED][-1].outcome
+            assert final is not None
+            assert final.status is Status.SUCCESS, (final.error_class, final.message)
+            assert "hello" in final.text
+    finally:
+        daemon.stop()
