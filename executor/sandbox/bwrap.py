@@ -42,12 +42,12 @@ ETC_ENTRIES = ("passwd", "group", "nsswitch.conf", "ld.so.cache", "localtime", "
 ETC_NETWORK = ("hosts", "resolv.conf", "ssl", "ca-certificates")
 
 
-def system_binds(extra_ro: tuple[Path, ...] = (), *, network: bool = False) -> list[str]:
-    return list(_system_binds(extra_ro, network))
+def system_binds(*, network: bool = False) -> list[str]:
+    return list(_system_binds(network))
 
 
 @functools.lru_cache(maxsize=16)
-def _system_binds(extra_ro: tuple[Path, ...], network: bool) -> tuple[str, ...]:
+def _system_binds(network: bool) -> tuple[str, ...]:
     """Looked up once per daemon (about 20 stat calls): the host's layout does not move."""
     args: list[str] = []
     for d in SYSTEM_DIRS:
@@ -59,8 +59,6 @@ def _system_binds(extra_ro: tuple[Path, ...], network: bool) -> tuple[str, ...]:
         path = f"/etc/{name}"
         if os.path.exists(path):
             args += ["--ro-bind", path, path]
-    for extra in extra_ro:
-        args += ["--ro-bind", str(extra), str(extra)]
     return tuple(args)
 
 
@@ -76,11 +74,15 @@ def bwrap_argv(
     if os.geteuid() != 0:
         args.append("--unshare-user")
     args += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "sandbox"]
-    args += system_binds(extra_ro, network=conf.network)
+    args += system_binds(network=conf.network)
     # The new /proc, but its /proc/sys read-only: a root daemon's commands run as uid 0
     # (without capabilities), and uid 0 may write many host-wide sysctls.
     args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]
     args += ["--dev", "/dev", "--tmpfs", "/tmp"]
+    # After the private /tmp: an extra read-only path under /tmp (a venv, a server's
+    # install) stays visible instead of being hidden by the tmpfs.
+    for extra in extra_ro:
+        args += ["--ro-bind", str(extra), str(extra)]
     ws = str(launch.workspace)
     args += ["--bind" if launch.writable else "--ro-bind", ws, ws, "--chdir", str(launch.cwd)]
     if env_fd is not None:
