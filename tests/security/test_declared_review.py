@@ -10,6 +10,7 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -79,21 +80,25 @@ POLICY = {
 }
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Client]]:
-    root = tmp_path_factory.mktemp("review")
-    (root / "tools.yaml").write_text(yaml.safe_dump({"version": 1, "tools": TOOLS}))
-    (root / "policy.yaml").write_text(yaml.safe_dump(POLICY))
+def _review_daemon(root: Path, tools: list[dict[str, Any]], policy: dict[str, Any]) -> Daemon:
+    """A started daemon serving `tools` under `policy`, the review's secret in its env."""
+    (root / "tools.yaml").write_text(yaml.safe_dump({"version": 1, "tools": tools}))
+    (root / "policy.yaml").write_text(yaml.safe_dump(policy))
     (root / "d").mkdir()
-    d = Daemon(
+    tools_file, policy_file = str(root / "tools.yaml"), str(root / "policy.yaml")
+    return Daemon(
         root / "d",
         "--tools",
-        str(root / "tools.yaml"),
+        tools_file,
         "--policy",
-        str(root / "policy.yaml"),
+        policy_file,
         env={"EG_REVIEW_SECRET": SECRET},
-    )
-    d.start()
+    ).start()
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Client]]:
+    d = _review_daemon(tmp_path_factory.mktemp("review"), TOOLS, POLICY)
     (d.workspace / "vault").mkdir(exist_ok=True)
     (d.workspace / "sub").mkdir(exist_ok=True)
     try:
@@ -239,18 +244,7 @@ PROCESS_POLICY = {
 
 @pytest.fixture(scope="module")
 def process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Client]]:
-    root = tmp_path_factory.mktemp("review-process")
-    (root / "tools.yaml").write_text(yaml.safe_dump({"version": 1, "tools": PROCESS_TOOLS}))
-    (root / "policy.yaml").write_text(yaml.safe_dump(PROCESS_POLICY))
-    (root / "d").mkdir()
-    d = Daemon(
-        root / "d",
-        "--tools",
-        str(root / "tools.yaml"),
-        "--policy",
-        str(root / "policy.yaml"),
-        env={"EG_REVIEW_SECRET": SECRET},
-    ).start()
+    d = _review_daemon(tmp_path_factory.mktemp("review-process"), PROCESS_TOOLS, PROCESS_POLICY)
     try:
         with Client(d.address) as c:
             yield d, c
