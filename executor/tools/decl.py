@@ -133,7 +133,8 @@ class ServerDecl:
     pool: Pool = Pool.DAEMON
     startup_timeout: float = 10.0
     tools: tuple[tuple[str, ToolOverride], ...] = ()
-    at: Located = field(default_factory=Located)
+    # Not compared: a reload that only moves a server's lines declares the same server.
+    at: Located = field(default_factory=Located, compare=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

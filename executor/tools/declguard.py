@@ -70,6 +70,14 @@ def path_text(text: str, args: dict[str, Any], where: str) -> str | None:
     given = [n for n in parsed.names if args.get(n) is not None]
     if not given:
         return None
+    for name in given:  # an array's JSON text is not any path the command is handed
+        if isinstance(args[name], (list, dict, bool)):
+            raise ToolError(
+                ErrorClass.INVALID_ARGUMENT,
+                f"{where} ({text!r}): {name} must be a string or a number to be a path",
+                field=f"arguments.{name}",
+                status=Status.REJECTED,
+            )
     missing = [n for n in parsed.names if n not in given]
     if missing:
         raise ToolError(

@@ -255,6 +255,14 @@ def _effects(
 
 def _effect(doc: YamlDoc, node: yaml.Node, where: str, key: str, props: dict[str, Any]) -> str:
     text = _template(doc, node, where, props)
+    if key != "net":
+        for name in template.parse(text).names:
+            prop = props.get(name)  # an MCP override's names are the server's
+            kind = prop.get("type") if isinstance(prop, dict) else None
+            if kind in ("array", "object", "boolean"):
+                raise doc.error(
+                    node, f"{where}: {{{name}}} is of type {kind}: a path needs a string"
+                )
     if key in ("reads", "writes") and text.startswith("/"):
         raise doc.error(node, f"{where}: paths are relative to the workspace, not {text!r}")
     if key.endswith("_tables"):

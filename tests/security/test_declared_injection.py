@@ -58,13 +58,22 @@ TOOLS = {
                 "{more...}",
             ],
             "effects": {},
-        }
+        },
+        {
+            # `files` has no type, so the file loads; an array given for it must not
+            # have its JSON text checked as the path ("../../x"] is a dir name).
+            "name": "touch_any",
+            "description": "touches what it is given",
+            "input_schema": {"type": "object", "properties": {"files": {}}},
+            "argv": ["touch", "{files}"],
+            "effects": {"writes": ["{files}"]},
+        },
     ],
 }
 POLICY = {
     "version": 1,
     "default": "deny",
-    "rules": [{"id": "all", "effect": "allow", "tools": ["argv"]}],
+    "rules": [{"id": "all", "effect": "allow", "tools": ["argv", "touch_any"]}],
 }
 
 
@@ -106,3 +115,18 @@ def test_nul_is_rejected_before_the_call_starts(
     o = c.run(Call(tool="argv", arguments=args))
     assert (o.status, o.error_class, o.field) == (Status.REJECTED, "invalid_argument", field)
     assert o.mark("started") is None
+
+
+@pytest.mark.parametrize("value", [["../../tmp/eg-pwned"], {"a": "../x"}, True])
+def test_an_effects_path_given_a_non_scalar_is_rejected(
+    client: tuple[Daemon, Client], value: object
+) -> None:
+    _, c = client
+    o = c.run(Call(tool="touch_any", arguments={"files": value}))
+    assert (o.status, o.error_class, o.field) == (
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments.files",
+    ), o.message
+    assert o.mark("started") is None
+    assert not Path("/tmp/eg-pwned").exists()

@@ -127,6 +127,14 @@ def tool(**over: str) -> str:
         (tool(effects='{reads: ["/etc/passwd"]}'), "tools[0].effects.reads[0]: paths are relative"),
         (tool(effects='{reads: ["{q}"]}'), "tools[0].effects.reads[0]: {q} is not a property"),
         (tool(effects='{read_tables: ["users"]}'), "a table is DATABASE_PATH:TABLE"),
+        (
+            tool(
+                input_schema="{type: object, properties: {l: {type: array}}}",
+                argv='[echo, "{l...}"]',
+                effects='{writes: ["{l}"]}',
+            ),
+            "tools[0].effects.writes[0]: {l} is of type array: a path needs a string",
+        ),
         (tool(effects='{net: ["a b"]}'), "tools[0].effects.net[0]: 'a b' is not a host name"),
         (tool(effects="{deletes: []}"), "tools[0].effects: unknown key 'deletes'"),
         (tool(sandbox="{backend: lxc}"), "t.yaml:7:24: tools[0].sandbox.backend: must be one of"),
@@ -197,3 +205,11 @@ def test_effects_left_out_mean_the_whole_workspace_and_empty_effects_mean_none()
     nothing = parse(tool(effects="{}")).commands[0].effects
     assert nothing.declared
     assert not nothing.may_write
+
+
+def test_a_server_moved_down_the_file_is_the_same_server() -> None:
+    server = "servers:\n  - {name: s, command: x}\n"
+    before = parse("version: 1\n" + server)
+    after = parse("version: 1\n" + tool()[len("version: 1\n") :] + server)
+    assert before.servers[0].at.line != after.servers[0].at.line
+    assert before.servers == after.servers
