@@ -102,6 +102,8 @@ class CommandDecl:
     sandbox: SandboxDecl = field(default_factory=SandboxDecl)
     output: OutputMode = OutputMode.TEXT
     success_codes: tuple[int, ...] = (0,)
+    # Arguments that may begin an argv element with `-` (read as options by the program).
+    option_args: tuple[str, ...] = ()
     at: Located = field(default_factory=Located)
 
 

@@ -30,7 +30,7 @@ from . import template
 from .base import ToolContext, ToolOutput, ToolSpec
 from .command import BASE_ENV, run_sandboxed
 from .decl import CommandDecl, OutputMode, SandboxDecl
-from .declguard import path_text, redacted, secret_forms, unchanged
+from .declguard import not_an_option, path_text, redacted, secret_forms, unchanged
 from .effects import CallEffects
 
 __all__ = ["CommandTool", "Prepared"]
@@ -128,15 +128,7 @@ class CommandTool:
     # -- expansion ----------------------------------------------------------------
 
     def _prepare(self, args: dict[str, Any], workspace: Workspace) -> Prepared:
-        argv: list[str] = []
-        for item in self.decl.argv:
-            spread = template.spread_name(item)
-            if spread is not None:
-                argv += template.spread(spread, args)
-                continue
-            value = template.parse(item).expand(args)
-            if value is not None:
-                argv.append(value)
+        argv = self._argv(args)
         cwd_text = template.parse(self.decl.cwd).expand(args) or "."
         cwd_field = _field(self.decl.cwd, "cwd")
         cwd = workspace.resolve(cwd_text, cwd_field)
@@ -145,6 +137,30 @@ class CommandTool:
             text = template.parse(self.decl.stdin).expand(args)
             stdin = text.encode("utf-8", errors="surrogatepass") if text is not None else None
         return Prepared(tuple(argv), cwd, stdin, ((cwd_field, cwd_text, cwd),))
+
+    def _argv(self, args: dict[str, Any]) -> list[str]:
+        """Each template one element (a spread one per item); before a `--` element, no
+        argument may make an element start with `-` (`declguard.not_an_option`)."""
+        argv: list[str] = []
+        guarded = True
+        for item in self.decl.argv:
+            guarded = guarded and item != "--"
+            spread = template.spread_name(item)
+            if spread is not None:
+                values = template.spread(spread, args)
+                for i, value in enumerate(values if guarded else ()):
+                    not_an_option(value, spread, f"arguments.{spread}[{i}]", self.decl.option_args)
+                argv += values
+                continue
+            parsed = template.parse(item)
+            value = parsed.expand(args)
+            if value is None:
+                continue
+            if guarded:
+                name = parsed.leader(args)
+                not_an_option(value, name, f"arguments.{name}", self.decl.option_args)
+            argv.append(value)
+        return argv
 
     def _paths(
         self,

@@ -22,7 +22,7 @@ from execgate.executor.core.paths import Workspace, hard_link_refused
 from . import template
 from .base import ToolOutput
 
-__all__ = ["path_text", "redacted", "secret_forms", "unchanged"]
+__all__ = ["not_an_option", "path_text", "redacted", "secret_forms", "unchanged"]
 
 Checked = tuple[tuple[str, str, Path], ...]
 
@@ -116,3 +116,18 @@ def unchanged(checked: Checked, workspace: Workspace, hard_links: Callable[[Path
             continue  # not there (yet): nothing links to it
         if stat.S_ISREG(st.st_mode) and st.st_nlink > 1 and not hard_links(path):
             raise hard_link_refused(workspace.relative(path), st.st_nlink, field)
+
+
+def not_an_option(value: str, name: str | None, field: str, allowed: tuple[str, ...]) -> None:
+    """An argv element that an argument makes start with `-` is REJECTED (the program
+    would read it as an option: `-rf`, `--output=/etc/passwd`), unless the tools file
+    lists the argument in `option_args` or puts a `--` element before it."""
+    if name is None or not value.startswith("-") or name in allowed:
+        return
+    raise ToolError(
+        ErrorClass.INVALID_ARGUMENT,
+        f"{field} starts with '-', so the program would read it as an option (the tools "
+        f"file can put '--' before it in argv, or list {name} in option_args)",
+        field=field,
+        status=Status.REJECTED,
+    )

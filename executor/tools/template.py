@@ -57,6 +57,16 @@ class Template:
             out.append(text)
         return "".join(out)
 
+    def leader(self, args: dict[str, Any]) -> str | None:
+        """The argument whose text begins the expansion (None when a literal does):
+        the one to blame when the element starts with `-`."""
+        for is_arg, value in self.parts:
+            if not is_arg:
+                return None
+            if args.get(value) is not None and render(args[value]):
+                return value
+        return None
+
 
 def parse(text: str) -> Template:
     """`text` as a template; TemplateSyntaxError naming what is wrong."""

@@ -33,6 +33,7 @@ FILE_KEYS = {"version", "tools", "servers"}
 COMMAND_KEYS = {
     "name", "description", "input_schema", "argv", "cwd", "stdin", "env", "effects",
     "idempotent", "destructive", "sandbox", "timeout_s", "output", "success_codes",
+    "option_args",
 }  # fmt: skip
 SERVER_KEYS = {
     "name", "command", "args", "cwd", "env", "trusted", "sandbox", "timeout_s", "prestart",
@@ -75,8 +76,22 @@ def command(doc: YamlDoc, node: yaml.Node, where: str) -> CommandDecl:
         sandbox=_sandbox(doc, keys, where),
         output=output,
         success_codes=codes,
+        option_args=_option_args(doc, keys.get("option_args"), f"{where}.option_args", props),
         at=_located(doc, node),
     )
+
+
+def _option_args(
+    doc: YamlDoc, node: yaml.Node | None, where: str, props: dict[str, Any]
+) -> tuple[str, ...]:
+    """The arguments allowed to begin an argv element with `-` (the program may read
+    them as options): each a property of input_schema."""
+    if node is None:
+        return ()
+    names = _strings(doc, node, where)
+    for i, name in enumerate(names):
+        _known(doc, node.value[i], f"{where}[{i}]", name, props)
+    return names
 
 
 def server(doc: YamlDoc, node: yaml.Node, where: str) -> ServerDecl:

@@ -5,7 +5,7 @@ exactly one argv element; nothing reaches a shell; NUL is REJECTED naming the fi
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -36,29 +36,32 @@ CORPUS = [
     "",
     "é ✓ \u202e",
 ]
+OPTIONS = [v for v in CORPUS if v.startswith("-")]
+
+
+def _argv_tool(name: str, args: list[str]) -> dict[str, object]:
+    """A tool that prints the argv it was handed, as JSON."""
+    return {
+        "name": name,
+        "description": "prints its argv as JSON",
+        "input_schema": {
+            "type": "object",
+            "properties": {
+                "arg": {"type": "string"},
+                "more": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+        "argv": ["python3", "-c", "import json,sys; print(json.dumps(sys.argv[1:]))", *args],
+        "effects": {},
+    }
+
+
 TOOLS = {
     "version": 1,
     "tools": [
-        {
-            "name": "argv",
-            "description": "prints its argv as JSON",
-            "input_schema": {
-                "type": "object",
-                "properties": {
-                    "arg": {"type": "string"},
-                    "more": {"type": "array", "items": {"type": "string"}},
-                },
-            },
-            "argv": [
-                "python3",
-                "-c",
-                "import json,sys; print(json.dumps(sys.argv[1:]))",
-                "{arg}",
-                "--flag={arg}",
-                "{more...}",
-            ],
-            "effects": {},
-        },
+        _argv_tool("argv", ["{arg}", "--flag={arg}", "{more...}"]),
+        _argv_tool("argv_after_dashes", ["--", "{arg}", "--flag={arg}", "{more...}"]),
+        {**_argv_tool("argv_options", ["{arg}", "{more...}"]), "option_args": ["arg", "more"]},
         {
             # `files` has no type, so the file loads; an array given for it must not
             # have its JSON text checked as the path ("../../x"] is a dir name).
@@ -73,7 +76,7 @@ TOOLS = {
 POLICY = {
     "version": 1,
     "default": "deny",
-    "rules": [{"id": "all", "effect": "allow", "tools": ["argv", "touch_any"]}],
+    "rules": [{"id": "all", "effect": "allow", "tools": ["argv*", "touch_any"]}],
 }
 
 
@@ -96,12 +99,42 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, C
 
 def test_every_injection_stays_one_element(client: tuple[Daemon, Client]) -> None:
     d, c = client
-    calls = [Call(tool="argv", arguments={"arg": v, "more": [v, v]}) for v in CORPUS]
-    for value, o in zip(CORPUS, c.execute(calls), strict=True):
+    values = [v for v in CORPUS if v not in OPTIONS]
+    calls = [Call(tool="argv", arguments={"arg": v, "more": [v, v]}) for v in values]
+    for value, o in zip(values, c.execute(calls), strict=True):
         assert o.status is Status.SUCCESS, (value, o.message)
         assert json.loads(o.text) == [value, f"--flag={value}", value, value], value
     assert not list(d.workspace.rglob("pwned"))
     assert not (Path.cwd() / "pwned").exists()
+
+
+@pytest.mark.parametrize("value", OPTIONS)
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [(lambda v: {"arg": v}, "arguments.arg"), (lambda v: {"more": ["ok", v]}, "arguments.more[1]")],
+)
+def test_a_value_that_would_be_read_as_an_option_is_rejected(
+    client: tuple[Daemon, Client], value: str, args: Callable[[str], dict[str, object]], field: str
+) -> None:
+    _, c = client
+    o = c.run(Call(tool="argv", arguments=args(value)))
+    assert (o.status, o.error_class, o.field) == (Status.REJECTED, "invalid_argument", field)
+    assert "option" in o.message
+    assert o.mark("started") is None
+
+
+def test_after_dashes_and_where_options_are_allowed_a_dash_is_one_element(
+    client: tuple[Daemon, Client],
+) -> None:
+    _, c = client
+    after = [Call(tool="argv_after_dashes", arguments={"arg": v, "more": [v]}) for v in OPTIONS]
+    for value, o in zip(OPTIONS, c.execute(after), strict=True):
+        assert o.status is Status.SUCCESS, (value, o.message)
+        assert json.loads(o.text) == ["--", value, f"--flag={value}", value], value
+    allowed = [Call(tool="argv_options", arguments={"arg": v, "more": [v]}) for v in OPTIONS]
+    for value, o in zip(OPTIONS, c.execute(allowed), strict=True):
+        assert o.status is Status.SUCCESS, (value, o.message)
+        assert json.loads(o.text) == [value, value], value
 
 
 @pytest.mark.parametrize(

@@ -73,17 +73,46 @@ def ws(tmp_path: Path) -> Workspace:
 
 @pytest.mark.parametrize("value", INJECTIONS)
 def test_an_argument_stays_one_argv_element_whatever_it_holds(value: str, ws: Workspace) -> None:
-    out = run(CommandTool(decl(argv=(*PRINT_ARGV, "--x={a}", "{a}"))), {"a": value}, ws)
+    out = run(CommandTool(decl(argv=(*PRINT_ARGV, "--x={a}", "--", "{a}"))), {"a": value}, ws)
     assert out.error_class is ErrorClass.NONE, out.message
-    assert json.loads(out.text) == [f"--x={value}", value]
+    assert json.loads(out.text) == [f"--x={value}", "--", value]
 
 
 def test_a_spread_gives_one_element_per_item_and_absent_arguments_leave_theirs_out(
     ws: Workspace,
 ) -> None:
-    tool = CommandTool(decl(argv=(*PRINT_ARGV, "{many...}", "--n={n}", "{b}", "{{lit}}")))
+    argv = (*PRINT_ARGV, "{many...}", "--n={n}", "{b}", "{{lit}}")
+    tool = CommandTool(decl(argv=argv, option_args=("many",)))
     out = run(tool, {"many": ["-a", "b c", "$(id)"], "n": 3}, ws)
     assert json.loads(out.text) == ["-a", "b c", "$(id)", "--n=3", "{lit}"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "args", "field"),
+    [
+        (("{a}",), {"a": "-rf"}, "arguments.a"),
+        (("{a}{b}",), {"a": "", "b": "--help"}, "arguments.b"),
+        (("{a}.txt",), {"a": "-"}, "arguments.a"),
+        (("{many...}",), {"many": ["ok", "-x"]}, "arguments.many[1]"),
+        (("{b}", "--", "{a}"), {"a": "-ok", "b": "-no"}, "arguments.b"),
+    ],
+)
+def test_an_argument_that_would_be_read_as_an_option_is_rejected(
+    argv: tuple[str, ...], args: dict[str, Any], field: str, ws: Workspace
+) -> None:
+    tool = CommandTool(decl(argv=(*PRINT_ARGV, *argv)))
+    with pytest.raises(ToolError) as info:
+        tool.call_effects(args, {}, ws)
+    assert (info.value.status, info.value.error_class, info.value.field) == (
+        Status.REJECTED,
+        ErrorClass.INVALID_ARGUMENT,
+        field,
+    )
+
+
+def test_an_element_the_operator_starts_with_a_dash_is_never_refused(ws: Workspace) -> None:
+    tool = CommandTool(decl(argv=(*PRINT_ARGV, "--n={a}", "x{a}")))
+    assert json.loads(run(tool, {"a": "-1"}, ws).text) == ["--n=-1", "x-1"]
 
 
 @pytest.mark.parametrize(

@@ -143,6 +143,7 @@ def tool(**over: str) -> str:
         (tool(timeout_s="-1"), "t.yaml:7:16: tools[0].timeout_s"),
         (tool(output="xml"), "t.yaml:7:13: tools[0].output: must be one of text, json"),
         (tool(success_codes="[256]"), "tools[0].success_codes[0]: must be an exit status"),
+        (tool(option_args="[q]"), "tools[0].option_args[0]: {q} is not a property"),
         (tool(idempotent="yes please"), "t.yaml:7:17: tools[0].idempotent: must be true or false"),
         (tool(description="''"), "tools[0].description: must be a non-empty string"),
         (tool(name="read_file"), "t.yaml:3: tool 'read_file': a built-in tool has this name"),
