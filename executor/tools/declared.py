@@ -148,8 +148,9 @@ class CommandTool:
             spread = template.spread_name(item)
             if spread is not None:
                 values = template.spread(spread, args)
-                for i, value in enumerate(values if guarded else ()):
-                    not_an_option(value, spread, f"arguments.{spread}[{i}]", self.decl.option_args)
+                for i, item_value in enumerate(values if guarded else ()):
+                    field = f"arguments.{spread}[{i}]"
+                    not_an_option(item_value, spread, field, self.decl.option_args)
                 argv += values
                 continue
             parsed = template.parse(item)
