@@ -40,7 +40,7 @@ from tests.cancel_support import (
     tagged,
     work,
 )
-from tests.daemon import Daemon
+from tests.daemon import Daemon, scaled
 from tests.support import (
     SANDBOX_BACKENDS,
     Streamer,
@@ -266,7 +266,11 @@ def test_bwrap_cancel_while_the_sandbox_is_being_built_is_still_polite(tmp_path:
     # 300 stacked read-only binds make bwrap take ~0.2 s to build the sandbox: a window
     # in which the call's PID namespace exists with only bwrap's init in it.
     slow = [a for _ in range(300) for a in ("--sandbox-ro", "/usr/share")]
-    d = Daemon(tmp_path, *args, "--grace", str(GRACE), *slow).start()
+    # The owed SIGTERM goes out once the command starts, so the grace must outlast the
+    # sandbox's build, which a busy machine stretches past 1 s (a longer grace costs a
+    # polite stop nothing: it ends as soon as the command honours the signal).
+    grace = scaled(3 * GRACE)
+    d = Daemon(tmp_path, *args, "--grace", str(grace), *slow).start()
     try:
         tag = new_tag()
         cid = f"early-{tag[:8]}"
@@ -280,7 +284,7 @@ def test_bwrap_cancel_while_the_sandbox_is_being_built_is_still_polite(tmp_path:
         assert "owed" in signalled, signalled  # the window was hit: nobody to signal yet
         # The command honours SIGTERM (or never starts): no grace period, no SIGKILL.
         assert o.stopped_how is StopMode.COOPERATIVE, (signalled, phases(o))
-        assert at(o, "stopped") - at(o, "cancel_requested") < GRACE
+        assert at(o, "stopped") - at(o, "cancel_requested") < grace
         assert tagged(tag) == []
     finally:
         if d.proc is not None and d.proc.poll() is None:
