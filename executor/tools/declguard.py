@@ -62,13 +62,14 @@ def _cut_tails(text: str, value: str, mask: str) -> str:
 
 
 def path_text(text: str, args: dict[str, Any], where: str) -> str | None:
-    """An effects path template expanded for the check. None when none of its arguments
-    is given; REJECTED when only some are (the path checked would not be the one the
-    command gets), or when a value not at the template's start is absolute (`{dir}/{name}`
-    with name `/x` checks `dir//x` while the command is handed `/x`)."""
+    """An effects path template expanded for the check (a literal one as it is). None
+    when none of its arguments is given; REJECTED when only some are (the path checked
+    would not be the one the command gets), or when a value not at the template's start
+    is absolute (`{dir}/{name}` with name `/x` checks `dir//x` while the command is
+    handed `/x`)."""
     parsed = template.parse(text)
     given = [n for n in parsed.names if args.get(n) is not None]
-    if not given:
+    if parsed.names and not given:
         return None
     for name in given:  # an array's JSON text is not any path the command is handed
         if isinstance(args[name], (list, dict, bool)):
