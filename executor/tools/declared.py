@@ -30,7 +30,7 @@ from . import template
 from .base import ToolContext, ToolOutput, ToolSpec
 from .command import BASE_ENV, run_sandboxed
 from .decl import CommandDecl, OutputMode, SandboxDecl
-from .declguard import not_an_option, path_text, redacted, secret_forms, unchanged
+from .declguard import masks, not_an_option, path_text, redacted, unchanged
 from .effects import CallEffects
 
 __all__ = ["CommandTool", "Prepared"]
@@ -227,7 +227,6 @@ class CommandTool:
         for name in self.decl.env.passthrough:
             if name in self._environ:
                 env[name] = self._environ[name]
-        hidden: dict[str, str] = {}
         for child, source in self.decl.env.secrets:
             value = self._environ.get(source)
             if value is None:  # gone since validation
@@ -237,9 +236,7 @@ class CommandTool:
                     field=f"secrets.{child}",
                 )
             env[child] = value
-            for form in secret_forms(value) if value else ():
-                hidden.setdefault(form, child)
-        return env, hidden
+        return env, masks((child, env[child]) for child, _ in self.decl.env.secrets)
 
     def _judged(self, out: ToolOutput) -> ToolOutput:
         """Exit codes per `success_codes`; stdout parsed for `output: json`."""
