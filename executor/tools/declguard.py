@@ -19,6 +19,7 @@ from typing import Any
 from execgate.executor.core.errors import ToolError
 from execgate.executor.core.outcomes import ErrorClass, Status
 from execgate.executor.core.paths import Workspace, hard_link_refused
+from execgate.executor.locks import Claim, Mode, table_key
 
 from . import template
 from .base import ToolOutput
@@ -26,11 +27,13 @@ from .base import ToolOutput
 __all__ = [
     "cut",
     "cut_json",
+    "field_of",
     "masks",
     "not_an_option",
     "path_text",
     "redacted",
     "secret_forms",
+    "table_claim",
     "unchanged",
 ]
 
@@ -141,6 +144,28 @@ def path_text(text: str, args: dict[str, Any], where: str) -> str | None:
                 status=Status.REJECTED,
             )
     return parsed.expand(args)
+
+
+def field_of(text: str, fallback: str) -> str:
+    """The argument a template names (`arguments.path`), or where it is declared."""
+    names = template.parse(text).names
+    return f"arguments.{names[0]}" if names else fallback
+
+
+def table_claim(value: str, field: str, mode: Mode, workspace: Workspace) -> Claim:
+    """The claim on an expanded `DATABASE_PATH:TABLE`: its database resolved inside
+    the workspace (an escape is REJECTED naming `field`), which must name a file."""
+    db, _, table = value.rpartition(":")
+    path = workspace.resolve(db or ".", field)
+    rel = workspace.relative(path)
+    if rel in ("", "."):
+        raise ToolError(
+            ErrorClass.INVALID_ARGUMENT,
+            f"{value!r}: a table's database must be a file",
+            field=field,
+            status=Status.REJECTED,
+        )
+    return Claim(table_key(rel, table), mode)
 
 
 def unchanged(checked: Checked, workspace: Workspace, hard_links: Callable[[Path], bool]) -> None:
