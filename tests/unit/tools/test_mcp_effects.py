@@ -12,10 +12,10 @@ from execgate.executor.core.outcomes import Status
 from execgate.executor.core.paths import Workspace
 from execgate.executor.locks import Mode, net_key, path_key, table_key
 from execgate.executor.locks.keys import server_key
-from execgate.executor.tools.decl import EffectsDecl, ServerDecl, ToolOverride
+from execgate.executor.tools.decl import EffectsDecl, Located, ServerDecl, ToolOverride
 from execgate.executor.tools.effects import CallEffects
 from execgate.executor.tools.mcp.effects import call_effects, hints
-from execgate.executor.tools.mcp.provider import schema_problem
+from execgate.executor.tools.mcp.provider import override_problem, schema_problem
 
 READER = mcp_types.ToolAnnotations(read_only_hint=True)
 
@@ -125,6 +125,38 @@ def test_an_escape_is_rejected_naming_the_argument(
         "permission_denied",
         field,
     ), info.value.message
+
+
+def test_an_override_must_fit_the_tools_schema() -> None:
+    """Checked when the server lists the tool, as a command tool's at load."""
+    schema = {
+        "type": "object",
+        "properties": {"path": {"type": "string"}, "paths": {"type": "array"}, "on": {}},
+    }
+    at = Located(source="tools.yaml", line=7)
+
+    def problem(**templates: tuple[str, ...]) -> str:
+        override = ToolOverride(effects=EffectsDecl(declared=True, **templates), at=at)
+        return override_problem("t", override, schema)
+
+    assert problem(reads=("{path}",), writes=("{on}",), net=("{on}",)) == ""
+    assert problem(reads=("{nope}",)) == (
+        "tools.yaml:7: tools.t.effects.reads[0]: {nope} is not a property of the tool's "
+        "inputSchema (properties: on, path, paths)"
+    )
+    assert problem(writes=("a", "{paths}")) == (
+        "tools.yaml:7: tools.t.effects.writes[1]: {paths} is of type array: a path needs a string"
+    )
+    assert "effects.net[0]: {x} is not a property" in problem(
+        read_tables=("db:{path}",), net=("{x}",)
+    )
+    assert "effects.write_tables[0]: {paths} is of type array" in problem(
+        write_tables=("{paths}:t",)
+    )
+    assert override_problem("t", ToolOverride(read_only=True), schema) == ""
+    assert "not a property" in override_problem(
+        "t", ToolOverride(effects=EffectsDecl(declared=True, reads=("{p}",))), {"type": "object"}
+    )
 
 
 def test_declared_effects_are_confined(tmp_path: Path) -> None:
