@@ -116,6 +116,9 @@ class ToolOverride:
     destructive: bool | None = None
     idempotent: bool | None = None
     hidden: bool = False  # not served at all
+    # Where the override was written: a template that does not fit the tool's schema
+    # (known once the server lists it) is named there. Not compared (see ServerDecl.at).
+    at: Located = field(default_factory=Located, compare=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -23,14 +23,22 @@ from typing import Any
 from execgate.executor.core.errors import ToolError
 from execgate.executor.core.outcomes import ErrorClass, Status, StopMode
 from execgate.executor.core.paths import Workspace
-from execgate.executor.locks import Claim, Mode, net_key, path_key, table_key, workspace_key
+from execgate.executor.locks import Claim, Mode, net_key, path_key, workspace_key
 from execgate.executor.sandbox import Launch
 
 from . import template
 from .base import ToolContext, ToolOutput, ToolSpec
 from .command import BASE_ENV, run_sandboxed
 from .decl import CommandDecl, OutputMode, SandboxDecl
-from .declguard import not_an_option, path_text, redacted, secret_forms, unchanged
+from .declguard import (
+    field_of,
+    masks,
+    not_an_option,
+    path_text,
+    redacted,
+    table_claim,
+    unchanged,
+)
 from .effects import CallEffects
 
 __all__ = ["CommandTool", "Prepared"]
@@ -130,7 +138,7 @@ class CommandTool:
     def _prepare(self, args: dict[str, Any], workspace: Workspace) -> Prepared:
         argv = self._argv(args)
         cwd_text = template.parse(self.decl.cwd).expand(args) or "."
-        cwd_field = _field(self.decl.cwd, "cwd")
+        cwd_field = field_of(self.decl.cwd, "cwd")
         cwd = workspace.resolve(cwd_text, cwd_field)
         stdin = None
         if self.decl.stdin is not None:
@@ -177,7 +185,7 @@ class CommandTool:
             value = path_text(text, args, f"effects.{key}[{i}]")
             if value is None:
                 continue
-            path = workspace.resolve(value, _field(text, f"effects.{key}[{i}]"))
+            path = workspace.resolve(value, field_of(text, f"effects.{key}[{i}]"))
             found[f"effects.{key}[{i}]"] = path
             claims.append(Claim(path_key(workspace.relative(path)), mode))
         return claims
@@ -193,19 +201,9 @@ class CommandTool:
         claims = []
         for i, text in enumerate(templates):
             value = path_text(text, args, f"effects.{key}[{i}]")
-            if value is None:
-                continue
-            db, _, table = value.rpartition(":")
-            path = workspace.resolve(db or ".", _field(text, f"effects.{key}[{i}]"))
-            rel = workspace.relative(path)
-            if rel in ("", "."):
-                raise ToolError(
-                    ErrorClass.INVALID_ARGUMENT,
-                    f"{value!r}: a table's database must be a file",
-                    field=_field(text, f"effects.{key}[{i}]"),
-                    status=Status.REJECTED,
-                )
-            claims.append(Claim(table_key(rel, table), mode))
+            if value is not None:
+                field = field_of(text, f"effects.{key}[{i}]")
+                claims.append(table_claim(value, field, mode, workspace))
         return claims
 
     def _texts(self, args: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -216,7 +214,7 @@ class CommandTool:
                 where = f"effects.{key}[{i}]"
                 value = path_text(text, args, where)
                 if value is not None:
-                    out.append((where, _field(text, where), value))
+                    out.append((where, field_of(text, where), value))
         return out
 
     # -- environment and result ---------------------------------------------------
@@ -227,7 +225,6 @@ class CommandTool:
         for name in self.decl.env.passthrough:
             if name in self._environ:
                 env[name] = self._environ[name]
-        hidden: dict[str, str] = {}
         for child, source in self.decl.env.secrets:
             value = self._environ.get(source)
             if value is None:  # gone since validation
@@ -237,9 +234,7 @@ class CommandTool:
                     field=f"secrets.{child}",
                 )
             env[child] = value
-            for form in secret_forms(value) if value else ():
-                hidden.setdefault(form, child)
-        return env, hidden
+        return env, masks((child, env[child]) for child, _ in self.decl.env.secrets)
 
     def _judged(self, out: ToolOutput) -> ToolOutput:
         """Exit codes per `success_codes`; stdout parsed for `output: json`."""
@@ -276,9 +271,3 @@ def _json(out: ToolOutput) -> ToolOutput:
         )
     structured = value if isinstance(value, dict) else {"value": value}
     return replace(out, structured=structured)
-
-
-def _field(text: str, fallback: str) -> str:
-    """The argument a template names (`arguments.path`), or where it is declared."""
-    names = template.parse(text).names
-    return f"arguments.{names[0]}" if names else fallback

@@ -7,6 +7,7 @@ entry (a ToolFileError at the node, naming the field).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import jsonschema
@@ -40,7 +41,9 @@ SERVER_KEYS = {
     "pool", "startup_timeout_s", "tools",
 }  # fmt: skip
 ENV_KEYS = {"set", "passthrough", "secrets"}
-EFFECT_KEYS = {"reads", "writes", "read_tables", "write_tables", "net"}
+# An EffectsDecl's templates, in the order the tools file's schema lists them.
+EFFECT_KINDS = ("reads", "writes", "read_tables", "write_tables", "net")
+EFFECT_KEYS = set(EFFECT_KINDS)
 SANDBOX_KEYS = {"backend", "limits"}
 OVERRIDE_KEYS = {"effects", "read_only", "destructive", "idempotent", "hidden"}
 COMMAND_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
@@ -195,10 +198,28 @@ def _template(doc: YamlDoc, node: yaml.Node, where: str, props: dict[str, Any]) 
 
 def _known(doc: YamlDoc, node: yaml.Node, where: str, name: str, props: dict[str, Any]) -> None:
     if name not in props:
-        known = ", ".join(sorted(props)) or "none"
-        raise doc.error(
-            node, f"{where}: {{{name}}} is not a property of input_schema (properties: {known})"
-        )
+        raise doc.error(node, f"{where}: {_unknown(name, props, 'input_schema')}")
+
+
+def _unknown(name: str, props: Mapping[str, Any], schema: str) -> str:
+    known = ", ".join(sorted(props)) or "none"
+    return f"{{{name}}} is not a property of {schema} (properties: {known})"
+
+
+def effect_problem(key: str, text: str, props: Mapping[str, Any], schema: str) -> str:
+    """Why an effects template (of `key`: reads, writes, ..., net) does not fit a tool
+    whose input schema (called `schema` in the message) has `props` ("" if it fits):
+    a placeholder that names no property, or, in a path or table, one typed array,
+    object or boolean (no path is one). The loader asks it of a command tool, the MCP
+    provider of a server's override once the server lists its tools."""
+    for name in template.parse(text).names:
+        if name not in props:
+            return _unknown(name, props, schema)
+        prop = props.get(name)
+        kind = prop.get("type") if isinstance(prop, dict) else None
+        if key != "net" and kind in ("array", "object", "boolean"):
+            return f"{{{name}}} is of type {kind}: a path needs a string"
+    return ""
 
 
 def _env(doc: YamlDoc, node: yaml.Node | None, where: str) -> EnvDecl:
@@ -270,14 +291,9 @@ def _effects(
 
 def _effect(doc: YamlDoc, node: yaml.Node, where: str, key: str, props: dict[str, Any]) -> str:
     text = _template(doc, node, where, props)
-    if key != "net":
-        for name in template.parse(text).names:
-            prop = props.get(name)  # an MCP override's names are the server's
-            kind = prop.get("type") if isinstance(prop, dict) else None
-            if kind in ("array", "object", "boolean"):
-                raise doc.error(
-                    node, f"{where}: {{{name}}} is of type {kind}: a path needs a string"
-                )
+    problem = effect_problem(key, text, props, "input_schema")  # an override's: _ANY
+    if problem:
+        raise doc.error(node, f"{where}: {problem}")
     if key in ("reads", "writes") and text.startswith("/"):
         raise doc.error(node, f"{where}: paths are relative to the workspace, not {text!r}")
     if key.endswith("_tables"):
@@ -322,7 +338,8 @@ def _overrides(
 ) -> tuple[tuple[str, ToolOverride], ...]:
     """Per-tool overrides of a server: tool name -> what the operator says about it.
     Their effects templates name the tool's arguments, which only the server knows:
-    the MCP provider checks them against its schemas when it lists the tools."""
+    the MCP provider checks them against its schemas when it lists the tools
+    (`effect_problem`, as for a command tool here)."""
     if node is None:
         return ()
     if not isinstance(node, yaml.MappingNode):
@@ -343,7 +360,8 @@ def _overrides(
             _effects(doc, keys["effects"], f"{here}.effects", _ANY) if "effects" in keys else None
         )
         hidden = _flag(doc, keys.get("hidden"), f"{here}.hidden")
-        out.append((tool, ToolOverride(effects=effects, hidden=hidden, **flags)))
+        at = _located(doc, key_node)
+        out.append((tool, ToolOverride(effects=effects, hidden=hidden, at=at, **flags)))
     return tuple(out)
 
 
@@ -417,4 +435,13 @@ def _located(doc: YamlDoc, node: yaml.Node) -> Located:
     return Located(source=doc.source, line=node.start_mark.line + 1)
 
 
-__all__ = ["COMMAND_KEYS", "FILE_KEYS", "SERVER_KEYS", "command", "input_schema", "server"]
+__all__ = [
+    "COMMAND_KEYS",
+    "EFFECT_KINDS",
+    "FILE_KEYS",
+    "SERVER_KEYS",
+    "command",
+    "effect_problem",
+    "input_schema",
+    "server",
+]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Mapping
 
 import mcp.types as mcp_types
 from mcp import ClientSession
@@ -23,6 +24,7 @@ from execgate.executor.core.errors import ExecgateError
 from execgate.executor.sandbox import Serving
 from execgate.executor.sandbox.ladder import REAP_SECONDS
 
+from ..declguard import cut
 from .transport import open_streams
 
 CLIENT_INFO = mcp_types.Implementation(name="execgate", version="1")
@@ -41,9 +43,13 @@ class StartFailed(ExecgateError):
 
 
 class Connection:
-    def __init__(self, running: Serving, name: str) -> None:
+    def __init__(
+        self, running: Serving, name: str, hidden: Mapping[str, str] | None = None
+    ) -> None:
         self.running = running
         self.name = name
+        # Each form of the server's secrets -> its name: cut from all it writes.
+        self._hidden = hidden or {}
         self.session: ClientSession | None = None
         self.tools: list[mcp_types.Tool] = []
         self.ready = asyncio.Event()
@@ -78,7 +84,7 @@ class Connection:
         exited = asyncio.ensure_future(self.running.wait())
         try:
             async with (
-                open_streams(stdin, stdout) as (read, write),
+                open_streams(stdin, stdout, hidden=self._hidden) as (read, write),
                 ClientSession(read, write, client_info=CLIENT_INFO) as session,
             ):
                 await session.initialize()
@@ -129,7 +135,8 @@ class Connection:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._task
         _, err = await self.running.output()
-        self.stderr = err.data.decode("utf-8", errors="replace").strip()
+        text = err.data.decode("utf-8", errors="replace")
+        self.stderr = cut(text, self._hidden, truncated=err.truncated).strip()
         await self.running.release()
         self._killed = len(left)
         return self._killed

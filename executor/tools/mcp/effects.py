@@ -3,9 +3,10 @@
 Who is believed, in order:
 
 1. The operator's override for the tool (`ToolOverride`): `effects` templates over
-   the call's arguments name the files it reads and writes (confined to the
-   workspace, canonicalised like the built-ins' paths); `read_only`,
-   `destructive`, `idempotent` replace the server's hints.
+   the call's arguments (template.py, as a command tool's) name the files and
+   tables it reads and writes (confined to the workspace, canonicalised like the
+   built-ins' paths, each path given whole: `declguard.path_text`) and the hosts it
+   reaches; `read_only`, `destructive`, `idempotent` replace the server's hints.
 2. A trusted server's annotations: `readOnlyHint` makes a reader,
    `destructiveHint` / `idempotentHint` are copied, `openWorldHint` is kept for
    `execgate tools` (the network itself is the policy's sandbox rule's to open).
@@ -15,11 +16,14 @@ Who is believed, in order:
 
 A reader claims READ on the server's key: readers of one server run together,
 and a writer of the same server waits for them.
+
+Unlike a command tool's, an override's template whose arguments the call leaves
+out is REJECTED (not left out): the server may use its own default for an absent
+argument, a path the template could not name.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,12 +36,11 @@ from execgate.executor.core.paths import Workspace
 from execgate.executor.locks import Claim, Mode, net_key, workspace_key
 from execgate.executor.locks.keys import server_key
 
-from ..base import ResourceKind, ResourceTemplate, ToolSpec
+from .. import template
+from ..base import ToolSpec
 from ..decl import EffectsDecl, ServerDecl, ToolOverride
+from ..declguard import field_of, path_text, table_claim
 from ..effects import CallEffects, file_key
-
-_WHOLE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,12 +85,9 @@ def hints(server: ServerDecl, tool: mcp_types.Tool, override: ToolOverride | Non
     )
 
 
-def spec_for(
-    server: ServerDecl, tool: mcp_types.Tool, believed: Hints, effects: EffectsDecl | None
-) -> ToolSpec:
-    """The spec served. Effects templates that are one whole argument (`{path}`) are
-    also its resources: validation resolves them (an escape is REJECTED) and the policy
-    sees them as the call's paths, as it sees a built-in's."""
+def spec_for(server: ServerDecl, tool: mcp_types.Tool, believed: Hints) -> ToolSpec:
+    """The spec served. An override's effects paths are not resources of the spec: the
+    call's analysis resolves them (`call_effects`), and the policy sees them there."""
     return ToolSpec(
         name=f"{server.name}.{tool.name}",
         description=tool.description or tool.title or "",
@@ -95,20 +95,7 @@ def spec_for(
         read_only=believed.read_only,
         destructive=believed.destructive,
         idempotent=believed.idempotent,
-        resources=_resources(effects),
     )
-
-
-def _resources(effects: EffectsDecl | None) -> tuple[ResourceTemplate, ...]:
-    if effects is None or not effects.declared:
-        return ()
-    found = []
-    for templates, mode in ((effects.reads, Mode.READ), (effects.writes, Mode.WRITE)):
-        for template in templates:
-            whole = _WHOLE.fullmatch(template)
-            if whole is not None:
-                found.append(ResourceTemplate(ResourceKind.FILE, whole.group(1), mode))
-    return tuple(found)
 
 
 def call_effects(
@@ -122,11 +109,7 @@ def call_effects(
 ) -> CallEffects:
     """The claims of one call (see the module's docstring)."""
     if effects is not None and effects.declared:
-        claims = [Claim(server_key(server), Mode.READ)]
-        claims += _paths(effects.reads, Mode.READ, args, workspace)
-        claims += _paths(effects.writes, Mode.WRITE, args, workspace)
-        claims += [Claim(net_key(render(h, args)), Mode.READ) for h in effects.net]
-        return CallEffects(tuple(claims), not believed.read_only)
+        return _declared(server, believed, effects, dict(args), workspace)
     if believed.read_only:
         return CallEffects((Claim(server_key(server), Mode.READ),), False)
     claims = [Claim(server_key(server), Mode.WRITE)]
@@ -135,34 +118,42 @@ def call_effects(
     return CallEffects(tuple(claims), True)
 
 
-def _paths(
-    templates: tuple[str, ...], mode: Mode, args: Mapping[str, Any], workspace: Workspace
-) -> list[Claim]:
-    claims = []
-    for template in templates:
-        field = f"arguments.{_first_argument(template) or 'effects'}"
-        path: Path = workspace.resolve(render(template, args), field)
-        claims.append(Claim(file_key(workspace, path), mode))
-    return claims
-
-
-def render(template: str, args: Mapping[str, Any]) -> str:
-    """`{name}` replaced by the argument `name` (a string or number); `{{`/`}}` literal."""
-
-    def one(match: re.Match[str]) -> str:
-        if match.group(0) in ("{{", "}}"):
-            return match.group(0)[0]
-        name = match.group(1)
-        value = args.get(name)
+def _declared(
+    server: str, believed: Hints, effects: EffectsDecl, args: dict[str, Any], workspace: Workspace
+) -> CallEffects:
+    """An override's effects: each path resolved (the policy sees them by where they are
+    declared, as a command tool's), each table and host claimed."""
+    claims = [Claim(server_key(server), Mode.READ)]
+    found: dict[str, Path] = {}
+    for key, mode in (("reads", Mode.READ), ("writes", Mode.WRITE)):
+        for i, text in enumerate(getattr(effects, key)):
+            where = f"effects.{key}[{i}]"
+            path = workspace.resolve(_given(text, args, where), field_of(text, where))
+            found[where] = path
+            claims.append(Claim(file_key(workspace, path), mode))
+    for key, mode in (("read_tables", Mode.READ), ("write_tables", Mode.WRITE)):
+        for i, text in enumerate(getattr(effects, key)):
+            where = f"effects.{key}[{i}]"
+            claims.append(
+                table_claim(_given(text, args, where), field_of(text, where), mode, workspace)
+            )
+    for i, host in enumerate(effects.net):
+        value = template.parse(host).expand(args)
         if value is None:
-            raise invalid(f"the effects template needs argument {name!r}", f"arguments.{name}")
-        if isinstance(value, bool) or not isinstance(value, str | int | float):
-            raise invalid(f"argument {name!r} must be a string to name a path", f"arguments.{name}")
-        return str(value)
-
-    return _PLACEHOLDER.sub(one, template)
+            raise _absent(host, f"effects.net[{i}]")
+        claims.append(Claim(net_key(value), Mode.READ))
+    return CallEffects(tuple(claims), not believed.read_only, paths=found)
 
 
-def _first_argument(template: str) -> str | None:
-    found = _PLACEHOLDER.search(template.replace("{{", "").replace("}}", ""))
-    return found.group(1) if found else None
+def _given(text: str, args: dict[str, Any], where: str) -> str:
+    """The path template expanded (`declguard.path_text`: each argument a string or a
+    number, none absolute inside it); REJECTED when the call gives none of them."""
+    value = path_text(text, args, where)
+    if value is None:
+        raise _absent(text, where)
+    return value
+
+
+def _absent(text: str, where: str) -> Exception:
+    name = template.parse(text).names[0]
+    return invalid(f"{where} ({text!r}) needs argument {name!r}", f"arguments.{name}")

@@ -23,13 +23,15 @@ from dataclasses import replace
 from typing import Any
 
 import jsonschema
+import mcp.types as mcp_types
 
 from execgate.executor.core.paths import Workspace
 from execgate.executor.sandbox import Confinement, Launch, Sandbox, SandboxError
 from execgate.executor.sandbox.registry import Sandboxes
 
 from ..base import Tool
-from ..decl import Pool, ServerDecl
+from ..decl import Pool, ServerDecl, ToolOverride
+from ..toolparts import EFFECT_KINDS, effect_problem
 from .effects import hints
 from .server import Server, ServerDown, ServerStatus
 from .tool import McpTool
@@ -66,26 +68,7 @@ class McpProvider:
         decl = server.decl
         self._writable[decl.name] = False
         conn = await server.connection("", decl.startup_timeout)
-        overrides = dict(decl.tools)
-        found: list[McpTool] = []
-        for listed in conn.tools:
-            override = overrides.get(listed.name)
-            if override is not None and override.hidden:
-                continue
-            refused = schema_problem(listed.input_schema)
-            if refused:
-                server.last_error = f"tool {listed.name} left out: {refused}"
-                log.error("MCP server %s: %s", decl.name, server.last_error)
-                continue
-            found.append(
-                McpTool(
-                    server,
-                    listed,
-                    hints(decl, listed, override),
-                    override,
-                    workspace_writable=False,
-                )
-            )
+        found = _served(server, conn.tools)
         writer = any(not t.hints.read_only for t in found)
         keep = decl.prestart and decl.pool is Pool.DAEMON
         if writer or not keep:
@@ -145,6 +128,28 @@ class McpProvider:
             await server.close()
 
 
+def _served(server: Server, listed: list[mcp_types.Tool]) -> list[McpTool]:
+    """The listed tools to serve: those not hidden whose schema and override the daemon
+    can use. One it cannot is left out, logged and named in the server's last_error."""
+    decl = server.decl
+    overrides = dict(decl.tools)
+    found = []
+    for tool in listed:
+        override = overrides.get(tool.name)
+        if override is not None and override.hidden:
+            continue
+        refused = schema_problem(tool.input_schema) or override_problem(
+            tool.name, override, tool.input_schema
+        )
+        if refused:
+            server.last_error = f"tool {tool.name} left out: {refused}"
+            log.error("MCP server %s: %s", decl.name, server.last_error)
+            continue
+        believed = hints(decl, tool, override)
+        found.append(McpTool(server, tool, believed, override, workspace_writable=False))
+    return found
+
+
 def schema_problem(schema: Any) -> str:
     """Why a server's inputSchema cannot be used to validate calls ("" if it can): the
     daemon validates every call against it before the server sees it."""
@@ -154,6 +159,24 @@ def schema_problem(schema: Any) -> str:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as exc:
         return f"its inputSchema is not a valid JSON Schema: {exc.message}"
+    return ""
+
+
+def override_problem(tool: str, override: ToolOverride | None, schema: dict[str, Any]) -> str:
+    """Why the override's effects do not fit the tool's inputSchema ("" if they do),
+    named at the override's file:line: a template checked like a command tool's at
+    load (`toolparts.effect_problem`), against the properties the server declares."""
+    effects = override.effects if override is not None else None
+    if override is None or effects is None:
+        return ""
+    props = schema.get("properties")
+    props = props if isinstance(props, dict) else {}
+    for key in EFFECT_KINDS:
+        for i, text in enumerate(getattr(effects, key)):
+            problem = effect_problem(key, text, props, "the tool's inputSchema")
+            if problem:
+                at = override.at
+                return f"{at.source}:{at.line}: tools.{tool}.effects.{key}[{i}]: {problem}"
     return ""
 
 

@@ -22,6 +22,7 @@ from execgate.executor.core.errors import ExecgateError, ToolError
 from execgate.executor.sandbox import Launch, Sandbox, SandboxError, Serving
 
 from ..decl import Pool, ServerDecl
+from ..declguard import masks
 from .connection import Connection, StartFailed
 
 # Per-run / per-agent processes of one server kept at once.
@@ -103,7 +104,8 @@ class Server:
         if not isinstance(running, Serving):
             await running.release()
             raise self._failed(f"{sandbox.name} cannot run a server")
-        conn = Connection(running, self.decl.name)
+        hidden = masks((c, launch.env[c]) for c, _ in self.decl.env.secrets if c in launch.env)
+        conn = Connection(running, self.decl.name, hidden)
         try:
             await conn.wait_ready(min(within, self.decl.startup_timeout))
         except StartFailed as exc:

@@ -46,7 +46,7 @@ class McpTool:
         # server's, not the untrusted default (a writer).
         self.annotations_trusted = believed.source != "untrusted"
         self._effects = override.effects if override is not None else None
-        self.spec = spec_for(server.decl, tool, believed, self._effects)
+        self.spec = spec_for(server.decl, tool, believed)
         # Set by the provider once it knows whether some tool of the server writes.
         self.workspace_writable = workspace_writable
 

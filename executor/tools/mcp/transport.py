@@ -5,14 +5,20 @@ sandbox; this is the same newline-delimited JSON-RPC framing over streams the
 sandbox gives us (`Serving.stdio`). Reading is bounded: a line longer than
 `max_line` ends the session (the server is then treated as crashed), so a server
 that floods stdout without a newline cannot make the daemon hold it all.
+
+The server's secrets (`env.secrets`) are cut here, from every message it writes,
+before the SDK sees it: results, structuredContent, errors, progress, tool lists --
+whatever a message holds reaches the journal, the logs and the client only as
+`[secret NAME]` (declguard.cut_json; the raw and JSON-escaped forms of each value).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 import anyio
 import mcp.types as mcp_types
@@ -20,6 +26,8 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.shared.message import SessionMessage
 
 from execgate.executor.core.errors import ExecgateError
+
+from ..declguard import cut, cut_json
 
 log = logging.getLogger("execgate.mcp")
 
@@ -41,17 +49,22 @@ class LineTooLong(ExecgateError):
 
 @contextlib.asynccontextmanager
 async def open_streams(
-    stdin: asyncio.StreamWriter, stdout: asyncio.StreamReader, *, max_line: int = MAX_LINE_BYTES
+    stdin: asyncio.StreamWriter,
+    stdout: asyncio.StreamReader,
+    *,
+    max_line: int = MAX_LINE_BYTES,
+    hidden: Mapping[str, str] | None = None,
 ) -> AsyncIterator[Streams]:
     """(read stream, write stream) for `mcp.ClientSession`, until the block exits.
 
     The read stream ends when the server's stdout closes (it exited or was killed):
     every request still waiting then fails with the SDK's "connection closed".
+    `hidden`: each form of a secret's value -> its name, cut from every message.
     """
     to_session, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, from_session = anyio.create_memory_object_stream[SessionMessage](0)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_reader, stdout, to_session, max_line)
+        tg.start_soon(_reader, stdout, to_session, max_line, hidden or {})
         tg.start_soon(_writer, stdin, from_session)
         try:
             yield read_stream, write_stream
@@ -67,6 +80,7 @@ async def _reader(
     stdout: asyncio.StreamReader,
     sink: MemoryObjectSendStream[SessionMessage | Exception],
     max_line: int,
+    hidden: Mapping[str, str],
 ) -> None:
     async with sink:
         buffer = bytearray()
@@ -74,7 +88,7 @@ async def _reader(
             buffer += chunk
             while (end := buffer.find(b"\n")) >= 0:
                 line, buffer = bytes(buffer[:end]), buffer[end + 1 :]
-                if line.strip() and not await _deliver(sink, _parse(line)):
+                if line.strip() and not await _deliver(sink, _parse(line, hidden)):
                     return
             if len(buffer) > max_line:
                 await _deliver(sink, LineTooLong(max_line))
@@ -91,12 +105,17 @@ async def _deliver(
     return True
 
 
-def _parse(line: bytes) -> SessionMessage | Exception:
+def _parse(line: bytes, hidden: Mapping[str, str]) -> SessionMessage | Exception:
+    adapter = mcp_types.jsonrpc_message_adapter
     try:
-        message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-    except ValueError as exc:
-        log.warning("an MCP server wrote a line that is not JSON-RPC: %s", str(exc)[:200])
-        return exc
+        if hidden:  # parsed first: a string's escapes (`\u00e9`, `\/`) no longer hide it
+            message = adapter.validate_python(cut_json(json.loads(line), hidden), by_name=False)
+        else:
+            message = adapter.validate_json(line, by_name=False)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
+        why = cut(str(exc), hidden)  # pydantic's error quotes the line
+        log.warning("an MCP server wrote a line that is not JSON-RPC: %s", why[:200])
+        return ValueError(why) if hidden else exc
     return SessionMessage(message)
 
 

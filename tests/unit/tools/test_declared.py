@@ -162,6 +162,17 @@ def test_effects_become_claims_on_canonical_keys(ws: Workspace) -> None:
     assert not CommandTool(decl(effects=EffectsDecl(declared=True, reads=("{a}",)))).spec.may_write
 
 
+def test_literal_effects_are_claimed_whatever_the_call_gives(ws: Workspace) -> None:
+    """A template without placeholders is always given: `docs`, `app.db:users`."""
+    effects = EffectsDecl(declared=True, reads=("docs",), write_tables=("app.db:users",))
+    got = CommandTool(decl(effects=effects)).call_effects({}, {}, ws)
+    assert [(c.key, c.mode) for c in got.claims] == [
+        (path_key("docs"), Mode.READ),
+        (table_key("app.db", "users"), Mode.WRITE),
+    ]
+    assert set(got.paths) == {"effects.reads[0]"}
+
+
 def test_undeclared_effects_write_the_whole_workspace(ws: Workspace) -> None:
     got = CommandTool(decl()).call_effects({"a": "x"}, {}, ws)
     assert [(c.key, c.mode) for c in got.claims] == [(workspace_key(), Mode.WRITE)]

@@ -3,21 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import shlex
+from pathlib import Path
 
 import mcp.types as mcp_types
+import pytest
 
+from execgate.executor.tools.declguard import masks
 from execgate.executor.tools.mcp.transport import LineTooLong, open_streams
 
+SECRET = 'tok"\\é-42'
+HIDDEN = masks([("TOKEN", SECRET)])
 
-async def _items(script: str, max_line: int) -> list[object]:
+
+async def _items(script: str, max_line: int, hidden: dict[str, str] | None = None) -> list[object]:
     proc = await asyncio.create_subprocess_exec(
         "sh", "-c", script, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
     )
     assert proc.stdin is not None
     assert proc.stdout is not None
     found: list[object] = []
+    streams = open_streams(proc.stdin, proc.stdout, max_line=max_line, hidden=hidden)
     try:
-        async with open_streams(proc.stdin, proc.stdout, max_line=max_line) as (read, _write):
+        async with streams as (read, _write):
             async for item in read:
                 found.append(item.message if hasattr(item, "message") else item)
     finally:
@@ -41,3 +51,47 @@ def test_a_line_over_the_bound_ends_the_session() -> None:
     assert len(found) == 1, found
     assert isinstance(found[0], LineTooLong)
     assert found[0].limit == 4096
+
+
+def _result(text: str, structured: dict[str, object]) -> dict[str, object]:
+    content = [{"type": "text", "text": text}]
+    return {"content": content, "structuredContent": structured}
+
+
+def test_a_secret_is_cut_from_every_message_however_it_is_escaped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    every_char_escaped = "".join(f"\\u{ord(c):04x}" for c in SECRET)
+    lines = [
+        json.dumps({"jsonrpc": "2.0", "id": 1, "result": _result(SECRET, {SECRET: SECRET})}),
+        # The server's own JSON text in a result: the escaped form, in the text.
+        json.dumps({"jsonrpc": "2.0", "id": 2, "result": _result(json.dumps([SECRET]), {})}),
+        json.dumps({"jsonrpc": "2.0", "id": 3, "error": {"code": 1, "message": "@"}}).replace(
+            "@", every_char_escaped
+        ),
+        json.dumps(
+            {
+                "jsonrpc": "2.0",
+                "method": "notifications/progress",
+                "params": {"progressToken": 1, "progress": 1, "message": SECRET},
+            }
+        ),
+        json.dumps({"jsonrpc": "2.0", "id": 4, "bogus": SECRET}),  # no JSON-RPC message
+        f"not json {SECRET}",
+    ]
+    (tmp_path / "lines").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with caplog.at_level(logging.WARNING):
+        found = asyncio.run(_items(f"cat {shlex.quote(str(tmp_path / 'lines'))}", 1 << 20, HIDDEN))
+    assert len(found) == 6, found
+    seen = [m.model_dump_json() if hasattr(m, "model_dump_json") else str(m) for m in found]
+    seen += [caplog.text]
+    for text in seen:
+        for form in HIDDEN:
+            assert form not in text, (form, text)
+    assert [type(m).__name__ for m in found[:4]] == [
+        "JSONRPCResponse", "JSONRPCResponse", "JSONRPCError", "JSONRPCNotification"
+    ]  # fmt: skip
+    for i in range(4):
+        assert "[secret TOKEN]" in seen[i], seen[i]
+    assert isinstance(found[4], ValueError)
+    assert "[secret TOKEN]" in str(found[4])
