@@ -22,8 +22,10 @@ from typing import Any
 import pytest
 import yaml
 
+from execgate.client import Client, ProviderStatus
 from execgate.executor.sandbox import procscan
-from tests.daemon import scaled
+from tests.daemon import Daemon, scaled
+from tests.support import sandbox_serve_args
 
 REPO = Path(__file__).resolve().parents[1]
 NPM = Path(os.environ.get("EXECGATE_MCP_NPM", REPO / ".test-deps" / "npm"))
@@ -108,3 +110,37 @@ def tools_file(path: Path, servers: list[dict[str, Any]]) -> Path:
     """A tools file declaring `servers` (the file's keys; `env.set` as a mapping)."""
     path.write_text(yaml.safe_dump({"version": 1, "servers": servers}, sort_keys=False))
     return path
+
+
+def entry(name: str, server: tuple[str, tuple[str, ...]], tag: str, **kw: Any) -> dict[str, Any]:
+    """A `servers:` entry: `server` (command, args) tagged with EG_TAG=tag; `env` (pairs)
+    added to what it is set; any other key as given."""
+    command, args = server
+    env = {"set": dict([(TAG_ENV, tag), *kw.pop("env", [])])}
+    return {"name": name, "command": command, "args": list(args), "env": env, **kw}
+
+
+def mcp_daemon(root: Path, servers: list[dict[str, Any]], policy: str, *extra: str) -> Daemon:
+    """A daemon in bwrap (not started) serving `servers` under `policy`, grace 1 s."""
+    daemon = Daemon(
+        root,
+        *sandbox_serve_args("bwrap", root),
+        *[a for p in RO_PATHS for a in ("--sandbox-ro", str(p))],
+        "--policy",
+        str(root / "policy.yaml"),
+        "--tools",
+        str(root / "tools.yaml"),
+        "--grace",
+        "1",
+        *extra,
+    )
+    (root / "policy.yaml").parent.mkdir(parents=True, exist_ok=True)
+    (root / "policy.yaml").write_text(policy)
+    tools_file(root / "tools.yaml", servers)
+    return daemon
+
+
+def provider(client: Client, name: str) -> ProviderStatus:
+    """ListProviders' row of server `name`."""
+    [found] = [p for p in client.list_providers() if p.provider == f"mcp:{name}"]
+    return found

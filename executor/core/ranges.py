@@ -88,6 +88,8 @@ ARGUMENTS = Range(low=KIB, high=64 * MIB, integer=True, unit="bytes")
 # The policy's `limits:` in its own units.
 OUTPUT_CAP_KB = Range(low=1, high=64 * KIB, unit="KiB")
 FILE_CAP_KB = Range(low=1, high=MIB, unit="KiB")
+# The tools file's `max_message_kb` of an MCP server: one JSON-RPC message, 1 KiB - 1 GiB.
+MCP_MESSAGE_KB = Range(low=1, high=MIB, integer=True, unit="KiB")
 
 
 # ---------------------------------------------------------------- sandbox limits (rlimits)

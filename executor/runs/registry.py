@@ -8,7 +8,9 @@ the Python loop could not replay. A run's row and its events change in one trans
 
 Refusals are typed (`RunRefused.kind`): not_found, exists, forbidden, gap,
 duplicate, discontinuous, illegal, ended, malformed. A terminal run refuses
-further events, and the dispatcher refuses its tool calls (`ended`).
+further events, and the dispatcher refuses its tool calls (`ended`). `on_ended`
+hears of each run reaching a terminal state (set by the daemon's wiring: what a
+run kept, an MCP server's `pool: run` process, is let go).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import enum
 import json
 import secrets
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from execgate.executor.core import clock
@@ -84,6 +86,8 @@ class RunStore:
         self.ended: dict[str, str] = records.ended()
         # run id -> owner, for the dispatcher: only the owner's calls join a started run.
         self.owners: dict[str, str] = records.owners()
+        # Told the run id of each run that reaches a terminal state, once it is recorded.
+        self.on_ended: Callable[[str], None] = _nobody
         # The state machines of runs appended to lately (replayed from the journal
         # when missing): at most MAX_MACHINES, least recently used dropped first.
         self._machines: OrderedDict[str, History] = OrderedDict()
@@ -162,6 +166,7 @@ class RunStore:
             self._keep(run_id, machine)
         if last is not None and last.to_state in TERMINAL:
             self.ended[run_id] = last.to_state.value
+            self.on_ended(run_id)
         for moved in events:
             self._publish(run_id, Update(event=moved))
         return updated
@@ -253,6 +258,10 @@ class RunStore:
         fanout = self._watchers.get(run_id)
         if fanout is not None:
             fanout.publish(update)
+
+
+def _nobody(_run_id: str) -> None:
+    pass
 
 
 @dataclass(slots=True)

@@ -1,6 +1,9 @@
 """The daemon's MCP servers: the tools file's `servers:`, started after the sandboxes'
 leftovers are cleaned, their tools in the tool set before anything is served, killed
-at exit.
+at exit. `serve` tells the provider what changes where its processes belong: a run's
+end (`McpProvider.run_ended`, from the runs room's `RunStore.on_ended`: a `pool: run`
+process closes) and an identities reload (`McpProvider.reconfine`: an agent's groups
+may pick another sandbox rule).
 
 Servers are started with the daemon, not on a reload: a reload whose `servers:`
 section differs from the one the daemon started with is refused (journaled, the
@@ -48,7 +51,11 @@ async def start_servers(
 ) -> ServedServers:
     """Start every declared server, list its tools and put them in the tool set."""
     provider = McpProvider(
-        dispatcher.sandboxes, dispatcher.workspace, output_cap=dispatcher.limits.raw_cap_bytes
+        dispatcher.sandboxes,
+        dispatcher.workspace,
+        output_cap=dispatcher.limits.raw_cap_bytes,
+        # The identities in force at each look (a reload replaces the authorizer's).
+        memberships=lambda agent: dispatcher.authorizer.memberships(agent),
     )
     await provider.start(declared.servers)
     served = ServedServers(provider, declared.servers)

@@ -162,6 +162,7 @@ async def serve(
         telemetry.metrics = metrics.setup(daemon_id(config.state_dir), tools=dispatcher.tools)
         telemetry.metrics.gauges(dispatcher.approvals.waiting, dispatcher.queue_depth)
         runs = RunStore(journal.runs)
+        runs.on_ended = served.provider.run_ended
         dispatcher.ended_runs = runs.ended
         dispatcher.run_owners = runs.owners
         server, health_servicer = _server(config, dispatcher, runs, interceptor, served)
@@ -231,7 +232,9 @@ def _watchers(
     """The files reloaded while the daemon runs: policy, identities, tools."""
     watchers: list[FileWatcher[Any]] = [_policy_watcher(config, dispatcher, journal)]
     if interceptor.identities is not None and config.identities is not None:
-        watchers.append(_identities_watcher(config.identities, interceptor, dispatcher, journal))
+        watchers.append(
+            _identities_watcher(config.identities, interceptor, dispatcher, journal, served)
+        )
     if config.tools is not None:
         watchers.append(_tools_watcher(config, dispatcher, journal, served))
     return watchers
@@ -274,14 +277,21 @@ def _tools_watcher(
 
 
 def _identities_watcher(
-    path: Path, interceptor: AuthInterceptor, dispatcher: Dispatcher, journal: Journal
+    path: Path,
+    interceptor: AuthInterceptor,
+    dispatcher: Dispatcher,
+    journal: Journal,
+    served: mcp_wiring.ServedServers,
 ) -> FileWatcher[Identities]:
     """Hot reload of the identities file: a removed identity or token is refused from
-    the next RPC on; a file that does not load leaves the last good one in force."""
+    the next RPC on; a file that does not load leaves the last good one in force. An
+    agent whose groups changed may fall under another sandbox rule: MCP server
+    processes that no longer fit their callers are closed."""
 
     def apply(identities: Identities) -> None:
         interceptor.identities = identities
         dispatcher.authorizer.memberships = identities.memberships
+        served.provider.reconfine()
 
     return FileWatcher(
         path,

@@ -17,6 +17,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+# The default bound of one JSON-RPC message from an MCP server (`max_message_kb`).
+MAX_MESSAGE_BYTES = 32 << 20
+
 
 class OutputMode(enum.Enum):
     TEXT = "text"  # stdout is the result's text
@@ -137,6 +140,8 @@ class ServerDecl:
     prestart: bool = False
     pool: Pool = Pool.DAEMON
     startup_timeout: float = 10.0
+    # A message from the server longer than this ends its process (treated as a crash).
+    max_message_bytes: int = MAX_MESSAGE_BYTES
     tools: tuple[tuple[str, ToolOverride], ...] = ()
     # Not compared: a reload that only moves a server's lines declares the same server.
     at: Located = field(default_factory=Located, compare=False)

@@ -19,6 +19,7 @@ from execgate.executor.policy.runrules import BACKENDS, CONFINEMENT_KEYS
 
 from . import template
 from .decl import (
+    MAX_MESSAGE_BYTES,
     CommandDecl,
     EffectsDecl,
     EnvDecl,
@@ -38,7 +39,7 @@ COMMAND_KEYS = {
 }  # fmt: skip
 SERVER_KEYS = {
     "name", "command", "args", "cwd", "env", "trusted", "sandbox", "timeout_s", "prestart",
-    "pool", "startup_timeout_s", "tools",
+    "pool", "startup_timeout_s", "max_message_kb", "tools",
 }  # fmt: skip
 ENV_KEYS = {"set", "passthrough", "secrets"}
 # An EffectsDecl's templates, in the order the tools file's schema lists them.
@@ -50,6 +51,7 @@ COMMAND_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 HOST = re.compile(r"^[A-Za-z0-9{}_.-]+$")
 TIMEOUT = ranges.TIMEOUT
+MESSAGE_KB = ranges.MCP_MESSAGE_KB
 
 
 def command(doc: YamlDoc, node: yaml.Node, where: str) -> CommandDecl:
@@ -109,6 +111,11 @@ def server(doc: YamlDoc, node: yaml.Node, where: str) -> ServerDecl:
         if "startup_timeout_s" in keys
         else 10.0
     )
+    message_kb = (
+        _bounded(doc, keys["max_message_kb"], f"{where}.max_message_kb", MESSAGE_KB)
+        if "max_message_kb" in keys
+        else MAX_MESSAGE_BYTES // ranges.KIB
+    )
     return ServerDecl(
         name=name,
         command=doc.string(keys["command"], f"{where}.command"),
@@ -120,6 +127,7 @@ def server(doc: YamlDoc, node: yaml.Node, where: str) -> ServerDecl:
         prestart=_flag(doc, keys.get("prestart"), f"{where}.prestart"),
         pool=_choice(doc, keys.get("pool"), f"{where}.pool", Pool, Pool.DAEMON),
         startup_timeout=startup,
+        max_message_bytes=int(message_kb) * ranges.KIB,
         tools=_overrides(doc, keys.get("tools"), f"{where}.tools"),
         at=_located(doc, node),
     )
@@ -402,8 +410,12 @@ def _flag(doc: YamlDoc, node: yaml.Node | None, where: str) -> bool:
 
 
 def _seconds(doc: YamlDoc, node: yaml.Node, where: str) -> float:
+    return float(_bounded(doc, node, where, TIMEOUT))
+
+
+def _bounded(doc: YamlDoc, node: yaml.Node, where: str, allowed: ranges.Range) -> float:
     try:
-        return float(TIMEOUT.check(where, doc.value(node)))
+        return allowed.check(where, doc.value(node))
     except ranges.SettingError as exc:
         raise doc.error(node, str(exc)) from None
 

@@ -10,7 +10,6 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -20,7 +19,7 @@ from tests import mcp_support as ms
 from tests.auth_support import write_identities
 from tests.daemon import Daemon, scaled
 from tests.loop_support import PEOPLE, TOKENS
-from tests.support import sandbox_serve_args, wait_until
+from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -45,39 +44,15 @@ SAFE_DIRECTORY = [
 ]
 
 
-def _server(name: str, server: tuple[str, tuple[str, ...]], tag: str, **kw: Any) -> dict[str, Any]:
-    command, args = server
-    env = {"set": dict([(ms.TAG_ENV, tag), *kw.pop("env", [])])}
-    return {"name": name, "command": command, "args": list(args), "env": env, **kw}
-
-
-def _daemon(root: Path, tag: str, servers: list[dict[str, Any]]) -> Daemon:
-    daemon = Daemon(
-        root,
-        *sandbox_serve_args("bwrap", root),
-        *[a for p in ms.RO_PATHS for a in ("--sandbox-ro", str(p))],
-        "--policy",
-        str(root / "policy.yaml"),
-        "--tools",
-        str(root / "tools.yaml"),
-        "--grace",
-        "1",
-    )
-    (root / "policy.yaml").parent.mkdir(parents=True, exist_ok=True)
-    (root / "policy.yaml").write_text(POLICY)
-    ms.tools_file(root / "tools.yaml", servers)
-    return daemon
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, str]]:
     root = tmp_path_factory.mktemp("mcp-daemon")
     tag = ms.new_tag()
     ws = root / "workspace"
     servers = [
-        _server("git", ms.git_server(ws), tag, env=SAFE_DIRECTORY, trusted=True),
-        _server("faulty", ms.fixture_server(), tag),
-        _server(
+        ms.entry("git", ms.git_server(ws), tag, env=SAFE_DIRECTORY, trusted=True),
+        ms.entry("faulty", ms.fixture_server(), tag),
+        ms.entry(
             "fs",
             ms.npm_server("server-filesystem", str(ws)),
             tag,
@@ -87,9 +62,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, s
                 "read_text_file": {"effects": {"reads": ["{path}"]}},
             },
         ),
-        _server("everything", ms.npm_server("server-everything"), tag, trusted=True),
+        ms.entry("everything", ms.npm_server("server-everything"), tag, trusted=True),
     ]
-    daemon = _daemon(root, tag, servers)
+    daemon = ms.mcp_daemon(root, servers, POLICY)
     from tests.daemon import reachable_workspace
 
     reachable_workspace(ws)
@@ -246,8 +221,8 @@ def test_long_running_cancel_ends_within_grace(eg: Client) -> None:
 
 def test_daemon_sigkill_leaves_no_server(tmp_path: Path) -> None:
     tag = ms.new_tag()
-    servers = [_server("faulty", ms.fixture_server(), tag, prestart=True)]
-    daemon = _daemon(tmp_path, tag, servers).start(timeout=60)
+    servers = [ms.entry("faulty", ms.fixture_server(), tag, prestart=True)]
+    daemon = ms.mcp_daemon(tmp_path, servers, POLICY).start(timeout=60)
     with Client(daemon.address) as eg:
         child = eg.execute_one("faulty.spawn_child")
         assert child.status is Status.SUCCESS, child
@@ -262,8 +237,8 @@ def test_a_reload_may_change_commands_but_not_servers(tmp_path: Path) -> None:
     """Servers start with the daemon: a reload that keeps `servers:` as they were adds
     its command tools; one that changes them is refused and the tools in force stay."""
     tag = ms.new_tag()
-    servers = [_server("faulty", ms.fixture_server(), tag)]
-    daemon = _daemon(tmp_path, tag, servers).start(timeout=60)
+    servers = [ms.entry("faulty", ms.fixture_server(), tag)]
+    daemon = ms.mcp_daemon(tmp_path, servers, POLICY).start(timeout=60)
     tools_yaml = tmp_path / "tools.yaml"
     try:
         with Client(daemon.address) as eg:
@@ -326,7 +301,7 @@ def test_a_policy_ask_parks_an_mcp_tool_until_an_approver_says_yes(tmp_path: Pat
     """`ask` on `SERVER.TOOL` works as on the built-ins: the call waits parked under the
     rule that asked, and the approver's word lets it run through the server."""
     tag = ms.new_tag()
-    daemon = _daemon(tmp_path, tag, [_server("faulty", ms.fixture_server(), tag)])
+    daemon = ms.mcp_daemon(tmp_path, [ms.entry("faulty", ms.fixture_server(), tag)], POLICY)
     (tmp_path / "policy.yaml").write_text(ASK_POLICY)
     identities = write_identities(tmp_path / "identities.yaml", PEOPLE)
     daemon.extra_args = (*daemon.extra_args, "--identities", str(identities))

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from execgate.executor.core.errors import ToolError
 from execgate.executor.core.outcomes import ErrorClass, Phase, StopMode
 from execgate.executor.core.paths import Workspace
 from execgate.executor.locks import Mode
@@ -20,6 +22,7 @@ from execgate.executor.sandbox.registry import Sandboxes
 from execgate.executor.tools import CancelScope, Limits, ToolContext, ToolOutput
 from execgate.executor.tools.decl import EffectsDecl, EnvDecl, Pool, ServerDecl, ToolOverride
 from execgate.executor.tools.mcp import McpProvider, McpTool
+from execgate.executor.tools.mcp.server import MAX_PROCESSES
 from tests import mcp_support as ms
 from tests.daemon import scaled
 from tests.support import sandbox_serve_args
@@ -269,4 +272,102 @@ def test_pool_per_run_gives_each_run_its_process(tmp_path: Path) -> None:
         assert (state.running, state.restarts) == (2, 0), state
 
     run(ws, [_decl("faulty", ms.fixture_server(), tag, pool=Pool.RUN)], body)
+    assert ms.tagged(tag) == []
+
+
+def _gated(name: str, ws: Path, tag: str, **kw: Any) -> tuple[ServerDecl, Path]:
+    """The fixture server, held before its start while `ws/NAME.gate` exists."""
+    gate = ws / f"{name}.gate"
+    decl = _decl(name, ms.fixture_server(), tag, startup_timeout=scaled(60), **kw)
+    env = EnvDecl(set=(*decl.env.set, ("FAULTY_START_GATE", str(gate))))
+    return replace(decl, env=env), gate
+
+
+def test_a_caller_cancelled_during_the_start_leaves_no_orphan(tmp_path: Path) -> None:
+    """The caller's task cancelled while the server starts (the start is the server's):
+    the process comes up, is kept for the next call, and is killed at close -- none is
+    left behind."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    tag = ms.new_tag()
+    decl, gate = _gated("faulty", ws, tag)
+
+    async def body(provider: McpProvider) -> None:
+        echo = tool(provider, "faulty.echo")
+        await ms.await_for(lambda: ms.tagged(tag) == [], 10, "discovery's process closed")
+        gate.touch()
+        caller = asyncio.ensure_future(echo.run({"text": "lost"}, _ctx(ws)))
+        await ms.await_for(lambda: ms.tagged(tag) != [], 20, "the start begun")
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        starting = set(ms.tagged(tag))
+        gate.unlink()
+        await ms.await_for(lambda: provider.status()[0].running == 1, 30, "the start done")
+        assert set(ms.tagged(tag)) == starting
+        again = await echo.run({"text": "kept"}, _ctx(ws))
+        assert again.text == "kept", again
+        [state] = provider.status()
+        assert (state.running, state.restarts, state.last_error) == (1, 0, ""), state
+
+    run(ws, [decl], body)
+    assert ms.tagged(tag) == []
+
+
+def test_close_during_a_start_kills_it(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    tag = ms.new_tag()
+    decl, gate = _gated("faulty", ws, tag)
+
+    async def body(provider: McpProvider) -> None:
+        await ms.await_for(lambda: ms.tagged(tag) == [], 10, "discovery's process closed")
+        gate.touch()
+        caller = asyncio.ensure_future(tool(provider, "faulty.echo").run({"text": "x"}, _ctx(ws)))
+        await ms.await_for(lambda: ms.tagged(tag) != [], 20, "the start begun")
+        await provider.close()
+        assert ms.tagged(tag) == []
+        with pytest.raises(ToolError, match="closing"):
+            await caller
+
+    run(ws, [decl], body)
+    assert ms.tagged(tag) == []
+
+
+def test_the_process_cap_holds_under_concurrent_starts(tmp_path: Path) -> None:
+    """`pool: run`, MAX_PROCESSES + 1 runs starting at once: the cap's worth start, the
+    one over it is refused (every process is in use); later, a new run's process
+    takes the place of the least recently used idle one."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    tag = ms.new_tag()
+    decl, gate = _gated("faulty", ws, tag, pool=Pool.RUN, trusted=True)
+
+    def in_run(run_id: str) -> ToolContext:
+        ctx = _ctx(ws, timeout=120)
+        ctx.run_id = run_id
+        return ctx
+
+    async def body(provider: McpProvider) -> None:
+        echo = tool(provider, "faulty.echo")
+        gate.touch()
+        calls = [
+            asyncio.ensure_future(echo.run({"text": f"r{i}"}, in_run(f"r{i}")))
+            for i in range(MAX_PROCESSES + 1)
+        ]
+        await asyncio.wait(calls, timeout=scaled(5), return_when=asyncio.FIRST_COMPLETED)
+        refused = [c for c in calls if c.done()]
+        assert len(refused) == 1, refused
+        with pytest.raises(ToolError, match="in use"):
+            await refused[0]
+        gate.unlink()
+        done = await asyncio.gather(*[c for c in calls if c not in refused])
+        assert all(o.error_class is ErrorClass.NONE for o in done), done
+        assert len({o.text for o in done}) == MAX_PROCESSES, done  # each its run's
+        assert provider.status()[0].running == MAX_PROCESSES
+        late = await echo.run({"text": "late"}, in_run("late"))
+        assert late.text == "late", late
+        assert provider.status()[0].running == MAX_PROCESSES
+
+    run(ws, [decl], body)
     assert ms.tagged(tag) == []

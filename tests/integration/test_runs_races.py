@@ -110,3 +110,25 @@ def test_an_approval_decided_before_the_reparked_call_waits_is_not_waited_for_fo
         return ended.state
 
     assert asyncio.run(main()) is ApprovalState.APPROVED
+
+
+def test_on_ended_hears_each_run_that_ends_once(tmp_path: Path) -> None:
+    """The hook the daemon's wiring sets (an MCP server's `pool: run` processes close):
+    told once, when the terminal event is stored; not for live moves or refused ones."""
+
+    async def main() -> list[str]:
+        store = RunStore(Journal(tmp_path / "j.db").runs)
+        heard: list[str] = []
+        store.on_ended = heard.append
+        run = await store.start(Run(run_id="r", goal="g", owner="bot"))
+        m = Machine(run.run_id)
+        await store.append(run.run_id, [m.advance(State.REQUESTING_MODEL, "go")], "bot")
+        assert heard == []
+        late = Machine(run.run_id)  # a second writer that missed the end
+        late.advance(State.REQUESTING_MODEL, "go")
+        await store.append(run.run_id, [m.advance(State.CANCELLED, "stop")], "bot")
+        with pytest.raises(RunRefused):
+            await store.append(run.run_id, [late.advance(State.FAILED, "again")], "bot")
+        return heard
+
+    assert asyncio.run(main()) == ["r"]

@@ -18,8 +18,9 @@ server that keeps working on a cancelled request in the background while
 answering pings is not caught by this: for a tool that may write, the outcome
 is UNKNOWN_OUTCOME either way.
 
-A server that dies mid-call: INTERRUPTED (UNKNOWN_OUTCOME for a writer,
-FAILURE for a reader), never an RPC error.
+A server that dies mid-call, or whose session ends under it (a message over the
+server's `max_message_kb`): INTERRUPTED (UNKNOWN_OUTCOME for a writer, FAILURE
+for a reader), never an RPC error.
 """
 
 from __future__ import annotations
@@ -89,6 +90,21 @@ async def call(
     finally:
         for task in (request, asked, died):
             task.cancel()
+
+
+def not_sent(server: str, ctx: ToolContext, started: float, limit: float) -> ToolOutput:
+    """The call's deadline or a cancel came while its server was still starting: the
+    request was never sent, so nothing can have changed (FAILURE even for a writer).
+    The start goes on for later calls."""
+    first, reason = _first_mark(ctx, ctx.cancel.requested.is_set(), started, limit)
+    why = f"MCP server {server} was still starting; the call was never sent"
+    return ToolOutput(
+        error_class=reason,
+        message=f"{reason.value}: {why}",
+        stopped_how=StopMode.NOT_STARTED,
+        marks=(first, mark(Phase.STOPPED, why)),
+        rolled_back=True,
+    )
 
 
 def _reporter(ctx: ToolContext) -> ProgressFnT:

@@ -2,12 +2,16 @@
 
 The session's context (the SDK's task group) must be entered and left by one
 task, so a `Connection` owns a task that opens the streams, initializes, lists
-the tools, then waits until it is stopped or the process exits. Calls use the
-session from their own tasks.
+the tools, then waits until it is stopped, the process exits, or the server's
+side of the streams ends (its stdout closed, or a message over `max_line`: the
+process may still run, but the session is over). Calls use the session from
+their own tasks.
 
 Invariants: `session` is set exactly while `ready` is set and `closed` is not;
-once `closed` is set the process has exited or is being killed, and every call
-still waiting on the session fails with the SDK's "connection closed".
+once `closed` is set the process has exited or is being killed (a session that
+ended on its own starts the kill itself), and every call still waiting on the
+session fails with the SDK's "connection closed". One kill per connection:
+every `kill()` awaits the same one and gets its survivors' count.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import mcp.types as mcp_types
 from mcp import ClientSession
@@ -25,7 +29,7 @@ from execgate.executor.sandbox import Serving
 from execgate.executor.sandbox.ladder import REAP_SECONDS
 
 from ..declguard import cut
-from .transport import open_streams
+from .transport import MAX_LINE_BYTES, LineTooLong, open_streams
 
 CLIENT_INFO = mcp_types.Implementation(name="execgate", version="1")
 # How long a closing connection gives the server to exit once its stdin is closed.
@@ -44,7 +48,13 @@ class StartFailed(ExecgateError):
 
 class Connection:
     def __init__(
-        self, running: Serving, name: str, hidden: Mapping[str, str] | None = None
+        self,
+        running: Serving,
+        name: str,
+        hidden: Mapping[str, str] | None = None,
+        *,
+        max_line: int = MAX_LINE_BYTES,
+        on_closed: Callable[[Connection], None] | None = None,
     ) -> None:
         self.running = running
         self.name = name
@@ -54,12 +64,21 @@ class Connection:
         self.tools: list[mcp_types.Tool] = []
         self.ready = asyncio.Event()
         self.closed = asyncio.Event()
+        # time.monotonic() when it became ready (0: not yet).
+        self.ready_at = 0.0
+        # Why the connection ended ("" while it has not, or when the daemon ended it).
         self.error = ""
         # What the server wrote on stderr (its first `output_cap` bytes), once killed.
         self.stderr = ""
+        self._max_line = max_line
+        # Called once `closed` is set, whatever closed it.
+        self._on_closed = on_closed
+        # Set by close() and kill(): the end is the daemon's, not the server's.
         self._stop = asyncio.Event()
-        # Survivors of the kill, once killed (None: not killed yet).
-        self._killed: int | None = None
+        # The server's side of the streams ended (stdout closed, a line too long).
+        self._ended = asyncio.Event()
+        # The one kill of the process tree (None: not begun); its result: survivors.
+        self._kill: asyncio.Task[int] | None = None
         self._task = asyncio.ensure_future(self._run())
 
     async def wait_ready(self, within: float) -> None:
@@ -84,26 +103,51 @@ class Connection:
         exited = asyncio.ensure_future(self.running.wait())
         try:
             async with (
-                open_streams(stdin, stdout, hidden=self._hidden) as (read, write),
+                open_streams(
+                    stdin,
+                    stdout,
+                    max_line=self._max_line,
+                    on_end=self._stream_ended,
+                    hidden=self._hidden,
+                ) as (read, write),
                 ClientSession(read, write, client_info=CLIENT_INFO) as session,
             ):
                 await session.initialize()
                 self.tools = await _list_all(session)
                 self.session = session
+                self.ready_at = time.monotonic()
                 self.ready.set()
                 stop = asyncio.ensure_future(self._stop.wait())
-                await asyncio.wait({stop, exited}, return_when=asyncio.FIRST_COMPLETED)
+                ended = asyncio.ensure_future(self._ended.wait())
+                await asyncio.wait({stop, ended, exited}, return_when=asyncio.FIRST_COMPLETED)
                 stop.cancel()
+                ended.cancel()
+                if self._ended.is_set() and not self.error:
+                    # stdout closed: the process is most likely exiting; say how it did.
+                    await asyncio.wait({exited}, timeout=CLOSE_GRACE_SECONDS)
                 if exited.done():
-                    self.error = f"server exited ({_exit_text(exited.result())})"
+                    why = f": {self.error}" if self.error else ""
+                    self.error = f"server exited ({_exit_text(exited.result())}){why}"
+                elif self._ended.is_set() and not self._stop.is_set():
+                    self.error = self.error or "the server closed its stdout"
         except Exception as exc:  # the SDK's errors, grouped by its task groups
             self.error = self.error or _describe(exc)
             if exited.done():
                 self.error = f"server exited ({_exit_text(exited.result())}): {self.error}"
         finally:
             self.session = None
-            self.closed.set()
             exited.cancel()
+            if not self._stop.is_set():  # the server ended it: kill what is left of it
+                self._begin_kill()
+            self.closed.set()
+            if self._on_closed is not None:
+                self._on_closed(self)
+
+    def _stream_ended(self, why: LineTooLong | None) -> None:
+        """The transport's `on_end`: the session cannot go on, whatever the process does."""
+        if why is not None:
+            self.error = str(why)
+        self._ended.set()
 
     async def ping(self, within: float) -> bool:
         """Whether the server answers a ping within `timeout` (it is reading its stdin)."""
@@ -125,21 +169,27 @@ class Connection:
 
     async def kill(self) -> int:
         """Force-terminate the server's whole tree and release it; what survived.
-        Idempotent: a second kill reports the first one's survivors."""
+        Every caller awaits the same kill (a caller cancelled meanwhile does not stop
+        it) and gets its survivors' count."""
+        return await asyncio.shield(self._begin_kill())
+
+    def _begin_kill(self) -> asyncio.Task[int]:
         self._stop.set()
-        if self._killed is not None:
-            return self._killed
+        if self._kill is None:
+            self._kill = asyncio.ensure_future(self._kill_tree())
+        return self._kill
+
+    async def _kill_tree(self) -> int:
         await self.running.kill()
         left = await reap(self.running)
-        self._task.cancel()
+        self._task.cancel()  # a no-op once the session has ended on its own
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._task
         _, err = await self.running.output()
         text = err.data.decode("utf-8", errors="replace")
         self.stderr = cut(text, self._hidden, truncated=err.truncated).strip()
         await self.running.release()
-        self._killed = len(left)
-        return self._killed
+        return len(left)
 
 
 async def reap(running: Serving) -> list[int]:

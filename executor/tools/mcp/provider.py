@@ -9,9 +9,15 @@ the daemon believes, effects.py) and read-write otherwise. Discovery runs
 read-only; a server found to have a writer is started again read-write before
 its tools are served (so a writer server costs one more spawn at daemon start).
 
-The sandbox: the decl's backend if it names one, else the policy's sandbox rule
-for the tool name `NAME.*` (which may open the network), else the daemon's
-default. `close` kills every server's whole tree.
+Where a process runs (`Placement`) is where the policy puts the call that uses
+it: the backend and confinement of the sandbox rule covering that call's tool
+and agent, over the server's `sandbox:` (as for a declared command:
+`Sandboxes.for_call`). Agents with different rules (one with the network, one
+without) get different processes; discovery's process is agent `local`'s for
+`NAME.*`. After an identities reload (an agent's groups may pick another rule)
+`reconfine` closes the processes no caller of theirs would be given now.
+`run_ended` closes a run's processes (`pool: run`); `close` kills every
+server's whole tree.
 """
 
 from __future__ import annotations
@@ -19,35 +25,44 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from dataclasses import replace
+from collections.abc import Callable
 from typing import Any
 
 import jsonschema
 import mcp.types as mcp_types
 
 from execgate.executor.core.paths import Workspace
-from execgate.executor.sandbox import Confinement, Launch, Sandbox, SandboxError
+from execgate.executor.sandbox import Launch, SandboxError
 from execgate.executor.sandbox.registry import Sandboxes
 
 from ..base import Tool
 from ..decl import Pool, ServerDecl, ToolOverride
 from ..toolparts import EFFECT_KINDS, effect_problem
 from .effects import hints
-from .server import Server, ServerDown, ServerStatus
+from .server import Placement, Placer, PoolKey, Server, ServerDown, ServerStatus
 from .tool import McpTool
 
 log = logging.getLogger("execgate.mcp")
 
+# Discovery lists a server's tools as this agent: its process is that agent's.
+DISCOVERY_AGENT = "local"
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 
 class McpProvider:
     def __init__(
-        self, sandboxes: Sandboxes, workspace: Workspace, *, output_cap: int = 1 << 20
+        self,
+        sandboxes: Sandboxes,
+        workspace: Workspace,
+        *,
+        output_cap: int = 1 << 20,
+        memberships: Callable[[str], frozenset[str]] = lambda _agent: frozenset(),
     ) -> None:
         self._sandboxes = sandboxes
         self._workspace = workspace
         self._output_cap = output_cap
+        # An agent's groups and roles now (the identities in force), for its sandbox rule.
+        self._memberships = memberships
         self._servers: dict[str, Server] = {}
         self._tools: dict[str, Tool] = {}
         # Server name -> its workspace is bound read-write (some tool may write).
@@ -57,18 +72,20 @@ class McpProvider:
         """List every server's tools. A server that does not start is logged and left
         out (its tools are not served; `status` names the error)."""
         for decl in decls:
-            server = Server(decl, self._launcher(decl))
+            server = Server(decl, self._launcher(decl), self._placer(decl))
             self._servers[decl.name] = server
             try:
                 await self._discover(server)
-            except ServerDown as exc:
+            except (ServerDown, SandboxError) as exc:
+                server.last_error = server.last_error or str(exc)
                 log.error("%s; its tools are not served", exc)
 
     async def _discover(self, server: Server) -> None:
         decl = server.decl
         self._writable[decl.name] = False
-        conn = await server.connection("", decl.startup_timeout)
-        found = _served(server, conn.tools)
+        user = (f"{decl.name}.*", DISCOVERY_AGENT)
+        key = PoolKey("", server.place(*user))
+        found = await self._listed(server, key, user)
         writer = any(not t.hints.read_only for t in found)
         keep = decl.prestart and decl.pool is Pool.DAEMON
         if writer or not keep:
@@ -78,17 +95,22 @@ class McpProvider:
             for mine in found:
                 mine.workspace_writable = True
             if keep:
-                await server.connection("", decl.startup_timeout)
+                async with server.use(key, None, user=user):
+                    pass
         for mine in found:
             self._tools[mine.spec.name] = mine
 
-    def _launcher(self, decl: ServerDecl) -> Any:
-        async def launch(key: str) -> tuple[Sandbox, Launch]:
-            agent = key.removeprefix("agent:") if key.startswith("agent:") else "local"
-            sandbox, conf = self._sandbox_for(decl, agent)
+    async def _listed(self, server: Server, key: PoolKey, user: tuple[str, str]) -> list[McpTool]:
+        """The server's tools, as listed by a process started for `key` (kept running)."""
+        async with server.use(key, None, user=user) as up:
+            listed_tools = up.tools if up is not None else []
+        return _served(server, listed_tools)
+
+    def _launcher(self, decl: ServerDecl) -> Callable[[Placement], Launch]:
+        def launch(placement: Placement) -> Launch:
             cwd = self._workspace.resolve(decl.cwd, f"servers.{decl.name}.cwd")
             root = self._workspace.root
-            return sandbox, Launch(
+            return Launch(
                 argv=(decl.command, *decl.args),
                 cwd=cwd,
                 env=_env(decl, str(root)),
@@ -96,31 +118,44 @@ class McpProvider:
                 workspace=root,
                 writable=self._writable.get(decl.name, False),
                 marker=secrets.token_hex(8),
-                confinement=conf,
+                confinement=placement.confinement,
                 output_cap=self._output_cap,
                 serve=True,
             )
 
         return launch
 
-    def _sandbox_for(self, decl: ServerDecl, agent: str) -> tuple[Sandbox, Confinement]:
-        sandbox, conf = self._sandboxes.for_call(f"{decl.name}.*", agent)
-        if decl.sandbox.backend != "default":
-            found = self._sandboxes.backends.get(decl.sandbox.backend)
-            if found is None:
-                raise SandboxError(f"sandbox {decl.sandbox.backend} is not available")
-            sandbox = found
-        # The file's limits, each lowered by the policy's where that is lower.
-        lowered = {k: min(v, getattr(conf, k)) for k, v in decl.sandbox.limits}
-        if lowered:
-            conf = replace(conf, **lowered)
-        return sandbox, conf
+    def _placer(self, decl: ServerDecl) -> Placer:
+        """Where the policy in force puts an agent's calls of a tool of `decl`: the
+        pipeline's own choice for a call (`Sandboxes.for_call` with the server's
+        `sandbox:` as the declaration); SandboxError if it refuses."""
+        declared = (decl.sandbox.backend, decl.sandbox.limits)
+
+        def place(tool: str, agent: str) -> Placement:
+            sandbox, conf = self._sandboxes.for_call(
+                tool, agent, self._memberships(agent), declared
+            )
+            return Placement(sandbox, conf)
+
+        return place
 
     def tools(self) -> dict[str, Tool]:
         return dict(self._tools)
 
     def status(self) -> list[ServerStatus]:
         return [s.status() for s in self._servers.values()]
+
+    def run_ended(self, run_id: str) -> None:
+        """A run reached a terminal state (the runs room's hook): its servers' processes
+        (`pool: run`) close now, or as soon as their last call ends."""
+        for server in self._servers.values():
+            server.run_ended(run_id)
+
+    def reconfine(self) -> None:
+        """The identities changed (an agent's groups pick its sandbox rule): close the
+        processes none of their callers would be given now."""
+        for server in self._servers.values():
+            server.reconfine()
 
     async def close(self) -> None:
         """Kill every server (its whole tree); nothing of them is left."""

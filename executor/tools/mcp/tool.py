@@ -2,9 +2,14 @@
 
 Validation checks the arguments against the server's inputSchema (the spec's
 `input_schema`) and asks `call_effects` for the claims (effects.py); `run` takes
-the server's process for the call's pool key (started now if needed), sends
-`tools/call` with the call's trace context in `_meta`, and maps the answer
-(results.py) or the stop (calling.py).
+the server's process for the call's pool key (started now if needed) -- the key
+names the sandbox and confinement the pipeline chose for this call
+(`ctx.sandbox`, `ctx.confinement`), so the process is confined as the policy
+confines this agent's call -- sends `tools/call` with the call's trace context in
+`_meta`, and maps the answer (results.py) or the stop (calling.py).
+
+`placement` is the server's `sandbox:` (backend, limits, `timeout_s`): like a
+declared command's, its timeout is the call's default and ceiling.
 """
 
 from __future__ import annotations
@@ -16,16 +21,18 @@ from typing import Any
 import mcp.types as mcp_types
 from opentelemetry import propagate
 
+from execgate.executor.core import clock
 from execgate.executor.core.errors import ToolError
 from execgate.executor.core.outcomes import ErrorClass
 from execgate.executor.core.paths import Workspace
+from execgate.executor.sandbox import SandboxError
 
 from ..base import ToolContext, ToolOutput
-from ..decl import ToolOverride
+from ..decl import SandboxDecl, ToolOverride
 from ..effects import CallEffects
-from .calling import Call, call
+from .calling import Call, call, not_sent
 from .effects import Hints, call_effects, spec_for
-from .server import Server, ServerDown
+from .server import Placement, Server, ServerDown
 
 
 class McpTool:
@@ -49,6 +56,8 @@ class McpTool:
         self.spec = spec_for(server.decl, tool, believed)
         # Set by the provider once it knows whether some tool of the server writes.
         self.workspace_writable = workspace_writable
+        # A PlacedTool: where its calls run, and their default and ceiling timeout.
+        self.placement: SandboxDecl = server.decl.sandbox
 
     def call_effects(
         self, args: dict[str, Any], paths: Mapping[str, Path], workspace: Workspace
@@ -65,17 +74,29 @@ class McpTool:
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         server = self.server
-        key = server.key_for(ctx.run_id, ctx.agent)
+        agent = ctx.agent or "local"
         try:
-            conn = await server.connection(key, ctx.remaining())
+            key = server.key_for(ctx.run_id, agent, self._placed(ctx, agent))
+        except SandboxError as exc:
+            raise ToolError(ErrorClass.SANDBOX_ERROR, str(exc)) from exc
+        started, limit = clock.now(), ctx.remaining()
+        user = (self.spec.name, agent)
+        try:
+            async with server.use(key, limit, ctx.cancel.requested, user) as conn:
+                if conn is None:  # the call gave up while the server was starting
+                    return not_sent(server.decl.name, ctx, started, limit)
+                where = conn.running.description
+                what = Call(server.decl.name, self.remote_name, where, trace_meta())
+                return await call(conn, what, args, ctx, server.force_restart)
         except ServerDown as exc:
             raise ToolError(ErrorClass.SANDBOX_ERROR, str(exc)) from exc
-        what = Call(server.decl.name, self.remote_name, conn.running.description, trace_meta())
-        server.enter(key)
-        try:
-            return await call(conn, what, args, ctx, server.force_restart)
-        finally:
-            server.leave(key)
+
+    def _placed(self, ctx: ToolContext, agent: str) -> Placement:
+        """Where the pipeline runs this call; a caller without one (the provider's own
+        tests) gets what the policy gives the agent."""
+        if ctx.sandbox is not None:
+            return Placement(ctx.sandbox, ctx.confinement)
+        return self.server.place(self.spec.name, agent)
 
 
 def trace_meta() -> dict[str, Any] | None:

@@ -3,8 +3,10 @@
 `mcp.client.stdio.stdio_client` spawns the server itself, which would bypass the
 sandbox; this is the same newline-delimited JSON-RPC framing over streams the
 sandbox gives us (`Serving.stdio`). Reading is bounded: a line longer than
-`max_line` ends the session (the server is then treated as crashed), so a server
-that floods stdout without a newline cannot make the daemon hold it all.
+`max_line` ends the read stream, so a server that floods stdout without a newline
+cannot make the daemon hold it all. `on_end` tells the owner of the streams that
+the server's side ended (its stdout closed, or a line too long): the session is
+over whether or not the process still runs (connection.py then kills it).
 
 The server's secrets (`env.secrets`) are cut here, from every message it writes,
 before the SDK sees it: results, structuredContent, errors, progress, tool lists --
@@ -18,7 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import anyio
 import mcp.types as mcp_types
@@ -27,12 +29,14 @@ from mcp.shared.message import SessionMessage
 
 from execgate.executor.core.errors import ExecgateError
 
+from ..decl import MAX_MESSAGE_BYTES
 from ..declguard import cut, cut_json
 
 log = logging.getLogger("execgate.mcp")
 
-# Bytes of one JSON-RPC message from a server; more ends the session.
-MAX_LINE_BYTES = 32 << 20
+# Bytes of one JSON-RPC message from a server; more ends the session (the tools
+# file's `max_message_kb` sets it per server).
+MAX_LINE_BYTES = MAX_MESSAGE_BYTES
 
 Streams = tuple[
     MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]
@@ -47,12 +51,18 @@ class LineTooLong(ExecgateError):
         self.limit = limit
 
 
+# Called once when the server's side of the streams ends: with the LineTooLong that
+# ended it, or None when its stdout closed.
+OnEnd = Callable[[LineTooLong | None], None]
+
+
 @contextlib.asynccontextmanager
 async def open_streams(
     stdin: asyncio.StreamWriter,
     stdout: asyncio.StreamReader,
     *,
     max_line: int = MAX_LINE_BYTES,
+    on_end: OnEnd | None = None,
     hidden: Mapping[str, str] | None = None,
 ) -> AsyncIterator[Streams]:
     """(read stream, write stream) for `mcp.ClientSession`, until the block exits.
@@ -64,7 +74,7 @@ async def open_streams(
     to_session, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, from_session = anyio.create_memory_object_stream[SessionMessage](0)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_reader, stdout, to_session, max_line, hidden or {})
+        tg.start_soon(_reader, stdout, to_session, max_line, on_end or _ignore, hidden or {})
         tg.start_soon(_writer, stdin, from_session)
         try:
             yield read_stream, write_stream
@@ -80,6 +90,7 @@ async def _reader(
     stdout: asyncio.StreamReader,
     sink: MemoryObjectSendStream[SessionMessage | Exception],
     max_line: int,
+    on_end: OnEnd,
     hidden: Mapping[str, str],
 ) -> None:
     async with sink:
@@ -91,8 +102,15 @@ async def _reader(
                 if line.strip() and not await _deliver(sink, _parse(line, hidden)):
                     return
             if len(buffer) > max_line:
-                await _deliver(sink, LineTooLong(max_line))
+                too_long = LineTooLong(max_line)
+                on_end(too_long)
+                await _deliver(sink, too_long)
                 return
+        on_end(None)
+
+
+def _ignore(_why: LineTooLong | None) -> None:
+    pass
 
 
 async def _deliver(

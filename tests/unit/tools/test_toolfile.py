@@ -46,6 +46,8 @@ servers:
     args: [-y, "@modelcontextprotocol/server-filesystem", "."]
     pool: run
     trusted: true
+    timeout_s: 30
+    max_message_kb: 64
     tools:
       write_file: {effects: {writes: ["{path}"]}, destructive: true}
 """
@@ -78,6 +80,8 @@ def test_a_full_file_builds_every_value() -> None:
     [server] = file.servers
     assert server.pool is Pool.RUN
     assert server.trusted
+    assert server.sandbox.timeout == 30.0
+    assert server.max_message_bytes == 64 << 10
     [(name, override)] = server.tools
     assert name == "write_file"
     assert override.destructive is True
@@ -155,6 +159,10 @@ def tool(**over: str) -> str:
         ("version: 1\ntools: [\n", "t.yaml:3:1: not valid YAML"),
         ("version: 1\nservers: [{name: s}]\n", "t.yaml:2:11: servers[0].command: required"),
         ("version: 1\nservers: [{name: s, command: x, pool: x}]\n", "servers[0].pool: must be one"),
+        (
+            "version: 1\nservers: [{name: s, command: x, max_message_kb: 0.5}]\n",
+            "t.yaml:2:49: servers[0].max_message_kb: must be an integer from 1 to 1048576 (KiB)",
+        ),
         (
             "version: 1\nservers: [{name: s, command: x, tools: {t: {hid: 1}}}]\n",
             "unknown key 'hid'",

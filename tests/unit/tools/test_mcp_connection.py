@@ -1,0 +1,98 @@
+"""`Connection.kill`: one kill of the tree, whatever the number of callers.
+
+The process is a plain child (`sleep`, which never speaks MCP) behind a thin `Serving`
+that counts what the connection asks of it; the sandboxes' own Serving are tested
+with real servers in tests/integration/test_mcp_provider.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from execgate.executor.sandbox.base import Captured, Exit
+from execgate.executor.tools.mcp.connection import Connection
+
+
+class Plain:
+    """A child process as a `Serving`: kills and releases counted, the kill slowed
+    down so that callers overlap."""
+
+    description = "plain child"
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.kills = 0
+        self.releases = 0
+
+    def stdio(self) -> tuple[asyncio.StreamWriter, asyncio.StreamReader]:
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        return self.proc.stdin, self.proc.stdout
+
+    async def wait(self) -> Exit:
+        code = await self.proc.wait()
+        return Exit(code=code if code >= 0 else None, signal=-code if code < 0 else None)
+
+    async def finish(self) -> None:
+        pass
+
+    async def terminate(self) -> str:
+        self.proc.terminate()
+        return "SIGTERM"
+
+    async def kill(self) -> str:
+        self.kills += 1
+        await asyncio.sleep(0.05)  # a kill takes a while: the other callers arrive
+        if self.proc.returncode is None:
+            self.proc.kill()
+        return "SIGKILL"
+
+    async def survivors(self) -> list[int]:
+        return [] if self.proc.returncode is not None else [self.proc.pid]
+
+    async def output(self) -> tuple[Captured, Captured]:
+        return Captured(), Captured(b"stderr text", 11)
+
+    async def release(self) -> None:
+        self.releases += 1
+
+
+async def _connection() -> tuple[Connection, Plain]:
+    proc = await asyncio.create_subprocess_exec(
+        "sleep", "60", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+    )
+    plain = Plain(proc)
+    return Connection(plain, "plain"), plain  # type: ignore[arg-type]  # a Serving by shape
+
+
+def test_racing_kills_are_one_kill_with_one_result() -> None:
+    async def main() -> None:
+        conn, plain = await _connection()
+        results = await asyncio.gather(conn.kill(), conn.kill(), conn.kill())
+        assert results == [0, 0, 0]
+        assert (plain.kills, plain.releases) == (1, 1)
+        assert plain.proc.returncode is not None
+        assert conn.closed.is_set()
+        assert conn.stderr == "stderr text"
+        assert await conn.kill() == 0  # later: the same answer, no second kill
+        assert (plain.kills, plain.releases) == (1, 1)
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_killer_does_not_stop_the_kill() -> None:
+    async def main() -> None:
+        conn, plain = await _connection()
+        first = asyncio.ensure_future(conn.kill())
+        second = asyncio.ensure_future(conn.kill())
+        await asyncio.sleep(0.01)  # both wait on the one kill now
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert await second == 0
+        assert (plain.kills, plain.releases) == (1, 1)
+        assert plain.proc.returncode is not None
+
+    asyncio.run(main())
