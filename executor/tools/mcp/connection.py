@@ -23,6 +23,7 @@ from execgate.executor.core.errors import ExecgateError
 from execgate.executor.sandbox import Serving
 from execgate.executor.sandbox.ladder import REAP_SECONDS
 
+from .answers import Answers
 from .transport import open_streams
 
 CLIENT_INFO = mcp_types.Implementation(name="execgate", version="1")
@@ -49,6 +50,8 @@ class Connection:
         self.ready = asyncio.Event()
         self.closed = asyncio.Event()
         self.error = ""
+        # The calls' requests whose answer is watched (answers.py).
+        self.answers = Answers()
         # What the server wrote on stderr (its first `output_cap` bytes), once killed.
         self.stderr = ""
         self._stop = asyncio.Event()
@@ -79,7 +82,7 @@ class Connection:
         try:
             async with (
                 open_streams(stdin, stdout) as (read, write),
-                ClientSession(read, write, client_info=CLIENT_INFO) as session,
+                self.answers.session(read, write, CLIENT_INFO) as session,
             ):
                 await session.initialize()
                 self.tools = await _list_all(session)
