@@ -4,6 +4,8 @@ after the daemon is SIGKILLed."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import sqlite3
@@ -14,6 +16,8 @@ from typing import Any
 
 import pytest
 import yaml
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from execgate.client import Call, Client, EventKind, Status, StopMode
 from tests import mcp_support as ms
@@ -267,6 +271,64 @@ def test_a_writer_that_ignores_its_cancel_is_killed_before_its_outcome(
     assert _lines(target) == written, "the file grew after the outcome"
     lines = target.read_text().splitlines()
     assert lines == [str(i) for i in range(1, written + 1)], "one writer, never two"
+
+
+CALLER_TRACE = 0x0AF7651916CD43DD8448EB211C80319C
+CALLER_SPAN = 0xB7AD6B7169203331
+
+
+@pytest.mark.parametrize("caller", ["none", "sampled", "unsampled"])
+def test_the_server_gets_the_calls_trace_context(
+    eg: Client, served: tuple[Daemon, str], caller: str
+) -> None:
+    """The `_meta.traceparent` the server receives: the call's trace, and as parent the
+    call's `execgate.sandbox.run` span as the journal records it (sampled calls), with or
+    without the caller's trace context in the Execute request."""
+    run_id = f"traced-{caller}"
+    with _caller_context(caller):
+        o = eg.run(Call(tool="faulty.trace_meta", call_id="t"), run_id=run_id)
+    assert o.status is Status.SUCCESS, o
+    version, trace_id, parent_id, flags = json.loads(o.text)["traceparent"].split("-")
+    assert version == "00"
+    if caller == "unsampled":  # the decision is passed on; nothing is recorded
+        assert (trace_id, flags) == (f"{CALLER_TRACE:032x}", "00")
+        return
+    assert int(flags, 16) & 1, flags  # sampled (0x02: a random trace id, when the daemon's)
+    spans = _call_spans(served[0], run_id, "t")
+    assert trace_id == spans["execgate.call"][0], spans
+    assert parent_id == spans["execgate.sandbox.run"][1], spans
+    if caller == "sampled":
+        assert trace_id == f"{CALLER_TRACE:032x}"
+
+
+def _caller_context(caller: str) -> contextlib.AbstractContextManager[object]:
+    """The caller's current span, as the client's interceptor sends it (none: nothing)."""
+    if caller == "none":
+        return contextlib.nullcontext()
+    flags = TraceFlags(TraceFlags.SAMPLED if caller == "sampled" else TraceFlags.DEFAULT)
+    span = NonRecordingSpan(SpanContext(CALLER_TRACE, CALLER_SPAN, False, flags))
+    return trace.use_span(span)
+
+
+def _call_spans(daemon: Daemon, run_id: str, call_id: str) -> dict[str, tuple[str, str]]:
+    """The journal's spans of one call: name -> (trace id, span id); waits for the
+    exporter (it writes every 500 ms)."""
+    found: dict[str, tuple[str, str]] = {}
+
+    def read() -> bool:
+        journal = f"file:{daemon.state_dir / 'journal.db'}?mode=ro"
+        with closing(sqlite3.connect(journal, uri=True)) as db:
+            rows = db.execute(
+                "SELECT s.name, s.trace_id, s.span_id FROM spans c JOIN spans s"
+                " ON s.span_id = c.span_id OR s.parent_id = c.span_id"
+                " WHERE c.run_id = ? AND c.call_id = ? AND c.name = 'execgate.call'",
+                (run_id, call_id),
+            ).fetchall()
+        found.update((name, (t, sid)) for name, t, sid in rows)
+        return "execgate.sandbox.run" in found
+
+    wait_until(read, f"the spans of {run_id}/{call_id}", scaled(15))
+    return found
 
 
 def _restarts(eg: Client, provider: str) -> int:

@@ -44,12 +44,15 @@ import mcp.types as mcp_types
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.types import CONNECTION_CLOSED
+from opentelemetry import context as otel_context
+from opentelemetry.trace import SpanContext
 
 from execgate.executor.core import clock
 from execgate.executor.core.outcomes import ErrorClass, Evidence, Mark, Phase, StopMode, mark
 from execgate.executor.sandbox.ladder import grace_for
 
 from ..base import ToolContext, ToolOutput
+from . import tracecontext
 from .answers import EXPECTED, Expected
 from .connection import Connection
 from .results import to_output
@@ -68,7 +71,8 @@ class Call:
     server: str
     tool: str
     where: str  # the sandbox, for the evidence
-    meta: dict[str, Any] | None = None
+    # The span the server's work is a child of (tracecontext.py); None: no trace.
+    trace: SpanContext | None = None
 
 
 async def call(
@@ -78,13 +82,14 @@ async def call(
     if session is None:
         return _crashed(conn, what, ())
     expected = conn.answers.expect()
+    current = tracecontext.current(what.trace)
     sent = session.call_tool(
         what.tool,
         args,
         progress_callback=_reporter(ctx),
-        meta=what.meta,  # type: ignore[arg-type]  # the SDK's TypedDict, open-ended
+        meta=tracecontext.meta(current),  # type: ignore[arg-type]  # the SDK's TypedDict
     )
-    request = _start(sent, expected)
+    request = _start(sent, expected, current)
     asked = asyncio.ensure_future(ctx.cancel.requested.wait())
     died = asyncio.ensure_future(conn.closed.wait())
     started = clock.now()
@@ -106,11 +111,15 @@ async def call(
             task.cancel()
 
 
-def _start(sent: Coroutine[Any, Any, Any], expected: Expected) -> asyncio.Task[Any]:
-    """The request's task, in a context of its own: the SDK's dispatcher reads there the
-    id to send it under (answers.EXPECTED)."""
+def _start(
+    sent: Coroutine[Any, Any, Any], expected: Expected, current: otel_context.Context
+) -> asyncio.Task[Any]:
+    """The request's task, in a context of its own: the SDK's dispatcher reads the id to
+    send it under (answers.EXPECTED) and injects the current trace context into `_meta`
+    itself, so the call's trace context is made current there (the same as `meta`)."""
     context = contextvars.copy_context()
     context.run(EXPECTED.set, expected)
+    context.run(otel_context.attach, current)
     return asyncio.get_running_loop().create_task(sent, context=context)
 
 

@@ -3,8 +3,8 @@
 Validation checks the arguments against the server's inputSchema (the spec's
 `input_schema`) and asks `call_effects` for the claims (effects.py); `run` takes
 the server's process for the call's pool key (started now if needed), sends
-`tools/call` with the call's trace context in `_meta`, and maps the answer
-(results.py) or the stop (calling.py).
+`tools/call` with the call's trace context in `_meta` (tracecontext.py), and maps
+the answer (results.py) or the stop (calling.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import mcp.types as mcp_types
-from opentelemetry import propagate
 
 from execgate.executor.core.errors import ToolError
 from execgate.executor.core.outcomes import ErrorClass
@@ -23,6 +22,7 @@ from execgate.executor.core.paths import Workspace
 from ..base import ToolContext, ToolOutput
 from ..decl import ToolOverride
 from ..effects import CallEffects
+from . import tracecontext
 from .calling import Call, call
 from .effects import Hints, call_effects, spec_for
 from .server import Server, ServerDown
@@ -70,22 +70,10 @@ class McpTool:
             conn = await server.connection(key, ctx.remaining())
         except ServerDown as exc:
             raise ToolError(ErrorClass.SANDBOX_ERROR, str(exc)) from exc
-        what = Call(server.decl.name, self.remote_name, conn.running.description, trace_meta())
+        where = conn.running.description
+        what = Call(server.decl.name, self.remote_name, where, tracecontext.for_call(ctx))
         server.enter(key)
         try:
             return await call(conn, what, args, ctx, server.force_restart)
         finally:
             server.leave(key)
-
-
-def trace_meta() -> dict[str, Any] | None:
-    """`traceparent` (and `tracestate`) of the current trace context, for `_meta`.
-
-    UNFINISHED: the daemon builds a call's span when its outcome is recorded
-    (telemetry.tracing), so no span of the call is current while it runs; what is
-    current is the caller's context where the Execute request carried one. The
-    server's spans join the caller's trace, not the `execgate.call` span.
-    """
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    return dict(carrier) or None
