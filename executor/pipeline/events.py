@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from opentelemetry.trace import SpanContext
+
 from execgate.executor.core import clock
 from execgate.executor.core.approval import Approval
 from execgate.executor.core.outcomes import Outcome
@@ -83,6 +85,9 @@ class Batch:
     progress: bool = True
     # The run's deadline (wall clock), if the request set one.
     deadline: float | None = None
+    # The batch span's context (telemetry.attach): what its running calls pass on as
+    # their trace (ToolContext.trace). None until attached.
+    trace: SpanContext | None = None
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     # Told of every FINISHED outcome, reported or not, with the furthest stage record
     # the call reached (tracing builds the call's spans).

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from opentelemetry.trace import SpanContext
+
 from execgate.executor.core.errors import ToolError
 from execgate.executor.core.outcomes import ErrorClass, Mark, Outcome, Phase, mark
 from execgate.executor.core.paths import Workspace
@@ -47,8 +49,10 @@ class Runner:
         scope: CancelScope,
         marks: tuple[Mark, ...],
         progress: Progress | None = None,
+        trace: SpanContext | None = None,
     ) -> tuple[Outcome, str]:
-        """The call's outcome (FINISHED marked) and raw result; `deadline`: its run's."""
+        """The call's outcome (FINISHED marked) and raw result; `deadline`: its run's;
+        `trace`: its batch span's context."""
         authorized = approved.authorized
         set_by = self._authorizer.policy.limits_for(authorized.policy_input)
         limits, timeout = call_limits(self._limits, set_by, approved.valid, deadline)
@@ -64,6 +68,7 @@ class Runner:
             hard_links=self._authorizer.hard_links(),
             marks=marks,
             progress=progress,
+            trace=trace,
         )
 
 
@@ -80,6 +85,7 @@ async def run_tool(
     hard_links: Callable[[Path], bool],
     marks: tuple[Mark, ...],
     progress: Progress | None = None,
+    trace: SpanContext | None = None,
 ) -> tuple[Outcome, str]:
     """The tool's outcome (FINISHED marked) and its raw result for the journal.
     `allowed_s`: the call's timeout (its own, the policy's and the run's deadline)."""
@@ -109,6 +115,8 @@ async def run_tool(
         deadline=time.monotonic() + allowed_s,
         readable=readable,
         hard_links=hard_links,
+        trace=trace,
+        call_index=req.index,
     )
     if progress is not None:
         ctx.progress = progress

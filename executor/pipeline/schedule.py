@@ -99,7 +99,9 @@ class Scheduler:
         started = mark(Phase.STARTED)
         batch.emit(EventKind.STARTED, approved.request)
         progress = batch.progress_of(approved.request)
-        return await self._runner.run(approved, batch.deadline, scope, (*marks, started), progress)
+        return await self._runner.run(
+            approved, batch.deadline, scope, (*marks, started), progress, batch.trace
+        )
 
     async def _abandoned(
         self, approved: Approved, batch: Batch, scope: CancelScope, marks: tuple[Mark, ...]

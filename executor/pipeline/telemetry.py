@@ -31,6 +31,7 @@ class CallTelemetry:
         """The batch's span (a child of the caller's, from `metadata`); its calls'
         spans follow from `batch.on_finished`. The caller ends the span."""
         span = self.tracing.batch_span(metadata, batch.run_id, batch.batch_id, batch.agent, n)
+        batch.trace = span.get_span_context()  # a running call's trace (callspan.parent_for)
 
         def finished(req: CallRequest, outcome: Outcome, reached: Reached) -> None:
             # After the FINISHED event is on its way: telemetry never delays an outcome.
@@ -49,7 +50,7 @@ class CallTelemetry:
         self, span: Span, req: CallRequest, outcome: Outcome, agent: str, reached: Reached
     ) -> None:
         try:
-            facts = CallFacts(tool=req.tool, agent=agent)
+            facts = CallFacts(tool=req.tool, agent=agent, index=req.index)
             if reached is not None:
                 facts = _facts(facts, reached, self._root)
             self.tracing.call_spans(span, req.run_id, req.call_id, outcome, facts)

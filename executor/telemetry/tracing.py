@@ -13,6 +13,10 @@ happened, and the hot path pays nothing until the end:
        └─ execgate.sandbox.run     the tool, from start to its last process's end
        events: cancel_requested, signal_sent, grace_expired, force_terminated, stopped
 
+One id is known before the spans are built: `execgate.sandbox.run`'s, derived from
+its batch span's id and the call's index (callspan.py), so an MCP server's spans can
+name it as their parent while the call runs.
+
 Exporting never slows or fails a call: both exporters sit behind batch processors
 (their own threads, bounded queues that drop when full: MAX_QUEUED_SPANS). Every
 attribute value is cut to MAX_ATTRIBUTE_CHARS (paths, cancel reasons and other
@@ -39,6 +43,7 @@ from execgate.executor.core.outcomes import Status as OutcomeStatus
 from execgate.executor.journal.base import SpanStore
 
 from . import otel_env as otelenv
+from .callspan import CallSpanIds, run_span_id
 from .journal_exporter import JournalSpanExporter
 from .otel_env import disabled
 
@@ -66,6 +71,7 @@ class CallFacts:
 
     tool: str = ""
     agent: str = ""
+    index: int = 0  # the call's position in its batch (callspan.run_span_id)
     resources: tuple[tuple[str, str], ...] = ()  # (key, mode)
     policy_effect: str = ""
     policy_rules: tuple[str, ...] = ()
@@ -76,8 +82,9 @@ class CallFacts:
 class Tracing:
     """The daemon's tracer; `shutdown` flushes (to the journal, then OTLP)."""
 
-    def __init__(self, provider: TracerProvider | None) -> None:
+    def __init__(self, provider: TracerProvider | None, ids: CallSpanIds | None = None) -> None:
         self.provider = provider
+        self._ids = ids  # the provider's id generator (None: ids are all random)
         source = provider if provider is not None else trace.NoOpTracerProvider()
         self.tracer = source.get_tracer("execgate.executor")
 
@@ -144,6 +151,8 @@ class Tracing:
         started = marks.get(Phase.STARTED)
         if started is not None:
             end = marks.get(Phase.STOPPED, marks.get(Phase.FINISHED, started)).at
+            if self._ids is not None and parent is not None:
+                self._ids.reserve(run_span_id(parent.get_span_context().span_id, facts.index))
             self._child(
                 "execgate.sandbox.run",
                 child,
@@ -179,15 +188,18 @@ def setup(journal: SpanStore, instance: str) -> Tracing:
     if disabled():
         return Tracing(None)
     limit = None if "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT" in os.environ else MAX_ATTRIBUTE_CHARS
+    ids = CallSpanIds()
     provider = TracerProvider(
-        resource=otelenv.resource(instance), span_limits=SpanLimits(max_attribute_length=limit)
+        resource=otelenv.resource(instance),
+        span_limits=SpanLimits(max_attribute_length=limit),
+        id_generator=ids,
     )
     provider.add_span_processor(_batched(JournalSpanExporter(journal)))
     for name, exporter in otelenv.exporters("traces"):
         provider.add_span_processor(_batched(exporter))
         how = f"otlp, {otelenv.otlp_protocol('traces')}" if name == "otlp" else name
         log.info("traces: journal and %s", how)
-    return Tracing(provider)
+    return Tracing(provider, ids)
 
 
 def _batched(exporter: SpanExporter) -> BatchSpanProcessor:

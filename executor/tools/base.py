@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from opentelemetry.trace import SpanContext
+
 from execgate.executor.core import ranges
 from execgate.executor.core.outcomes import ErrorClass, Evidence, Mark, StopMode
 from execgate.executor.core.paths import Workspace
@@ -122,6 +124,11 @@ class ToolContext:
     # time.monotonic() by which the call must end (its timeout, cut to the run's
     # deadline), counted from before the sandbox starts; 0: `timeout` from now.
     deadline: float = 0.0
+    # The span context of the call's batch, and the call's index in it: a tool that
+    # hands the trace on names the call's span (telemetry.callspan.parent_for; only
+    # MCP tools do). None: not traced.
+    trace: SpanContext | None = None
+    call_index: int = 0
 
     def remaining(self) -> float:
         """Seconds left until the call's deadline."""

@@ -4,6 +4,8 @@ after the daemon is SIGKILLed."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import sqlite3
@@ -13,13 +15,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from execgate.client import Call, Client, EventKind, Status, StopMode
 from tests import mcp_support as ms
 from tests.auth_support import write_identities
 from tests.daemon import Daemon, scaled
 from tests.loop_support import PEOPLE, TOKENS
-from tests.support import wait_until
+from tests.support import Streamer, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -51,7 +55,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, s
     ws = root / "workspace"
     servers = [
         ms.entry("git", ms.git_server(ws), tag, env=SAFE_DIRECTORY, trusted=True),
-        ms.entry("faulty", ms.fixture_server(), tag),
+        # `nap` is a reader by the operator's word (the server is untrusted).
+        ms.entry("faulty", ms.fixture_server(), tag, tools={"nap": {"read_only": True}}),
         ms.entry(
             "fs",
             ms.npm_server("server-filesystem", str(ws)),
@@ -162,10 +167,152 @@ def test_policy_sees_the_paths_of_effects_templates(eg: Client, served: tuple[Da
     assert (escape.status, escape.field) == (Status.REJECTED, "arguments.path"), escape
 
 
-def test_timeout_on_a_hung_writer_is_unknown(eg: Client) -> None:
+def test_timeout_on_a_hung_writer_is_unknown_and_forced(eg: Client) -> None:
+    """The SDK cancels `hang`'s handler, and answers nothing (the spec says not to): for a
+    writer nothing then proves that its work ended, so its server is killed."""
     o = eg.run(Call(tool="faulty.hang", timeout=1.0))
     assert (o.status, o.error_class) == (Status.UNKNOWN_OUTCOME, "timeout"), o
+    assert o.stopped_how is StopMode.FORCE_TERMINATED, o
+    expired = o.mark("grace_expired")
+    assert expired is not None
+    assert expired.detail == "after 1s without an answer", o.timeline
+
+
+def test_a_cancelled_reader_stops_cooperatively(eg: Client) -> None:
+    """The SDK's normal handler (an await, cancelled on receipt) of a reader: a ping
+    answered within the grace is enough, and the server goes on."""
+    warm = eg.execute_one("faulty.echo", text="up")  # a killed server starts again first
+    assert warm.status is Status.SUCCESS, warm
+    restarts = _restarts(eg, "mcp:faulty")
+    o = eg.run(Call(tool="faulty.nap", timeout=1.0))
+    assert (o.status, o.error_class) == (Status.FAILURE, "timeout"), o
     assert o.stopped_how is StopMode.COOPERATIVE, o
+    stopped = o.mark("stopped")
+    assert stopped is not None
+    assert "answered a ping" in stopped.detail, o.timeline
+    assert _restarts(eg, "mcp:faulty") == restarts
+
+
+def test_a_writer_answered_after_its_cancel_stops_cooperatively(
+    eg: Client, served: tuple[Daemon, str]
+) -> None:
+    """`ignore_cancel` blocks the server's loop, then answers: the answer comes after the
+    cancel (the SDK no longer waits for it) and is the proof that the work ended."""
+    assert eg.execute_one("faulty.echo", text="up").status is Status.SUCCESS
+    restarts = _restarts(eg, "mcp:faulty")
+    block, started = scaled(2.0), served[0].workspace / "blocking"
+    args = {"seconds": block, "started": str(started)}
+    call = Call(tool="faulty.ignore_cancel", arguments=args, call_id="answered")
+    streamer = Streamer(served[0].address, [call], run_id="answered-late")
+    wait_until(started.exists, "the block", scaled(15))  # the cancel comes in it
+    eg.cancel(call_id="answered", run_id="answered-late", grace=block + scaled(10))
+    streamer.join(scaled(30))
+    o = streamer.outcome("answered")
+    assert (o.status, o.error_class) == (Status.UNKNOWN_OUTCOME, "cancelled"), o
+    assert o.stopped_how is StopMode.COOPERATIVE, o
+    stopped = o.mark("stopped")
+    assert stopped is not None
+    assert "answered the request" in stopped.detail, o.timeline
+    assert _restarts(eg, "mcp:faulty") == restarts
+
+
+def test_a_writer_that_ignores_its_cancel_is_killed_before_its_outcome(
+    eg: Client, served: tuple[Daemon, str]
+) -> None:
+    """`stubborn_append` writes from a worker thread its cancellation cannot stop, while
+    the server answers pings. Taken for cooperative, its locks would be released with
+    the write still going: it must be force-terminated, and write nothing after."""
+    daemon = served[0]
+    target = daemon.workspace / "stubborn.txt"
+    restarts = _restarts(eg, "mcp:faulty")
+    call = Call(tool="faulty.stubborn_append", arguments={"path": str(target)}, call_id="stub")
+    streamer = Streamer(daemon.address, [call], run_id="stubborn")
+    wait_until(lambda: _lines(target) >= 3, "the writer writes", scaled(15))
+    eg.cancel(call_id="stub", run_id="stubborn", reason="enough", grace=1.0)
+    streamer.join(scaled(30))
+    written = _lines(target)  # the outcome is recorded (and reported) by now
+    o = streamer.outcome("stub")
+    assert (o.status, o.error_class) == (Status.UNKNOWN_OUTCOME, "cancelled"), o
+    assert o.stopped_how is StopMode.FORCE_TERMINATED, o
+    assert o.evidence.survivors == 0, o
+    expired = o.mark("grace_expired")
+    assert expired is not None
+    assert expired.detail == "after 1s without an answer", o.timeline
+    # A later call works, on a server started anew (which takes far longer than the
+    # writer's 20 ms between lines): the old writer wrote nothing meanwhile.
+    again = eg.execute_one("faulty.echo", text="after")
+    assert (again.status, again.text) == (Status.SUCCESS, "after"), again
+    assert _restarts(eg, "mcp:faulty") == restarts + 1
+    assert _lines(target) == written, "the file grew after the outcome"
+    lines = target.read_text().splitlines()
+    assert lines == [str(i) for i in range(1, written + 1)], "one writer, never two"
+
+
+CALLER_TRACE = 0x0AF7651916CD43DD8448EB211C80319C
+CALLER_SPAN = 0xB7AD6B7169203331
+
+
+@pytest.mark.parametrize("caller", ["none", "sampled", "unsampled"])
+def test_the_server_gets_the_calls_trace_context(
+    eg: Client, served: tuple[Daemon, str], caller: str
+) -> None:
+    """The `_meta.traceparent` the server receives: the call's trace, and as parent the
+    call's `execgate.sandbox.run` span as the journal records it (sampled calls), with or
+    without the caller's trace context in the Execute request."""
+    run_id = f"traced-{caller}"
+    with _caller_context(caller):
+        o = eg.run(Call(tool="faulty.trace_meta", call_id="t"), run_id=run_id)
+    assert o.status is Status.SUCCESS, o
+    version, trace_id, parent_id, flags = json.loads(o.text)["traceparent"].split("-")
+    assert version == "00"
+    if caller == "unsampled":  # the decision is passed on; nothing is recorded
+        assert (trace_id, flags) == (f"{CALLER_TRACE:032x}", "00")
+        return
+    assert int(flags, 16) & 1, flags  # sampled (0x02: a random trace id, when the daemon's)
+    spans = _call_spans(served[0], run_id, "t")
+    assert trace_id == spans["execgate.call"][0], spans
+    assert parent_id == spans["execgate.sandbox.run"][1], spans
+    if caller == "sampled":
+        assert trace_id == f"{CALLER_TRACE:032x}"
+
+
+def _caller_context(caller: str) -> contextlib.AbstractContextManager[object]:
+    """The caller's current span, as the client's interceptor sends it (none: nothing)."""
+    if caller == "none":
+        return contextlib.nullcontext()
+    flags = TraceFlags(TraceFlags.SAMPLED if caller == "sampled" else TraceFlags.DEFAULT)
+    span = NonRecordingSpan(SpanContext(CALLER_TRACE, CALLER_SPAN, False, flags))
+    return trace.use_span(span)
+
+
+def _call_spans(daemon: Daemon, run_id: str, call_id: str) -> dict[str, tuple[str, str]]:
+    """The journal's spans of one call: name -> (trace id, span id); waits for the
+    exporter (it writes every 500 ms)."""
+    found: dict[str, tuple[str, str]] = {}
+
+    def read() -> bool:
+        journal = f"file:{daemon.state_dir / 'journal.db'}?mode=ro"
+        with closing(sqlite3.connect(journal, uri=True)) as db:
+            rows = db.execute(
+                "SELECT s.name, s.trace_id, s.span_id FROM spans c JOIN spans s"
+                " ON s.span_id = c.span_id OR s.parent_id = c.span_id"
+                " WHERE c.run_id = ? AND c.call_id = ? AND c.name = 'execgate.call'",
+                (run_id, call_id),
+            ).fetchall()
+        found.update((name, (t, sid)) for name, t, sid in rows)
+        return "execgate.sandbox.run" in found
+
+    wait_until(read, f"the spans of {run_id}/{call_id}", scaled(15))
+    return found
+
+
+def _restarts(eg: Client, provider: str) -> int:
+    (status,) = [p for p in eg.list_providers() if p.provider == provider]
+    return status.restarts
+
+
+def _lines(path: Path) -> int:
+    return path.read_text().count("\n") if path.exists() else 0
 
 
 def test_ignored_cancel_is_forced_then_healthy(eg: Client, served: tuple[Daemon, str]) -> None:

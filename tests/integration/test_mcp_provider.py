@@ -22,6 +22,7 @@ from execgate.executor.sandbox.registry import Sandboxes
 from execgate.executor.tools import CancelScope, Limits, ToolContext, ToolOutput
 from execgate.executor.tools.decl import EffectsDecl, EnvDecl, Pool, ServerDecl, ToolOverride
 from execgate.executor.tools.mcp import McpProvider, McpTool
+from execgate.executor.tools.mcp.calling import ANSWERED, PINGED
 from execgate.executor.tools.mcp.server import MAX_PROCESSES
 from tests import mcp_support as ms
 from tests.daemon import scaled
@@ -42,9 +43,11 @@ def _decl(name: str, server: tuple[str, tuple[str, ...]], tag: str, **kw: Any) -
     return ServerDecl(name=name, command=command, args=args, env=env, **kw)
 
 
-def _ctx(ws: Path, *, timeout: float = 30.0, grace: float = 1.0) -> ToolContext:
+def _ctx(
+    ws: Path, *, timeout: float = 30.0, grace: float = 1.0, writes: bool = True
+) -> ToolContext:
     limits = Limits(grace=grace)
-    return ToolContext(Workspace(ws), limits, scaled(timeout), CancelScope())
+    return ToolContext(Workspace(ws), limits, scaled(timeout), CancelScope(), may_write=writes)
 
 
 def run(ws: Path, decls: list[ServerDecl], body: Callable[[McpProvider], Awaitable[None]]) -> None:
@@ -170,13 +173,13 @@ def test_faults_are_typed_outcomes_and_leave_nothing(tmp_path: Path) -> None:
     assert ms.tagged(tag) == []
 
 
-def test_hang_stops_cooperatively_on_cancel(tmp_path: Path) -> None:
+def test_a_cancelled_reader_stops_cooperatively_on_a_ping(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
     tag = ms.new_tag()
 
     async def body(provider: McpProvider) -> None:
-        ctx = _ctx(ws, grace=scaled(5.0))
+        ctx = _ctx(ws, grace=scaled(5.0), writes=False)
         task = asyncio.ensure_future(tool(provider, "faulty.hang").run({}, ctx))
         await asyncio.sleep(0.3)  # let the request reach the server; the cancel ends it
         ctx.cancel.cancel("test", requester="tester")
@@ -185,8 +188,67 @@ def test_hang_stops_cooperatively_on_cancel(tmp_path: Path) -> None:
         phases = [m.phase for m in out.marks]
         assert phases == [Phase.CANCEL_REQUESTED, Phase.SIGNAL_SENT, Phase.STOPPED], out.marks
         assert "notifications/cancelled" in out.marks[1].detail
+        assert out.marks[2].detail == PINGED
         [state] = provider.status()
         assert (state.running, state.restarts) == (1, 0)  # the same server goes on
+
+    run(ws, [_decl("faulty", ms.fixture_server(), tag, prestart=True)], body)
+    assert ms.tagged(tag) == []
+
+
+def test_a_cancelled_writer_without_an_answer_is_forced(tmp_path: Path) -> None:
+    """The SDK cancels `hang`'s handler and, as the spec says, never answers it: a ping
+    would be answered, but for a writer only its answer counts."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    tag = ms.new_tag()
+
+    async def body(provider: McpProvider) -> None:
+        before = ms.tagged(tag)
+        ctx = _ctx(ws, grace=0.5)
+        task = asyncio.ensure_future(tool(provider, "faulty.hang").run({}, ctx))
+        await asyncio.sleep(0.3)
+        ctx.cancel.cancel("test")
+        out = await asyncio.wait_for(task, scaled(20))
+        assert (out.error_class, out.stopped_how) == (
+            ErrorClass.CANCELLED,
+            StopMode.FORCE_TERMINATED,
+        )
+        expired = out.marks[2]
+        assert (expired.phase, expired.detail) == (
+            Phase.GRACE_EXPIRED,
+            "after 0.5s without an answer",
+        )
+        assert not set(before) & set(ms.tagged(tag)), "the old tree is gone"
+        again = await tool(provider, "faulty.echo").run({"text": "new"}, _ctx(ws))
+        assert again.text == "new"
+
+    run(ws, [_decl("faulty", ms.fixture_server(), tag, prestart=True)], body)
+    assert ms.tagged(tag) == []
+
+
+def test_a_writer_answered_within_the_grace_stops_cooperatively(tmp_path: Path) -> None:
+    """`ignore_cancel` blocks the server's loop, then answers: the cancel is read only
+    after the answer is on its way, so the answer comes (after the SDK stopped waiting
+    for it) and proves the work ended."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    tag = ms.new_tag()
+
+    async def body(provider: McpProvider) -> None:
+        block = scaled(2.0)  # long enough for the cancel to come in it, under load
+        ctx = _ctx(ws, grace=block + scaled(10.0))
+        started = ws / "blocking"
+        args = {"seconds": block, "started": str(started)}
+        task = asyncio.ensure_future(tool(provider, "faulty.ignore_cancel").run(args, ctx))
+        await ms.await_for(started.exists, 10, "the block")  # the cancel comes in it
+        ctx.cancel.cancel("test")
+        out = await asyncio.wait_for(task, scaled(20))
+        assert (out.error_class, out.stopped_how) == (ErrorClass.CANCELLED, StopMode.COOPERATIVE)
+        assert [m.phase for m in out.marks][-1] is Phase.STOPPED
+        assert out.marks[-1].detail == ANSWERED
+        [state] = provider.status()
+        assert (state.running, state.restarts) == (1, 0)
 
     run(ws, [_decl("faulty", ms.fixture_server(), tag, prestart=True)], body)
     assert ms.tagged(tag) == []
@@ -228,13 +290,29 @@ def test_everything_echo_and_long_running_cancel(tmp_path: Path) -> None:
     async def body(provider: McpProvider) -> None:
         echo = await tool(provider, "everything.echo").run({"message": "hi"}, _ctx(ws))
         assert "hi" in echo.text, echo
-        ctx = _ctx(ws, grace=scaled(5.0))
         long = tool(provider, "everything.trigger-long-running-operation")
+        ctx = _ctx(ws, grace=scaled(5.0), writes=False)
         task = asyncio.ensure_future(long.run({"duration": 60, "steps": 60}, ctx))
         await asyncio.sleep(0.5)
         ctx.cancel.cancel("enough")
         out = await asyncio.wait_for(task, scaled(10))
         assert (out.error_class, out.stopped_how) == (ErrorClass.CANCELLED, StopMode.COOPERATIVE)
+        assert out.marks[-1].detail == PINGED
+        # The TypeScript SDK answers no cancelled request either (its handler, which
+        # ignores the abort signal, runs on): as a writer, the call is forced.
+        ctx = _ctx(ws, grace=1.0)
+        task = asyncio.ensure_future(long.run({"duration": 60, "steps": 60}, ctx))
+        await asyncio.sleep(0.5)
+        ctx.cancel.cancel("enough")
+        out = await asyncio.wait_for(task, scaled(20))
+        assert (out.error_class, out.stopped_how) == (
+            ErrorClass.CANCELLED,
+            StopMode.FORCE_TERMINATED,
+        )
+        assert (out.marks[2].phase, out.marks[2].detail) == (
+            Phase.GRACE_EXPIRED,
+            "after 1s without an answer",
+        )
 
     run(ws, [_decl("everything", ms.npm_server("server-everything"), tag, prestart=True)], body)
     assert ms.tagged(tag) == []

@@ -3,20 +3,29 @@
     CANCEL_REQUESTED  the Cancel's arrival, or the deadline
     SIGNAL_SENT       `notifications/cancelled` for the request (the SDK sends it
                       when the waiting request is abandoned): the cooperative step
-    STOPPED           the server answered a ping within the grace: it is reading
-                      its stdin again, the request is dropped -> COOPERATIVE
-    GRACE_EXPIRED     no answer within the grace
+    STOPPED           within the grace, evidence that the call's work ended
+                      -> COOPERATIVE
+    GRACE_EXPIRED     no such evidence within the grace
     FORCE_TERMINATED  the server's whole process tree killed; it is started anew
                       for later calls -> FORCE_TERMINATED
     STOPPED           with the count of survivors
 
-Why a ping: both SDKs never answer a cancelled request (the spec says not to),
-so the end of a cancelled call cannot be seen. A server that answers the next
-message has taken the cancellation (the SDKs process messages in order and
-cancel the handler on receipt); one that does not is hung or ignoring it. A
-server that keeps working on a cancelled request in the background while
-answering pings is not caught by this: for a tool that may write, the outcome
-is UNKNOWN_OUTCOME either way.
+What counts as evidence depends on what the call may do:
+
+- a call that may write: the server's answer (a result or an error) to that very
+  request, seen even after the SDK stopped waiting for it (answers.py). Nothing
+  else proves that its handler ended: both SDKs never answer a request after its
+  cancel (the spec says not to), and a server that answers pings may still be
+  running the handler (the Python SDK waits for a sync tool's worker thread, the
+  TypeScript SDK only aborts a signal the handler may ignore). Releasing the
+  call's locks then would let the next writer run over a write still under way.
+  So a writer's call that a server-side handler does not answer is force-
+  terminated after the grace, and the server restarts for later calls.
+- a read-only call: the answer, or a ping answered within the grace (the server
+  reads its stdin again, so it has the cancellation). Its handler may still run
+  (see above), but a reader changes nothing: its READ claims released early let a
+  writer run beside work whose result is dropped. Killing the server (and every
+  other call on it) for that would cost more than it protects.
 
 A server that dies mid-call, or whose session ends under it (a message over the
 server's `max_message_kb`): INTERRUPTED (UNKNOWN_OUTCOME for a writer, FAILURE
@@ -27,7 +36,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+import contextvars
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,17 +45,24 @@ import mcp.types as mcp_types
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.types import CONNECTION_CLOSED
+from opentelemetry import context as otel_context
+from opentelemetry.trace import SpanContext
 
 from execgate.executor.core import clock
 from execgate.executor.core.outcomes import ErrorClass, Evidence, Mark, Phase, StopMode, mark
 from execgate.executor.sandbox.ladder import grace_for
 
 from ..base import ToolContext, ToolOutput
+from . import tracecontext
+from .answers import EXPECTED, Expected
 from .connection import Connection
 from .results import to_output
 
 # How long a "connection closed" waits for the connection to see the process end.
 CLOSED_SETTLE_SECONDS = 1.0
+# Why a stop is COOPERATIVE (the STOPPED mark's detail).
+ANSWERED = "the server answered the request: its work ended"
+PINGED = "read-only call: the server answered a ping (it has the cancellation)"
 # Kill the server's tree and forget its connection; returns the survivors' count.
 ForceRestart = Callable[[Connection, str], Awaitable[int]]
 
@@ -55,7 +72,8 @@ class Call:
     server: str
     tool: str
     where: str  # the sandbox, for the evidence
-    meta: dict[str, Any] | None = None
+    # The span the server's work is a child of (tracecontext.py); None: no trace.
+    trace: SpanContext | None = None
 
 
 async def call(
@@ -64,14 +82,15 @@ async def call(
     session = conn.session
     if session is None:
         return _crashed(conn, what, ())
-    request = asyncio.ensure_future(
-        session.call_tool(
-            what.tool,
-            args,
-            progress_callback=_reporter(ctx),
-            meta=what.meta,  # type: ignore[arg-type]  # the SDK's TypedDict, open-ended
-        )
+    expected = conn.answers.expect()
+    current = tracecontext.current(what.trace)
+    sent = session.call_tool(
+        what.tool,
+        args,
+        progress_callback=_reporter(ctx),
+        meta=tracecontext.meta(current),  # type: ignore[arg-type]  # the SDK's TypedDict
     )
+    request = _start(sent, expected, current)
     asked = asyncio.ensure_future(ctx.cancel.requested.wait())
     died = asyncio.ensure_future(conn.closed.wait())
     started = clock.now()
@@ -86,8 +105,9 @@ async def call(
             request.cancel()
             return _crashed(conn, what, ())
         first = _first_mark(ctx, asked in done, started, limit)
-        return await _stop(conn, what, request, ctx, first, force)
+        return await _stop(conn, what, (request, expected), ctx, first, force)
     finally:
+        conn.answers.forget(expected)
         for task in (request, asked, died):
             task.cancel()
 
@@ -105,6 +125,18 @@ def not_sent(server: str, ctx: ToolContext, started: float, limit: float) -> Too
         marks=(first, mark(Phase.STOPPED, why)),
         rolled_back=True,
     )
+
+
+def _start(
+    sent: Coroutine[Any, Any, Any], expected: Expected, current: otel_context.Context
+) -> asyncio.Task[Any]:
+    """The request's task, in a context of its own: the SDK's dispatcher reads the id to
+    send it under (answers.EXPECTED) and injects the current trace context into `_meta`
+    itself, so the call's trace context is made current there (the same as `meta`)."""
+    context = contextvars.copy_context()
+    context.run(EXPECTED.set, expected)
+    context.run(otel_context.attach, current)
+    return asyncio.get_running_loop().create_task(sent, context=context)
 
 
 def _reporter(ctx: ToolContext) -> ProgressFnT:
@@ -150,21 +182,28 @@ def _first_mark(
 async def _stop(
     conn: Connection,
     what: Call,
-    request: asyncio.Future[Any],
+    sent: tuple[asyncio.Future[Any], Expected],
     ctx: ToolContext,
     first: tuple[Mark, ErrorClass],
     force: ForceRestart,
 ) -> ToolOutput:
     start, reason = first
+    request, expected = sent
     request.cancel()  # the SDK writes notifications/cancelled for it (bounded, shielded)
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await request
     marks = [start, mark(Phase.SIGNAL_SENT, f"notifications/cancelled to {what.server}")]
     grace = grace_for(ctx.cancel, ctx.limits.grace, ctx.limits.max_grace)
-    if await _acknowledged(conn, ctx, grace):
-        marks.append(mark(Phase.STOPPED, "the server took the cancellation (answered a ping)"))
+    ended = await _ended(conn, expected, ctx, grace)
+    if ended:
+        marks.append(mark(Phase.STOPPED, ended))
         return _interrupted(what, reason, StopMode.COOPERATIVE, marks, 0)
-    expired = "forced: no grace" if ctx.cancel.forced.is_set() else f"after {grace:g}s"
+    if ctx.cancel.forced.is_set():
+        expired = "forced: no grace"
+    elif conn.closed.is_set():
+        expired = f"the server ended within {grace:g}s without answering"
+    else:
+        expired = f"after {grace:g}s without " + ("an answer" if ctx.may_write else "a ping")
     marks.append(mark(Phase.GRACE_EXPIRED, expired))
     marks.append(mark(Phase.FORCE_TERMINATED, f"{what.server}: {conn.running.description}"))
     left = await force(conn, f"call stopped: {reason.value}")
@@ -173,17 +212,31 @@ async def _stop(
     return _interrupted(what, reason, StopMode.FORCE_TERMINATED, marks, left)
 
 
-async def _acknowledged(conn: Connection, ctx: ToolContext, grace: float) -> bool:
+async def _ended(conn: Connection, expected: Expected, ctx: ToolContext, grace: float) -> str:
+    """Why the call's work is known to have ended within the grace, or "" (module doc)."""
+    if expected.answered.is_set():
+        return ANSWERED
     if grace <= 0 or ctx.cancel.forced.is_set():
-        return False
-    ping = asyncio.ensure_future(conn.ping(grace))
+        return ""
+    answered = asyncio.ensure_future(expected.answered.wait())
+    # A reader may also be let go on a ping (module doc); a writer only on its answer.
+    ping = None if ctx.may_write else asyncio.ensure_future(conn.ping(grace))
     forced = asyncio.ensure_future(ctx.cancel.forced.wait())
+    closed = asyncio.ensure_future(conn.closed.wait())
+    waiting = {answered, forced, closed} | ({ping} if ping is not None else set())
     try:
-        await asyncio.wait({ping, forced}, return_when=asyncio.FIRST_COMPLETED)
-        return ping.done() and ping.result() and not ctx.cancel.forced.is_set()
+        await asyncio.wait(waiting, timeout=grace, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        ping.cancel()
-        forced.cancel()
+        for task in (answered, forced, closed, ping):
+            if task is not None:
+                task.cancel()
+    if ctx.cancel.forced.is_set():
+        return ""
+    if expected.answered.is_set():
+        return ANSWERED
+    if ping is not None and ping.done() and not ping.cancelled() and ping.result():
+        return PINGED
+    return ""
 
 
 def _interrupted(

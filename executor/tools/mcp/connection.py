@@ -29,6 +29,7 @@ from execgate.executor.sandbox import Serving
 from execgate.executor.sandbox.ladder import REAP_SECONDS
 
 from ..declguard import cut
+from .answers import Answers
 from .transport import MAX_LINE_BYTES, LineTooLong, open_streams
 
 CLIENT_INFO = mcp_types.Implementation(name="execgate", version="1")
@@ -68,6 +69,8 @@ class Connection:
         self.ready_at = 0.0
         # Why the connection ended ("" while it has not, or when the daemon ended it).
         self.error = ""
+        # The calls' requests whose answer is watched (answers.py).
+        self.answers = Answers()
         # What the server wrote on stderr (its first `output_cap` bytes), once killed.
         self.stderr = ""
         self._max_line = max_line
@@ -110,7 +113,7 @@ class Connection:
                     on_end=self._stream_ended,
                     hidden=self._hidden,
                 ) as (read, write),
-                ClientSession(read, write, client_info=CLIENT_INFO) as session,
+                self.answers.session(read, write, CLIENT_INFO) as session,
             ):
                 await session.initialize()
                 self.tools = await _list_all(session)

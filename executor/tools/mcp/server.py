@@ -215,8 +215,8 @@ class Server:
         """Start one process and wait until it is ready (startup_timeout); a failure is
         counted (backoff) and nothing of the process is left."""
         sandbox = key.placement.sandbox
-        launch = self._launcher(key.placement)
         try:
+            launch = self._launcher(key.placement)
             running = await sandbox.start(launch)
         except (SandboxError, ToolError) as exc:
             raise self._failed(exc.message) from exc

@@ -6,7 +6,7 @@ the server's process for the call's pool key (started now if needed) -- the key
 names the sandbox and confinement the pipeline chose for this call
 (`ctx.sandbox`, `ctx.confinement`), so the process is confined as the policy
 confines this agent's call -- sends `tools/call` with the call's trace context in
-`_meta`, and maps the answer (results.py) or the stop (calling.py).
+`_meta` (tracecontext.py), and maps the answer (results.py) or the stop (calling.py).
 
 `placement` is the server's `sandbox:` (backend, limits, `timeout_s`): like a
 declared command's, its timeout is the call's default and ceiling.
@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import mcp.types as mcp_types
-from opentelemetry import propagate
 
 from execgate.executor.core import clock
 from execgate.executor.core.errors import ToolError
@@ -30,6 +29,7 @@ from execgate.executor.sandbox import SandboxError
 from ..base import ToolContext, ToolOutput
 from ..decl import SandboxDecl, ToolOverride
 from ..effects import CallEffects
+from . import tracecontext
 from .calling import Call, call, not_sent
 from .effects import Hints, call_effects, spec_for
 from .server import Placement, Server, ServerDown
@@ -86,7 +86,7 @@ class McpTool:
                 if conn is None:  # the call gave up while the server was starting
                     return not_sent(server.decl.name, ctx, started, limit)
                 where = conn.running.description
-                what = Call(server.decl.name, self.remote_name, where, trace_meta())
+                what = Call(server.decl.name, self.remote_name, where, tracecontext.for_call(ctx))
                 return await call(conn, what, args, ctx, server.force_restart)
         except ServerDown as exc:
             raise ToolError(ErrorClass.SANDBOX_ERROR, str(exc)) from exc
@@ -97,16 +97,3 @@ class McpTool:
         if ctx.sandbox is not None:
             return Placement(ctx.sandbox, ctx.confinement)
         return self.server.place(self.spec.name, agent)
-
-
-def trace_meta() -> dict[str, Any] | None:
-    """`traceparent` (and `tracestate`) of the current trace context, for `_meta`.
-
-    UNFINISHED: the daemon builds a call's span when its outcome is recorded
-    (telemetry.tracing), so no span of the call is current while it runs; what is
-    current is the caller's context where the Execute request carried one. The
-    server's spans join the caller's trace, not the `execgate.call` span.
-    """
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    return dict(carrier) or None

@@ -87,7 +87,7 @@ def test_a_full_file_builds_every_value() -> None:
     assert override.destructive is True
     assert override.effects is not None
     assert override.effects.writes == ("{path}",)
-    assert (override.at.source, override.at.line) == ("t.yaml", 32)  # named at discovery
+    assert (override.at.source, override.at.line) == ("t.yaml", 34)  # named at discovery
     assert len(file.revision) == 64
 
 
