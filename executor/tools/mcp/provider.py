@@ -9,9 +9,11 @@ the daemon believes, effects.py) and read-write otherwise. Discovery runs
 read-only; a server found to have a writer is started again read-write before
 its tools are served (so a writer server costs one more spawn at daemon start).
 
-The sandbox: the decl's backend if it names one, else the policy's sandbox rule
-for the tool name `NAME.*` (which may open the network), else the daemon's
-default. `close` kills every server's whole tree.
+The sandbox is chosen as for a declared command: the policy's sandbox rule for the
+tool name `NAME.*` (which alone may open the network) over the decl's backend and
+limits, else the daemon's default; the tools file may not choose `process` where
+the daemon's sandbox is stronger. `sandbox.image` is the server's docker image.
+`close` kills every server's whole tree.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from dataclasses import replace
 from typing import Any
 
 import jsonschema
@@ -116,21 +117,24 @@ class McpProvider:
                 confinement=conf,
                 output_cap=self._output_cap,
                 serve=True,
+                image=decl.sandbox.image,
             )
 
         return launch
 
     def _sandbox_for(self, decl: ServerDecl, agent: str) -> tuple[Sandbox, Confinement]:
-        sandbox, conf = self._sandboxes.for_call(f"{decl.name}.*", agent)
-        if decl.sandbox.backend != "default":
-            found = self._sandboxes.backends.get(decl.sandbox.backend)
-            if found is None:
-                raise SandboxError(f"sandbox {decl.sandbox.backend} is not available")
-            sandbox = found
-        # The file's limits, each lowered by the policy's where that is lower.
-        lowered = {k: min(v, getattr(conf, k)) for k, v in decl.sandbox.limits}
-        if lowered:
-            conf = replace(conf, **lowered)
+        """As for a declared command (`Sandboxes.for_call`): the policy's rule for `NAME.*`
+        over the file's backend and limits. A server that names an image runs in docker
+        or not at all (its command is a path in that image, not on this host)."""
+        box = decl.sandbox
+        sandbox, conf = self._sandboxes.for_call(
+            f"{decl.name}.*", agent, placed=(box.backend, box.limits)
+        )
+        if box.image and sandbox.name != "docker":
+            raise SandboxError(
+                f"the server names image {box.image}, but runs under {sandbox.name} "
+                "(the policy's sandbox rule for it chose that backend)"
+            )
         return sandbox, conf
 
     def tools(self) -> dict[str, Tool]:

@@ -46,6 +46,7 @@ servers:
     args: [-y, "@modelcontextprotocol/server-filesystem", "."]
     pool: run
     trusted: true
+    sandbox: {backend: docker, image: "registry.local:5000/mcp/fs:1.2@sha256:0f"}
     tools:
       write_file: {effects: {writes: ["{path}"]}, destructive: true}
 """
@@ -78,6 +79,9 @@ def test_a_full_file_builds_every_value() -> None:
     [server] = file.servers
     assert server.pool is Pool.RUN
     assert server.trusted
+    assert server.sandbox.backend == "docker"
+    assert server.sandbox.image == "registry.local:5000/mcp/fs:1.2@sha256:0f"
+    assert tool.sandbox.image == ""
     [(name, override)] = server.tools
     assert name == "write_file"
     assert override.destructive is True
@@ -158,6 +162,23 @@ def tool(**over: str) -> str:
             "version: 1\nservers: [{name: s, command: x, tools: {t: {hid: 1}}}]\n",
             "unknown key 'hid'",
         ),
+        (
+            "version: 1\nservers: [{name: s, command: x, sandbox: {image: 'a b'}}]\n",
+            "t.yaml:2:50: servers[0].sandbox.image: 'a b' is not a docker image reference",
+        ),
+        (
+            "version: 1\nservers: [{name: s, command: x, sandbox: {image: busybox}}]\n",
+            "t.yaml:2:50: servers[0].sandbox.image: only with backend: docker, not default",
+        ),
+        (
+            "version: 1\nservers: [{name: s, command: x, sandbox: {backend: bwrap, image: b}}]\n",
+            "servers[0].sandbox.image: only with backend: docker, not bwrap",
+        ),
+        (
+            "version: 1\nservers: [{name: s, command: x, sandbox: {image: ''}}]\n",
+            "servers[0].sandbox.image: must be a non-empty string",
+        ),
+        (tool(sandbox="{backend: docker, image: b}"), "tools[0].sandbox: unknown key 'image'"),
     ],
 )
 def test_each_error_names_its_place_and_field(entry: str, expected: str) -> None:
