@@ -212,9 +212,14 @@ class Dockerd:
             labels=labels,
             host_config=host,
         )
+        cid = str(created["Id"])
         if self._on_create is not None:
-            self._on_create()
-        return str(created["Id"])
+            try:
+                self._on_create()
+            except BaseException:
+                self.remove(cid)
+                raise
+        return cid
 
     def wait(self, cid: str) -> tuple[int, bool]:
         """Until the container stops: its status, and whether the OOM killer struck in it."""

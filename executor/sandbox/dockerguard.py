@@ -40,6 +40,7 @@ MODULE = "execgate.executor.sandbox.dockerguard"
 SWEEPS, SWEEP_GAP_SECONDS = 2, 1.0
 # Written by a daemon that removed its containers itself: exit without sweeping.
 QUIT = b"q"
+# How long a daemon's shutdown waits for its guard (a sweep takes about a second).
 QUIT_WAIT_SECONDS = 5.0
 
 
@@ -74,8 +75,8 @@ class Guard:
         return self._proc.pid if self._proc is not None else None
 
     def close(self, *, swept: bool) -> None:
-        """Daemon shutdown. `swept`: the daemon removed its containers, the guard may quit
-        (and is waited for); otherwise it sweeps, on its own time."""
+        """Daemon shutdown. `swept`: the daemon removed its containers, the guard quits;
+        otherwise it sweeps first. Either way it is waited for (QUIT_WAIT_SECONDS)."""
         with self._lock:
             proc, self._proc = self._proc, None
         if proc is None or proc.stdin is None:
@@ -84,9 +85,10 @@ class Guard:
             if swept:
                 proc.stdin.write(QUIT)
             proc.stdin.close()
-        if swept:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(QUIT_WAIT_SECONDS)
+        try:
+            proc.wait(QUIT_WAIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            log.warning("docker guard %d still sweeping at shutdown; left to finish", proc.pid)
 
     def _discard(self) -> None:
         assert self._proc is not None

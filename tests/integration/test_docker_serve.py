@@ -299,3 +299,30 @@ def test_without_its_guard_a_stubborn_server_lives_until_the_next_start(
         ms.wait_for(lambda: owner.server_pids() == [], 5, "no process of the server left")
     finally:
         owner.close(api)
+
+
+def test_a_dead_guard_is_started_again_and_sweeps_on_eof(
+    images: tuple[str, str], workspace: Path, api: docker.APIClient
+) -> None:
+    """A guard killed while its daemon runs is replaced at the next container; a guard
+    whose pipe ends without the daemon's word that it swept removes every container."""
+    sandbox = DockerSandbox("", daemon_id=f"test-{secrets.token_hex(6)}")
+
+    async def go() -> None:
+        first = await sandbox.start(serve(workspace, images[1]))
+        try:
+            old = sandbox.guard.pid
+            assert old is not None
+            os.kill(old, signal.SIGKILL)
+            await ms.await_for(lambda: not procscan.alive(old), 10, "the old guard is dead")
+            second = await sandbox.start(serve(workspace, images[1]))
+            assert sandbox.guard.pid not in (None, old)
+            await asyncio.to_thread(sandbox.guard.close, swept=False)
+            assert gone(api, first.cid)
+            assert gone(api, second.cid)
+            await second.release()
+        finally:
+            await first.release()
+            await sandbox.close()
+
+    asyncio.run(go())
