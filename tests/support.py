@@ -91,6 +91,17 @@ def sandbox_serve_args(backend: str, root: Path) -> list[str]:
         return args
     if backend != "docker":
         raise ValueError(f"unknown sandbox backend {backend!r}")
+    image = docker_test_image()
+    workspace = root / "workspace"
+    workspace.mkdir(parents=True, exist_ok=True)
+    os.chown(workspace, DOCKER_WORKSPACE_UID, DOCKER_WORKSPACE_UID)
+    return [*args, "--docker-image", image]
+
+
+def docker_test_image(mcp: bool = False) -> str:
+    """The offline test image (`mcp`: the one with the busybox MCP server), built if need
+    be. Skips the test where dockerd or the image cannot be had, unless
+    EXECGATE_REQUIRE_DOCKER=1 (CI), which makes that a failure."""
     required = os.environ.get("EXECGATE_REQUIRE_DOCKER") == "1"
 
     def unavailable(why: str) -> NoReturn:
@@ -99,7 +110,7 @@ def sandbox_serve_args(backend: str, root: Path) -> list[str]:
         pytest.skip(why)
 
     try:
-        from tests.docker_image import docker_available, ensure_test_image
+        from tests.docker_image import docker_available, ensure_mcp_image, ensure_test_image
     except ImportError as exc:
         unavailable(f"tests/docker_image.py is missing or does not import: {exc}")
     except Exception as exc:  # it is being written: broken is not our failure
@@ -107,13 +118,9 @@ def sandbox_serve_args(backend: str, root: Path) -> list[str]:
     if not docker_available():
         unavailable("dockerd is not reachable")
     try:
-        image = ensure_test_image()
+        return ensure_mcp_image() if mcp else ensure_test_image()
     except Exception as exc:
         unavailable(f"cannot build the docker test image: {type(exc).__name__}: {exc}")
-    workspace = root / "workspace"
-    workspace.mkdir(parents=True, exist_ok=True)
-    os.chown(workspace, DOCKER_WORKSPACE_UID, DOCKER_WORKSPACE_UID)
-    return [*args, "--docker-image", image]
 
 
 # ---------------------------------------------------------------- processes on this host

@@ -69,6 +69,9 @@ class Launch:
     # caller's streams (`Serving.stdio`), only stderr is captured (`output_cap` bytes).
     # The backend also ties the process to the daemon's life (no orphan on SIGKILL).
     serve: bool = False
+    # The image of a container backend ("": the backend's own, --docker-image); the
+    # other backends run host programs and never see it (the caller refuses the mix).
+    image: str = ""
 
 
 @dataclass(frozen=True, slots=True)

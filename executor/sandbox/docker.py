@@ -14,10 +14,14 @@ the command); force is SIGKILL to its init, upon which the kernel kills every
 process in the container's PID namespace, setsid-escaped grandchildren included.
 Containers are created, not run with auto-remove (that races the exit status and
 the output): `release` removes them. Each carries the daemon's id as a label, so
-`cleanup_stale` removes what a crashed predecessor left.
+`cleanup_stale` removes what a crashed predecessor left, and this daemon process's
+instance, by which its guard (dockerguard.py) removes them if the process dies.
 
 `mode="warm"` runs a run's calls as execs in one long-lived container instead
-(docker_warm.py). dockerd itself is only spoken to in dockerd.py.
+(docker_warm.py). A long-lived server (`Launch.serve`, an MCP server) always gets a
+container of its own, in either mode, in the launch's image if it names one: its
+stdin and stdout are asyncio streams over two attach connections (docker_io.py).
+dockerd itself is only spoken to in dockerd.py.
 """
 
 from __future__ import annotations
@@ -27,12 +31,16 @@ import dataclasses
 import functools
 import logging
 import os
+import secrets
 import signal
 from pathlib import Path
+from typing import TypeVar
 
 from .base import Captured, Exit, Launch, Probe, SandboxError
+from .docker_io import ServerStdio, Stdio
 from .docker_warm import ExecRunning, WarmPool
-from .dockerd import Dockerd, Stdio, exit_of, in_thread
+from .dockerd import Dockerd, exit_of, in_thread
+from .dockerguard import Guard
 from .pidwatch import PidWatch
 from .stopping import off_loop
 
@@ -49,24 +57,44 @@ class DockerSandbox:
             raise ValueError(f"docker mode must be one of {', '.join(MODES)}, not {mode!r}")
         self.image = image
         self.mode = mode
-        self.dockerd = Dockerd(image, daemon_id)
+        instance = secrets.token_hex(8)
+        # Started before this daemon's first container starts (see dockerguard.py).
+        self.guard = Guard(daemon_id, instance)
+        self.dockerd = Dockerd(image, daemon_id, instance=instance, on_create=self.guard.ensure)
         self._warm = WarmPool(self.dockerd)
 
     async def start(self, launch: Launch) -> ContainerRunning | ExecRunning:
         if launch.serve:
-            # UNFINISHED: long-lived servers (MCP) in a container: attach stdin/stdout.
-            raise SandboxError("docker: long-lived servers are not supported yet")
+            return await self._serve(launch)
         if self.mode == "warm":
             return await self._warm.start(launch)
         cid, sio = await asyncio.to_thread(self.dockerd.start_attached, launch)
-        stdio = Stdio(sio, launch.stdin, launch.output_cap)
-        where = f"container {cid[:12]} ({self.image})"
-        running = ContainerRunning(self.dockerd, cid, stdio, where)
+        io = Stdio(sio, launch.stdin, launch.output_cap)
+        return await self._watched(
+            ContainerRunning(self.dockerd, cid, io, self._where(cid, launch))
+        )
+
+    async def _serve(self, launch: Launch) -> ServingContainer:
+        cid, stdin, output = await asyncio.to_thread(self.dockerd.start_serving, launch)
         try:
-            pid = await asyncio.to_thread(self.dockerd.init_pid, cid)
+            io = await ServerStdio.open(stdin, output, launch.output_cap)
+        except BaseException:
+            await asyncio.to_thread(self.dockerd.remove, cid)
+            raise
+        return await self._watched(
+            ServingContainer(self.dockerd, cid, io, self._where(cid, launch))
+        )
+
+    def _where(self, cid: str, launch: Launch) -> str:
+        return f"container {cid[:12]} ({launch.image or self.image})"
+
+    async def _watched(self, running: R) -> R:
+        """`running` with its container's init watched, where this daemon can see it."""
+        try:
+            pid = await asyncio.to_thread(self.dockerd.init_pid, running.cid)
         except SandboxError:
             pid = 0
-        if pid and _in_container(pid, cid):
+        if pid and _in_container(pid, running.cid):
             running.watch = PidWatch(pid)
         return running
 
@@ -84,25 +112,30 @@ class DockerSandbox:
         return await asyncio.to_thread(self.dockerd.remove_labelled)
 
     async def close(self) -> None:
-        """Remove the warm containers, and any call's container a cancelled start left."""
+        """Remove the warm containers, and any call's container a cancelled start left;
+        the guard then quits (it sweeps instead if they could not be removed)."""
         self._warm.forget()
-        if not self.dockerd.connected:  # this daemon made no container
-            return
-        try:
-            await asyncio.to_thread(self.dockerd.remove_labelled)
-        except SandboxError as exc:  # the next start's cleanup_stale removes them
-            log.warning("docker: containers left at shutdown: %s", exc)
-        finally:
-            self.dockerd.close()
+        swept = True
+        if self.dockerd.connected:  # else this daemon made no container
+            try:
+                await asyncio.to_thread(self.dockerd.remove_labelled)
+            except SandboxError as exc:  # the guard, else the next start, removes them
+                log.warning("docker: containers left at shutdown: %s", exc)
+                swept = False
+            finally:
+                self.dockerd.close()
+        await asyncio.to_thread(self.guard.close, swept=swept)
 
 
 class ContainerRunning:
     """A call in a container of its own."""
 
-    def __init__(self, dockerd: Dockerd, cid: str, stdio: Stdio, description: str) -> None:
+    def __init__(
+        self, dockerd: Dockerd, cid: str, io: Stdio | ServerStdio, description: str
+    ) -> None:
         self.dockerd = dockerd
         self.cid = cid
-        self.stdio = stdio
+        self.io = io
         self.description = description
         # Set before we signal: a status above 128 then means "killed by that signal".
         self._signalled = False
@@ -149,7 +182,7 @@ class ContainerRunning:
         return await off_loop(self.dockerd.top, self.cid)
 
     async def output(self) -> tuple[Captured, Captured]:
-        return await self.stdio.result()
+        return await self.io.result()
 
     async def release(self) -> None:
         if self._released:
@@ -162,7 +195,23 @@ class ContainerRunning:
         try:
             await asyncio.to_thread(self.dockerd.remove, self.cid)
         finally:
-            self.stdio.close()
+            self.io.close()
+
+
+class ServingContainer(ContainerRunning):
+    """A long-lived server in a container of its own (`Launch.serve`; base.Serving).
+
+    Its stdin closes when the caller closes it or this daemon's connection drops
+    (StdinOnce); `kill` is the container's, so every process of the server goes.
+    """
+
+    io: ServerStdio
+
+    def stdio(self) -> tuple[asyncio.StreamWriter, asyncio.StreamReader]:
+        return self.io.stdin, self.io.stdout
+
+
+R = TypeVar("R", bound=ContainerRunning)
 
 
 def _in_container(pid: int, cid: str) -> bool:

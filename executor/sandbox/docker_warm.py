@@ -24,7 +24,8 @@ from pathlib import Path
 
 from . import procscan
 from .base import MARKER_ENV, Captured, Exit, Launch
-from .dockerd import ContainerGone, Dockerd, Stdio, container_user, exit_of
+from .docker_io import Stdio
+from .dockerd import ContainerGone, Dockerd, container_user, exit_of
 from .stopping import off_loop
 
 # The warm container's command: wait, and exit at once on SIGTERM. Needs sh in the image.

@@ -2,8 +2,9 @@
 
 `Dockerd` holds one SDK client, made on first use, and translates the SDK's
 errors into SandboxError once; it knows what a hardened container looks like
-(see docker.py). `Stdio` reads a call's output from the hijacked attach or exec
-connection.
+(see docker.py), and labels each with this daemon's id and this daemon process's
+instance, by which its guard (dockerguard.py) finds them if the process dies. What goes
+over the hijacked attach and exec connections is docker_io.py's.
 
 Every SDK call blocks. Short ones run in the default executor (`asyncio.to_thread`);
 those that last as long as a call (its exit status, its output stream) get threads
@@ -17,8 +18,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import os
-import socket
-import struct
+import secrets
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,15 +28,16 @@ import docker  # type: ignore[import-untyped]
 from docker.errors import APIError, DockerException, ImageNotFound  # type: ignore[import-untyped]
 from docker.types import LogConfig, Ulimit  # type: ignore[import-untyped]
 
-from .base import MARKER_ENV, Captured, Exit, Launch, SandboxError
+from .base import MARKER_ENV, Exit, Launch, SandboxError
 
 T = TypeVar("T")
 
 NOBODY = "65534:65534"
 TMPFS = {"/tmp": "rw,nosuid,nodev,size=64m,mode=1777"}
 LABEL_DAEMON, LABEL_RUN, LABEL_CALL = "execgate.daemon", "execgate.run", "execgate.call"
-# After the call stops, read what output is there, then stop waiting (as process.py does).
-OUTPUT_SETTLE_SECONDS = 1.0
+# Per daemon process (the daemon id is per state dir, so it outlives a process).
+LABEL_INSTANCE = "execgate.instance"
+IMAGE_NEEDED = "give --docker-image, or the server's sandbox.image in the tools file"
 
 
 class ContainerGone(SandboxError):
@@ -50,9 +51,20 @@ class ContainerGone(SandboxError):
 class Dockerd:
     """This daemon's connection to dockerd, and the containers it makes. Blocking."""
 
-    def __init__(self, image: str, daemon_id: str) -> None:
+    def __init__(
+        self,
+        image: str,
+        daemon_id: str,
+        *,
+        instance: str = "",
+        on_create: Callable[[], None] | None = None,
+    ) -> None:
+        # The default image ("": none; only a launch that names its own can run).
         self.image = image
         self.daemon_id = daemon_id
+        self.instance = instance or secrets.token_hex(8)
+        # Called after a container is created, before it starts (the guard's start).
+        self._on_create = on_create
         # Made on first use (it asks dockerd for its API version): building the
         # backend, as `execgate doctor` does for every backend, never touches dockerd.
         self._client: Any = None
@@ -68,27 +80,29 @@ class Dockerd:
             return self._client.api
 
     @contextlib.contextmanager
-    def errors(self) -> Iterator[None]:
-        """The SDK's and dockerd's errors as SandboxError, naming the image or the daemon."""
+    def errors(self, image: str = "") -> Iterator[None]:
+        """The SDK's and dockerd's errors as SandboxError, naming the image (`image`, else
+        the default) or the daemon."""
+        image = image or self.image
         try:
             yield
         except ImageNotFound as exc:
-            raise SandboxError(f"image {self.image} not found: build or pull it first") from exc
+            raise SandboxError(f"image {image} not found: build or pull it first") from exc
         except APIError as exc:
             if exc.status_code == 404:
                 raise ContainerGone(str(exc.explanation)) from exc
-            raise SandboxError(f"dockerd refused ({self.image}): {exc.explanation}") from exc
+            raise SandboxError(f"dockerd refused ({image}): {exc.explanation}") from exc
         except OSError as exc:  # requests' connection errors are OSErrors
             raise SandboxError(f"dockerd not reachable: {exc}") from exc
         except DockerException as exc:  # the SDK's own checks (an empty image name, ...)
-            raise SandboxError(f"docker ({self.image}): {exc}") from exc
+            raise SandboxError(f"docker ({image}): {exc}") from exc
 
     def check(self) -> str:
-        """What `execgate doctor` says when dockerd and the image are there."""
-        if not self.image:
-            raise SandboxError("no image given (--docker-image)")
+        """What `execgate doctor` says when dockerd (and the default image) are there."""
         with self.errors():
             version = self.api().version()["Version"]
+        if not self.image:
+            return f"dockerd {version}, no default image (--docker-image): {IMAGE_NEEDED}"
         try:
             with self.errors():
                 self.api().inspect_image(self.image)
@@ -98,22 +112,36 @@ class Dockerd:
 
     def start_attached(self, launch: Launch) -> tuple[str, Any]:
         """Create a call's own container, attach to its stdio before it starts, start it."""
-        with self.errors():
+        params = {"stdout": 1, "stderr": 1, "stream": 1}
+        if launch.stdin is not None:
+            params["stdin"] = 1
+        cid, (sio,) = self._start_attached(launch, [params])
+        return cid, sio
+
+    def start_serving(self, launch: Launch) -> tuple[str, Any, Any]:
+        """A server's container (`Launch.serve`), started; its id, then its stdin and its
+        output on two connections (see docker_io.ServerStdio)."""
+        stdin = {"stdin": 1, "stream": 1}
+        output = {"stdout": 1, "stderr": 1, "stream": 1}
+        cid, (sin, sout) = self._start_attached(launch, [stdin, output])
+        return cid, sin, sout
+
+    def _start_attached(
+        self, launch: Launch, attaches: list[dict[str, int]]
+    ) -> tuple[str, list[Any]]:
+        with self.errors(launch.image):
             cid = self.create(launch, list(launch.argv), call=True)
+            sios: list[Any] = []
             try:
-                params = {"stdout": 1, "stderr": 1, "stream": 1}
-                if launch.stdin is not None:
-                    params["stdin"] = 1
-                sio = self.api().attach_socket(cid, params=params)
-                try:
-                    self.api().start(cid)
-                except BaseException:
-                    close_socket(sio)
-                    raise
+                for params in attaches:
+                    sios.append(self.api().attach_socket(cid, params=params))
+                self.api().start(cid)
             except BaseException:
+                for sio in sios:
+                    close_socket(sio)
                 self.remove(cid)
                 raise
-            return cid, sio
+            return cid, sios
 
     def start_waiting(self, launch: Launch, command: list[str]) -> tuple[str, int]:
         """Create and start a warm container for `launch`'s run; its id and init's host pid."""
@@ -141,6 +169,9 @@ class Dockerd:
 
     def create(self, launch: Launch, command: list[str], *, call: bool) -> str:
         """A hardened container for `launch`; `call`: the call's own, not a warm one."""
+        image = launch.image or self.image
+        if not image:
+            raise SandboxError(f"docker: no image for this call: {IMAGE_NEEDED}")
         conf = launch.confinement
         ws = str(launch.workspace)
         host = self.api().create_host_config(
@@ -162,20 +193,33 @@ class Dockerd:
             # Output reaches us through the attach stream only: nothing piles up on disk.
             log_config=LogConfig(type="none"),
         )
-        labels = {LABEL_DAEMON: self.daemon_id, LABEL_RUN: launch.run_id}
+        labels = {
+            LABEL_DAEMON: self.daemon_id,
+            LABEL_INSTANCE: self.instance,
+            LABEL_RUN: launch.run_id,
+        }
         if call:
             labels[LABEL_CALL] = launch.marker
         created = self.api().create_container(
-            self.image,
+            image,
             command=command,
             working_dir=str(launch.cwd) if call else None,
             environment={**launch.env, MARKER_ENV: launch.marker} if call else None,
             user=container_user(launch.workspace),
-            stdin_open=call and launch.stdin is not None,
+            # With stdin open the SDK also sets StdinOnce: dockerd closes the command's
+            # stdin when our connection to it ends (we close it, or this daemon died).
+            stdin_open=call and (launch.stdin is not None or launch.serve),
             labels=labels,
             host_config=host,
         )
-        return str(created["Id"])
+        cid = str(created["Id"])
+        if self._on_create is not None:
+            try:
+                self._on_create()
+            except BaseException:
+                self.remove(cid)
+                raise
+        return cid
 
     def wait(self, cid: str) -> tuple[int, bool]:
         """Until the container stops: its status, and whether the OOM killer struck in it."""
@@ -220,12 +264,14 @@ class Dockerd:
         with self.errors(), _unless(404, 409):
             self.api().remove_container(cid, force=True)
 
-    def remove_labelled(self) -> int:
-        """Remove every container, running or not, that carries this daemon's id."""
+    def remove_labelled(self, *, instance_only: bool = False) -> int:
+        """Remove every container, running or not, that carries this daemon's id (and
+        `instance_only`: this daemon process's instance label)."""
+        labels = [f"{LABEL_DAEMON}={self.daemon_id}"]
+        if instance_only:
+            labels.append(f"{LABEL_INSTANCE}={self.instance}")
         with self.errors():
-            found = self.api().containers(
-                all=True, filters={"label": f"{LABEL_DAEMON}={self.daemon_id}"}
-            )
+            found = self.api().containers(all=True, filters={"label": labels})
         for container in found:
             self.remove(container["Id"])
         return len(found)
@@ -285,78 +331,6 @@ def exit_of(code: int, oom: bool, signalled: bool) -> Exit:
     if code > 128 and (signalled or oom):
         return Exit(None, code - 128, oom)
     return Exit(code, None, oom)
-
-
-class Stdio:
-    """A hijacked attach or exec connection: feeds stdin, keeps `cap` bytes of stdout
-    and of stderr (counting the rest). Each direction has a thread of its own, so a
-    command that writes before it reads cannot deadlock against us."""
-
-    def __init__(self, sio: Any, stdin: bytes | None, cap: int) -> None:
-        self._sio = sio
-        # The SDK hands out a SocketIO: shutdown needs the socket under it.
-        self._sock: socket.socket = getattr(sio, "_sock", sio)
-        # The client's request timeout must not end the stream of a quiet call.
-        self._sock.settimeout(None)
-        self._cap = cap
-        self._kept = (bytearray(), bytearray())
-        self._totals = [0, 0]
-        # Done when the stream ends: the command and whatever inherited its stdio are gone.
-        self.ended = in_thread(self._pump, "docker-output")
-        if stdin is not None:
-            feed = threading.Thread(target=self._feed, args=(stdin,), name="docker-stdin")
-            feed.daemon = True
-            feed.start()
-
-    def _feed(self, data: bytes) -> None:
-        with contextlib.suppress(OSError):
-            self._sock.sendall(data)
-            self._sock.shutdown(socket.SHUT_WR)  # EOF on the command's stdin
-
-    def _pump(self) -> None:
-        """Demultiplex docker's frames: a header (stream, 3 zero bytes, size), then data."""
-        while (header := self._exactly(8)) is not None:
-            stream, size = struct.unpack(">BxxxL", header)
-            while size > 0:
-                chunk = self._recv(min(size, 65536))
-                if not chunk:
-                    return
-                size -= len(chunk)
-                if stream in (1, 2):
-                    self._keep(stream - 1, chunk)
-
-    def _exactly(self, n: int) -> bytes | None:
-        data = b""
-        while len(data) < n:
-            chunk = self._recv(n - len(data))
-            if not chunk:
-                return None
-            data += chunk
-        return data
-
-    def _recv(self, n: int) -> bytes:
-        try:
-            return self._sock.recv(n)
-        except OSError:  # shut down under us by `close`
-            return b""
-
-    def _keep(self, index: int, chunk: bytes) -> None:
-        kept = self._kept[index]
-        self._totals[index] += len(chunk)
-        if len(kept) < self._cap:
-            kept += chunk[: self._cap - len(kept)]
-
-    async def result(self) -> tuple[Captured, Captured]:
-        """What was read: all of it, unless something still holds the stream open."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self.ended), OUTPUT_SETTLE_SECONDS)
-        out, err = self._kept
-        return Captured(bytes(out), self._totals[0]), Captured(bytes(err), self._totals[1])
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the threads blocked on it
-        close_socket(self._sio)
 
 
 def close_socket(sio: Any) -> None:

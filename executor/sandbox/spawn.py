@@ -112,14 +112,14 @@ class Pipes:
     ) -> None:
         assert proc.stdout is not None
         assert proc.stderr is not None
-        self._sinks = (_Sink(cap), _Sink(cap))
+        self._sinks = (Sink(cap), Sink(cap))
         self._tasks = [
             asyncio.ensure_future(_drain(proc.stderr, self._sinks[1])),
         ]
         if not serve:
             self._tasks.insert(0, asyncio.ensure_future(_drain(proc.stdout, self._sinks[0])))
         else:
-            self._sinks = (_Sink(0), self._sinks[1])
+            self._sinks = (Sink(0), self._sinks[1])
             stdin = None
         self._feeder = asyncio.ensure_future(_feed(proc, stdin)) if stdin is not None else None
 
@@ -140,7 +140,9 @@ class Pipes:
                 task.cancel()
 
 
-class _Sink:
+class Sink:
+    """The first `cap` bytes of an output stream, and how many there were in all."""
+
     def __init__(self, cap: int) -> None:
         self.cap = cap
         self.kept = bytearray()
@@ -151,11 +153,11 @@ class _Sink:
         if len(self.kept) < self.cap:
             self.kept += chunk[: self.cap - len(self.kept)]
 
-    def captured(self, *, held_open: bool) -> Captured:
+    def captured(self, *, held_open: bool = False) -> Captured:
         return Captured(bytes(self.kept), self.total, held_open)
 
 
-async def _drain(stream: asyncio.StreamReader, sink: _Sink) -> None:
+async def _drain(stream: asyncio.StreamReader, sink: Sink) -> None:
     while chunk := await stream.read(65536):
         sink.add(chunk)
 

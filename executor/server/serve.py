@@ -35,7 +35,12 @@ from execgate.executor.sandbox.registry import daemon_id
 from execgate.executor.telemetry import metrics, tracing
 from execgate.executor.tools import Tool, builtin_tools
 from execgate.executor.tools.decl import ToolFile
-from execgate.executor.tools.reload import backends_wanted, load_toolset, tools_watcher
+from execgate.executor.tools.reload import (
+    backends_wanted,
+    default_image_needed,
+    load_toolset,
+    tools_watcher,
+)
 from execgate.executor.tools.toolset import ToolSet
 from execgate.v1 import executor_pb2_grpc as pb_grpc
 from execgate.v1 import runs_pb2
@@ -105,6 +110,7 @@ def build(config: ServeConfig) -> tuple[Dispatcher, Journal, ToolFile]:
         log.warning("recovered %d call(s) left running by a previous daemon", recovered)
     wanted = {r.backend for r in policy.sandbox if r.backend != "default"}
     wanted |= backends_wanted(declared)
+    _check_docker_image(config, declared, policy)
     sandbox = replace(config.sandbox, workspace=config.workspace)
     sandboxes = sandbox_registry.build(
         sandbox, daemon_id(config.state_dir), wanted, policy.sandbox_for
@@ -123,6 +129,21 @@ def build(config: ServeConfig) -> tuple[Dispatcher, Journal, ToolFile]:
         sandboxes=sandboxes,
     )
     return dispatcher, journal, declared
+
+
+def _check_docker_image(config: ServeConfig, declared: ToolFile, policy: Policy) -> None:
+    """The docker backend runs without --docker-image only where every container names
+    its image (MCP servers with `sandbox.image`); say so at startup, not at a call."""
+    if config.sandbox.docker_image:
+        return
+    who = "the tools file" if default_image_needed(declared) else ""
+    if any(r.backend == "docker" for r in policy.sandbox):
+        who = "the policy's sandbox rules"
+    if who:
+        raise ConfigError(
+            f"{who} run tools in the docker sandbox, which needs --docker-image "
+            "(only MCP servers with sandbox.image run without one)"
+        )
 
 
 def _builtins(config: ServeConfig) -> dict[str, Tool]:

@@ -74,11 +74,13 @@ class EffectsDecl:
 class SandboxDecl:
     """Where a declared command or server runs. `backend` "default": the policy's
     sandbox rule for the tool decides (the daemon's --sandbox when none matches).
-    `limits`: Confinement field -> value; the policy's rule may lower them."""
+    `limits`: Confinement field -> value; the policy's rule may lower them. `image`: a
+    server's docker image ("": the daemon's --docker-image); only with `backend: docker`."""
 
     backend: str = "default"
     limits: tuple[tuple[str, int], ...] = ()
     timeout: float | None = None
+    image: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -24,7 +24,13 @@ from .decl import ToolFile
 from .toolfile import bundle, load_tools, parse_bundle, read_sources
 from .toolset import ToolProvider, ToolSet
 
-__all__ = ["Contribute", "backends_wanted", "load_toolset", "tools_watcher"]
+__all__ = [
+    "Contribute",
+    "backends_wanted",
+    "default_image_needed",
+    "load_toolset",
+    "tools_watcher",
+]
 
 # The file as loaded -> the providers that add tools to the set (MCP servers).
 # Synchronous, called while the file is parsed: the MCP servers list their tools once,
@@ -53,6 +59,15 @@ def backends_wanted(file: ToolFile) -> set[str]:
     """The sandbox backends the file's tools and servers name (built at start)."""
     decls = [c.sandbox for c in file.commands] + [s.sandbox for s in file.servers]
     return {d.backend for d in decls if d.backend != "default"}
+
+
+def default_image_needed(file: ToolFile) -> bool:
+    """Does something of the file run in docker without naming its image (a command
+    tool, or a server without `sandbox.image`)? Then --docker-image must be given."""
+    commands = any(c.sandbox.backend == "docker" for c in file.commands)
+    return commands or any(
+        s.sandbox.backend == "docker" and not s.sandbox.image for s in file.servers
+    )
 
 
 def tools_watcher(

@@ -46,10 +46,14 @@ ENV_KEYS = {"set", "passthrough", "secrets"}
 EFFECT_KINDS = ("reads", "writes", "read_tables", "write_tables", "net")
 EFFECT_KEYS = set(EFFECT_KINDS)
 SANDBOX_KEYS = {"backend", "limits"}
+# A server's sandbox may also name its docker image.
+SERVER_SANDBOX_KEYS = SANDBOX_KEYS | {"image"}
 OVERRIDE_KEYS = {"effects", "read_only", "destructive", "idempotent", "hidden"}
 COMMAND_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 HOST = re.compile(r"^[A-Za-z0-9{}_.-]+$")
+# A docker image reference as dockerd takes it: [registry[:port]/]path[:tag][@digest].
+IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$")
 TIMEOUT = ranges.TIMEOUT
 MESSAGE_KB = ranges.MCP_MESSAGE_KB
 
@@ -123,7 +127,7 @@ def server(doc: YamlDoc, node: yaml.Node, where: str) -> ServerDecl:
         cwd=doc.string(keys["cwd"], f"{where}.cwd") if "cwd" in keys else ".",
         env=_env(doc, keys.get("env"), f"{where}.env"),
         trusted=_flag(doc, keys.get("trusted"), f"{where}.trusted"),
-        sandbox=_sandbox(doc, keys, where),
+        sandbox=_sandbox(doc, keys, where, server=True),
         prestart=_flag(doc, keys.get("prestart"), f"{where}.prestart"),
         pool=_choice(doc, keys.get("pool"), f"{where}.pool", Pool, Pool.DAEMON),
         startup_timeout=startup,
@@ -313,17 +317,20 @@ def _effect(doc: YamlDoc, node: yaml.Node, where: str, key: str, props: dict[str
     return text
 
 
-def _sandbox(doc: YamlDoc, keys: dict[str, yaml.Node], where: str) -> SandboxDecl:
+def _sandbox(
+    doc: YamlDoc, keys: dict[str, yaml.Node], where: str, *, server: bool = False
+) -> SandboxDecl:
     timeout = (
         _seconds(doc, keys["timeout_s"], f"{where}.timeout_s") if "timeout_s" in keys else None
     )
     if "sandbox" not in keys:
         return SandboxDecl(timeout=timeout)
     here = f"{where}.sandbox"
-    box = doc.mapping(keys["sandbox"], here, SANDBOX_KEYS)
+    box = doc.mapping(keys["sandbox"], here, SERVER_SANDBOX_KEYS if server else SANDBOX_KEYS)
     backend = doc.value(box["backend"]) if "backend" in box else "default"
     if backend not in BACKENDS:
         raise doc.error(box["backend"], f"{here}.backend: must be one of {', '.join(BACKENDS)}")
+    image = _image(doc, box.get("image"), here, backend)
     limits = (
         doc.mapping(box["limits"], f"{here}.limits", set(CONFINEMENT_KEYS))
         if "limits" in box
@@ -338,7 +345,20 @@ def _sandbox(doc: YamlDoc, keys: dict[str, yaml.Node], where: str) -> SandboxDec
         except ranges.SettingError as exc:
             raise doc.error(value_node, str(exc)) from None
         parsed.append((field, int(value) * unit))
-    return SandboxDecl(backend=backend, limits=tuple(parsed), timeout=timeout)
+    return SandboxDecl(backend=backend, limits=tuple(parsed), timeout=timeout, image=image)
+
+
+def _image(doc: YamlDoc, node: yaml.Node | None, where: str, backend: str) -> str:
+    """A server's docker image: a reference dockerd could name, and only for docker (a
+    server's command is then a path in the image, meaningless to another backend)."""
+    if node is None:
+        return ""
+    text = doc.string(node, f"{where}.image")
+    if not IMAGE.match(text):
+        raise doc.error(node, f"{where}.image: {text!r} is not a docker image reference")
+    if backend != "docker":
+        raise doc.error(node, f"{where}.image: only with backend: docker, not {backend}")
+    return text
 
 
 def _overrides(

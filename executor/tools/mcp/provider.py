@@ -16,6 +16,8 @@ and agent, over the server's `sandbox:` (as for a declared command:
 without) get different processes; discovery's process is agent `local`'s for
 `NAME.*`. After an identities reload (an agent's groups may pick another rule)
 `reconfine` closes the processes no caller of theirs would be given now.
+The tools file may not choose `process` where the daemon's sandbox is stronger;
+`sandbox.image` is the server's docker image (it then runs in docker or not at all).
 `run_ended` closes a run's processes (`pool: run`); `close` kills every
 server's whole tree.
 """
@@ -121,6 +123,7 @@ class McpProvider:
                 confinement=placement.confinement,
                 output_cap=self._output_cap,
                 serve=True,
+                image=decl.sandbox.image,
             )
 
         return launch
@@ -128,13 +131,20 @@ class McpProvider:
     def _placer(self, decl: ServerDecl) -> Placer:
         """Where the policy in force puts an agent's calls of a tool of `decl`: the
         pipeline's own choice for a call (`Sandboxes.for_call` with the server's
-        `sandbox:` as the declaration); SandboxError if it refuses."""
-        declared = (decl.sandbox.backend, decl.sandbox.limits)
+        `sandbox:` as the declaration); SandboxError if it refuses. A server that names
+        an image runs in docker or not at all (its command is a path in that image)."""
+        box = decl.sandbox
+        declared = (box.backend, box.limits)
 
         def place(tool: str, agent: str) -> Placement:
             sandbox, conf = self._sandboxes.for_call(
                 tool, agent, self._memberships(agent), declared
             )
+            if box.image and sandbox.name != "docker":
+                raise SandboxError(
+                    f"the server names image {box.image}, but runs under {sandbox.name} "
+                    "(the policy's sandbox rule for it chose that backend)"
+                )
             return Placement(sandbox, conf)
 
         return place

@@ -48,6 +48,7 @@ servers:
     trusted: true
     timeout_s: 30
     max_message_kb: 64
+    sandbox: {backend: docker, image: "registry.local:5000/mcp/fs:1.2@sha256:0f"}
     tools:
       write_file: {effects: {writes: ["{path}"]}, destructive: true}
 """
@@ -82,12 +83,15 @@ def test_a_full_file_builds_every_value() -> None:
     assert server.trusted
     assert server.sandbox.timeout == 30.0
     assert server.max_message_bytes == 64 << 10
+    assert server.sandbox.backend == "docker"
+    assert server.sandbox.image == "registry.local:5000/mcp/fs:1.2@sha256:0f"
+    assert tool.sandbox.image == ""
     [(name, override)] = server.tools
     assert name == "write_file"
     assert override.destructive is True
     assert override.effects is not None
     assert override.effects.writes == ("{path}",)
-    assert (override.at.source, override.at.line) == ("t.yaml", 34)  # named at discovery
+    assert (override.at.source, override.at.line) == ("t.yaml", 35)  # named at discovery
     assert len(file.revision) == 64
 
 
@@ -167,6 +171,23 @@ def tool(**over: str) -> str:
             "version: 1\nservers: [{name: s, command: x, tools: {t: {hid: 1}}}]\n",
             "unknown key 'hid'",
         ),
+        (
+            "version: 1\nservers: [{name: s, command: x, sandbox: {image: 'a b'}}]\n",
+            "t.yaml:2:50: servers[0].sandbox.image: 'a b' is not a docker image reference",
+        ),
+        (
+            "version: 1\nservers: [{name: s, command: x, sandbox: {image: busybox}}]\n",
+            "t.yaml:2:50: servers[0].sandbox.image: only with backend: docker, not default",
+        ),
+        (
+            "version: 1\nservers: [{name: s, command: x, sandbox: {backend: bwrap, image: b}}]\n",
+            "servers[0].sandbox.image: only with backend: docker, not bwrap",
+        ),
+        (
+            "version: 1\nservers: [{name: s, command: x, sandbox: {image: ''}}]\n",
+            "servers[0].sandbox.image: must be a non-empty string",
+        ),
+        (tool(sandbox="{backend: docker, image: b}"), "tools[0].sandbox: unknown key 'image'"),
     ],
 )
 def test_each_error_names_its_place_and_field(entry: str, expected: str) -> None:

@@ -33,6 +33,7 @@ def test_the_schema_is_valid_and_names_the_loaders_keys() -> None:
     assert keys(command["properties"]["env"]) == toolparts.ENV_KEYS
     assert keys(command["properties"]["effects"]) == toolparts.EFFECT_KEYS
     assert keys(command["properties"]["sandbox"]) == toolparts.SANDBOX_KEYS
+    assert keys(server["properties"]["sandbox"]) == toolparts.SERVER_SANDBOX_KEYS
     assert keys(command["properties"]["sandbox"]["properties"]["limits"]) == set(CONFINEMENT_KEYS)
     override = server["properties"]["tools"]["additionalProperties"]
     assert keys(override) == toolparts.OVERRIDE_KEYS
@@ -54,6 +55,10 @@ def test_the_shipped_examples_are_valid_under_both() -> None:
         "version: 1\ntools: [{name: t, description: d, input_schema: {type: object}, argv: [x],"
         " output: xml}]\n",
         "version: 1\nservers: [{name: s, command: c, pool: thread}]\n",
+        "version: 1\nservers: [{name: s, command: c, sandbox: {image: busybox}}]\n",
+        "version: 1\nservers: [{name: s, command: c, sandbox: {image: 'a b', backend: docker}}]\n",
+        "version: 1\ntools: [{name: t, description: d, input_schema: {type: object}, argv: [x],"
+        " sandbox: {backend: docker, image: busybox}}]\n",
     ],
 )
 def test_a_wrong_file_is_refused_by_both(text: str) -> None:
@@ -61,3 +66,13 @@ def test_a_wrong_file_is_refused_by_both(text: str) -> None:
         jsonschema.validate(yaml.safe_load(text), SCHEMA)
     with pytest.raises(ToolFileError):
         parse_sources([("t.yaml", text)])
+
+
+def test_a_servers_image_is_valid_under_both() -> None:
+    text = (
+        "version: 1\nservers: [{name: s, command: /srv/s, sandbox: "
+        "{backend: docker, image: 'registry.local:5000/mcp/s:1', limits: {memory_mb: 64}}}]\n"
+    )
+    jsonschema.validate(yaml.safe_load(text), SCHEMA)
+    [server] = parse_sources([("t.yaml", text)]).servers
+    assert server.sandbox.image == "registry.local:5000/mcp/s:1"
