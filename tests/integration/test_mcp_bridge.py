@@ -1,0 +1,468 @@
+"""`execgate mcp` driven by the official `mcp` Python SDK's client, which launches it over
+stdio (as any MCP client does) against a real daemon: tools and their annotations,
+outcomes as results, a policy deny, an approval wait told as progress, a cancel from the
+client stopping the call through the ladder, idempotent replays, UNKNOWN_OUTCOME. Then
+the same bridge over streamable HTTP, and its refusals."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from execgate.client import AsyncClient, CallRecord, Status, StopMode
+from tests import bridge_support as bs
+from tests import mcp_support as ms
+from tests.daemon import Daemon, scaled
+
+pytestmark = pytest.mark.timeout(240)
+
+KEY = "execgate/idempotencyKey"
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    tag = ms.new_tag()
+    d = bs.bridge_daemon(tmp_path_factory.mktemp("bridge"), tag).start(timeout=60)
+    yield d
+    d.stop()
+    ms.wait_for(lambda: ms.tagged(tag) == [], 10, "every MCP server gone with the daemon")
+
+
+@contextlib.asynccontextmanager
+async def bridged(daemon: Daemon, *args: str, **env: str) -> AsyncIterator[ClientSession]:
+    """`execgate mcp ARGS`, launched by the SDK's stdio client, initialized."""
+    params = StdioServerParameters(
+        command=bs.EXECGATE, args=["mcp", *args], env=bs.bridge_env(daemon, **env)
+    )
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+def text(result: types.CallToolResult) -> str:
+    return "\n".join(c.text for c in result.content if isinstance(c, types.TextContent))
+
+
+async def until(check: Callable[[], Awaitable[Any]], seconds: float, what: str) -> Any:
+    """Poll the async `check` until it returns something truthy (returned)."""
+    deadline = anyio.current_time() + scaled(seconds)
+    while not (found := await check()):
+        if anyio.current_time() > deadline:
+            raise AssertionError(f"not within {scaled(seconds):.1f}s: {what}")
+        await anyio.sleep(0.05)
+    return found
+
+
+async def running(eg: AsyncClient, run_id: str, tool: str) -> CallRecord | None:
+    calls = await eg.list_calls(run_id=run_id, tool=tool)
+    return next((c for c in calls if c.running), None)
+
+
+def test_tools_list_carries_schemas_and_effects(daemon: Daemon) -> None:
+    async def body() -> dict[str, types.Tool]:
+        async with bridged(daemon) as s:
+            return {t.name: t for t in (await s.list_tools()).tools}
+
+    tools = anyio.run(body)
+    # Built-ins, the declared command tool, both servers' tools: the daemon's whole list.
+    assert {"read_file", "run_command", "echo_hi", "faulty.echo", "everything.echo"} <= set(tools)
+    read = tools["read_file"]
+    assert read.input_schema["type"] == "object"
+    assert "path" in read.input_schema["properties"]
+    assert read.annotations is not None
+    assert read.annotations.read_only_hint is True
+    # Hints that mean nothing for a reader are not made up.
+    assert (read.annotations.destructive_hint, read.annotations.idempotent_hint) == (None, None)
+    write = tools["write_file"].annotations
+    assert write is not None
+    assert (write.read_only_hint, write.destructive_hint, write.idempotent_hint) == (
+        False,
+        True,
+        True,
+    )
+    command = tools["run_command"].annotations
+    assert command is not None
+    assert (command.read_only_hint, command.idempotent_hint) == (False, False)
+    # A declared command whose effects only read is a reader.
+    declared = tools["echo_hi"].annotations
+    assert declared is not None
+    assert declared.read_only_hint is True
+    assert tools["echo_hi"].meta == {
+        "execgate/provider": "command",
+        "execgate/annotationsTrusted": True,
+    }
+    # The untrusted server says its echo is read-only; the daemon does not believe it.
+    untrusted = tools["faulty.echo"]
+    assert untrusted.annotations == types.ToolAnnotations(read_only_hint=False)
+    assert untrusted.meta is not None
+    assert untrusted.meta["execgate/annotationsTrusted"] is False
+    # A trusted server's reader stays one.
+    trusted = tools["everything.echo"].annotations
+    assert trusted is not None
+    assert trusted.read_only_hint is True
+
+
+def test_success_is_content_and_structured_status(daemon: Daemon) -> None:
+    async def body() -> types.CallToolResult:
+        async with bridged(daemon) as s:
+            return await s.call_tool("read_file", {"path": "hello.txt"})
+
+    result = anyio.run(body)
+    assert result.is_error is False
+    assert text(result) == "hello from the workspace\n"
+    structured = result.structured_content
+    assert structured["status"] == "SUCCESS"
+    assert structured["evidence"]["bytes_read"] == len("hello from the workspace\n")
+    assert structured["evidence"]["path"].endswith("/workspace/hello.txt")
+    assert re.fullmatch(r"mcp-[0-9a-f]{12}-\d+", structured["call_id"])
+    assert structured["run_id"] == "mcp-" + structured["call_id"].split("-")[1]
+
+
+def test_the_call_is_the_bridges_identitys(daemon: Daemon) -> None:
+    """No token configured: the local `agent` token beside the socket; the journal says so."""
+
+    async def body() -> CallRecord:
+        async with bridged(daemon, "--run-id", "who") as s:
+            result = await s.call_tool("noop", {"echo": "me"})
+        async with AsyncClient(daemon.address, token=bs.token(daemon, "operator")) as op:
+            return await op.get_call(result.structured_content["call_id"], run_id="who")
+
+    record = anyio.run(body)
+    assert record.agent == "agent"
+    assert record.outcome is not None
+    assert record.outcome.text == "me"
+
+
+def test_failure_is_an_error_result_with_its_class(daemon: Daemon) -> None:
+    async def body() -> types.CallToolResult:
+        async with bridged(daemon) as s:
+            return await s.call_tool("run_command", {"argv": ["sh", "-c", "echo out; exit 3"]})
+
+    result = anyio.run(body)
+    assert result.is_error is True
+    first, second = (c.text for c in result.content if isinstance(c, types.TextContent))
+    assert first.startswith("execgate: FAILURE (nonzero_exit): exited with status 3"), first
+    assert second == "out\n"
+    assert result.structured_content["evidence"]["exit_code"] == 3
+
+
+def test_a_policy_deny_names_the_rule(daemon: Daemon) -> None:
+    async def body() -> types.CallToolResult:
+        async with bridged(daemon) as s:
+            return await s.call_tool("read_file", {"path": "secret.txt"})
+
+    result = anyio.run(body)
+    assert result.is_error is True
+    said = text(result)
+    assert said.startswith("execgate: REJECTED (policy_denied): denied by policy (no-secrets)")
+    assert "the secret stays where it is" in said
+    assert "do not read" not in said
+    assert result.structured_content["status"] == "REJECTED"
+
+
+def test_an_approval_wait_is_progress_then_the_operator_says_yes(daemon: Daemon) -> None:
+    said: list[tuple[float, str]] = []
+    decided: list[str] = []
+
+    async def progress(value: float, total: float | None, message: str | None) -> None:
+        said.append((value, message or ""))
+        if m := re.search(r"waiting for approval (\S+) by an operator", message or ""):
+            async with AsyncClient(daemon.address, token=bs.token(daemon, "operator")) as op:
+                decided.append((await op.approve(m.group(1), "fine")).decided_by)
+
+    async def body() -> types.CallToolResult:
+        async with bridged(daemon) as s:
+            return await s.call_tool(
+                "run_command", {"argv": ["touch", "approved.txt"]}, progress_callback=progress
+            )
+
+    result = anyio.run(body)
+    assert result.is_error is False, text(result)
+    assert decided == ["operator"]
+    assert (daemon.workspace / "approved.txt").exists()
+    first = said[0][1]
+    assert "(rule ask-before-touch: a human says yes first; approvers: approver;" in first
+    assert "execgate approvals approve appr_" in first
+    assert said[-1][1] == "running"
+    # MCP: each notification's progress is larger than the last.
+    values = [v for v, _ in said]
+    assert values == sorted(set(values)), said
+
+
+def test_progress_of_an_mcp_tool_reaches_the_client(daemon: Daemon) -> None:
+    said: list[str] = []
+
+    async def progress(value: float, total: float | None, message: str | None) -> None:
+        said.append(message or "")
+
+    async def body() -> types.CallToolResult:
+        async with bridged(daemon) as s:
+            return await s.call_tool(
+                "everything.trigger-long-running-operation",
+                {"duration": 1.5, "steps": 5},
+                progress_callback=progress,
+            )
+
+    result = anyio.run(body)
+    assert result.is_error is False, text(result)
+    tool_said = [m for m in said if m.startswith("running: ")]
+    assert len(tool_said) >= 2, said
+    assert all(re.match(r"running: \d+/5\b", m) for m in tool_said), said
+
+
+def test_a_client_cancel_stops_the_call_and_a_retry_replays_it(daemon: Daemon) -> None:
+    """The client gives up on a running command: the bridge Cancels it (dropping the
+    stream would not stop it), the ladder ends it, and its UNKNOWN_OUTCOME is what a
+    retry with the same key gets, without a second run."""
+    run_id = "bridge-cancel"
+    argv = ["sh", "-c", "echo ran >> cancelled.txt; sleep 60"]
+    meta = {KEY: "cancel-me-1"}
+
+    async def body() -> tuple[CallRecord, types.CallToolResult]:
+        async with AsyncClient(daemon.address, token=bs.token(daemon, "operator")) as eg:
+            async with bridged(daemon, "--run-id", run_id) as s:
+                with anyio.CancelScope() as scope:
+
+                    async def stop_when_running() -> None:
+                        await until(lambda: running(eg, run_id, "run_command"), 30, "running")
+                        scope.cancel()
+
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(stop_when_running)
+                        await s.call_tool("run_command", {"argv": argv}, meta=meta)
+                assert scope.cancelled_caught
+
+                async def ended() -> CallRecord | None:
+                    [call] = await eg.list_calls(run_id=run_id, tool="run_command")
+                    return call if call.outcome is not None else None
+
+                record = await until(ended, 30, "the cancelled call's outcome")
+            async with bridged(daemon) as again:
+                retry = await again.call_tool("run_command", {"argv": argv}, meta=meta)
+        return record, retry
+
+    record, retry = anyio.run(body)
+    outcome = record.outcome
+    assert outcome is not None
+    assert (outcome.status, outcome.error_class) == (Status.UNKNOWN_OUTCOME, "cancelled")
+    assert outcome.stopped_how is StopMode.COOPERATIVE, outcome
+    asked = outcome.mark("cancel_requested")
+    assert asked is not None
+    assert "cancelled by the MCP client" in asked.detail, outcome.timeline
+    assert outcome.mark("signal_sent") is not None
+    # The retry: the recorded outcome, told to reconcile; the command did not run again.
+    assert retry.is_error is True
+    said = text(retry)
+    assert said.startswith("execgate: UNKNOWN_OUTCOME (cancelled)"), said
+    assert f"the recorded outcome of call {record.call_id}" in said
+    assert "reconcile before retrying" in said
+    assert retry.structured_content["replay_of"] == record.call_id
+    assert (daemon.workspace / "cancelled.txt").read_text() == "ran\n"
+
+
+def test_an_idempotent_retry_from_another_session_runs_once(daemon: Daemon) -> None:
+    argv = ["sh", "-c", "echo once >> once.txt"]
+
+    async def call(meta: dict[str, Any], args: list[str]) -> types.CallToolResult:
+        async with bridged(daemon) as s:
+            return await s.call_tool("run_command", {"argv": args}, meta=meta)
+
+    async def body() -> list[types.CallToolResult]:
+        first = await call({KEY: "once-1"}, argv)
+        second = await call({KEY: "once-1"}, argv)
+        other = await call({KEY: "once-1"}, ["sh", "-c", "echo other >> once.txt"])
+        return [first, second, other]
+
+    first, second, other = anyio.run(body)
+    assert first.is_error is False, text(first)
+    assert second.is_error is False, text(second)
+    assert second.structured_content["replay_of"] == first.structured_content["call_id"]
+    assert (daemon.workspace / "once.txt").read_text() == "once\n"
+    # The same key with other arguments is refused, not run.
+    assert other.is_error is True
+    assert text(other).startswith("execgate: REJECTED (idempotency_conflict)")
+
+
+def test_no_key_means_a_retry_runs_again(daemon: Daemon) -> None:
+    """What is not deduplicated: a retry is a new request (a new id), so without the
+    client's key it is a new call."""
+    argv = ["sh", "-c", "echo again >> twice.txt"]
+
+    async def body() -> None:
+        async with bridged(daemon) as s:
+            for _ in range(2):
+                result = await s.call_tool("run_command", {"argv": argv})
+                assert result.is_error is False, text(result)
+
+    anyio.run(body)
+    assert (daemon.workspace / "twice.txt").read_text() == "again\nagain\n"
+
+
+def test_unknown_outcome_says_to_reconcile(daemon: Daemon) -> None:
+    """`work` may write, and the policy gives it 1 s: interrupted, nobody knows what it did."""
+
+    async def body() -> types.CallToolResult:
+        async with bridged(daemon) as s:
+            return await s.call_tool("work", {"path": "counter.txt", "write": True, "seconds": 30})
+
+    result = anyio.run(body)
+    assert result.is_error is True
+    said = text(result)
+    assert said.startswith("execgate: UNKNOWN_OUTCOME (timeout)"), said
+    assert "reconcile before retrying" in said
+    assert "never repeat it blindly" in said
+    assert result.structured_content["status"] == "UNKNOWN_OUTCOME"
+
+
+def test_a_malformed_key_is_invalid_params_naming_it(daemon: Daemon) -> None:
+    async def body() -> MCPError:
+        async with bridged(daemon) as s:
+            with pytest.raises(MCPError) as caught:
+                await s.call_tool("noop", {}, meta={KEY: 7})
+            return caught.value
+
+    error = anyio.run(body)
+    assert error.code == types.INVALID_PARAMS
+    assert f'_meta["{KEY}"]: must be a non-empty string' in error.message
+
+
+def test_a_bad_token_and_no_daemon_are_errors_not_hangs(daemon: Daemon, tmp_path: Path) -> None:
+    async def tools(**env: str) -> MCPError:
+        async with bridged(daemon, **env) as s:
+            with pytest.raises(MCPError) as caught:
+                await s.list_tools()
+            return caught.value
+
+    stranger = anyio.run(lambda: tools(EXECGATE_TOKEN="not-a-token"))
+    assert "does not know who we are" in stranger.message
+    nobody = anyio.run(lambda: tools(EXECGATE_ADDR=f"unix:{tmp_path}/none.sock"))
+    assert "no execgate daemon answers" in nobody.message
+
+
+def test_the_readme_configuration_launches_the_bridge(daemon: Daemon) -> None:
+    """The README's MCP client snippet, as a client would run it (its env filled in with
+    this daemon's address and agent token)."""
+    config = bs.readme_config()
+    server = config["mcpServers"]["execgate"]
+    assert server["command"] == "execgate"
+    assert set(server["env"]) == {"EXECGATE_ADDR", "EXECGATE_TOKEN"}
+    params = StdioServerParameters(
+        command=bs.EXECGATE,
+        args=server["args"],
+        env={"EXECGATE_ADDR": daemon.address, "EXECGATE_TOKEN": bs.token(daemon, "agent")},
+    )
+
+    async def body() -> types.CallToolResult:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
+            await s.initialize()
+            return await s.call_tool("noop", {"echo": "configured"})
+
+    result = anyio.run(body)
+    assert (result.is_error, text(result)) == (False, "configured")
+
+
+# ---------------------------------------------------------------- streamable HTTP
+
+
+@contextlib.contextmanager
+def http_bridge(daemon: Daemon, *args: str) -> Iterator[str]:
+    """`execgate mcp --http 127.0.0.1:0 ARGS`; yields the URL it prints."""
+    proc = subprocess.Popen(
+        [bs.EXECGATE, "mcp", "--http", "127.0.0.1:0", *args],
+        env={**os.environ, **bs.bridge_env(daemon)},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        m = re.search(r"serving MCP at (http://\S+)", line)
+        assert m, line + proc.stderr.read()
+        yield m.group(1)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=scaled(10))
+
+
+def test_streamable_http_on_loopback(daemon: Daemon) -> None:
+    with http_bridge(daemon) as url:
+
+        async def body() -> tuple[list[str], types.CallToolResult]:
+            async with (
+                streamable_http_client(url) as (read, write),
+                ClientSession(read, write) as s,
+            ):
+                await s.initialize()
+                names = [t.name for t in (await s.list_tools()).tools]
+                return names, await s.call_tool("read_file", {"path": "hello.txt"})
+
+        names, result = anyio.run(body)
+    assert "read_file" in names
+    assert (result.is_error, text(result)) == (False, "hello from the workspace\n")
+    # An HTTP session's run is named by a hash of its session id, never by the id itself.
+    assert re.fullmatch(r"mcp-[0-9a-f]{12}", result.structured_content["run_id"])
+
+
+def test_a_cancel_over_http_reaches_the_call(daemon: Daemon) -> None:
+    """An HTTP session is named alike in every request of it: the cancel (its own POST)
+    finds the call the tools/call started."""
+    run_id = "bridge-http-cancel"
+
+    async def body(url: str) -> CallRecord:
+        async with (
+            AsyncClient(daemon.address, token=bs.token(daemon, "operator")) as eg,
+            streamable_http_client(url) as (read, write),
+            ClientSession(read, write) as s,
+        ):
+            await s.initialize()
+            with anyio.CancelScope() as scope:
+
+                async def stop_when_running() -> None:
+                    await until(lambda: running(eg, run_id, "run_command"), 30, "running")
+                    scope.cancel()
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(stop_when_running)
+                    await s.call_tool("run_command", {"argv": ["sleep", "60"]})
+
+            async def ended() -> CallRecord | None:
+                [call] = await eg.list_calls(run_id=run_id, tool="run_command")
+                return call if call.outcome is not None else None
+
+            # In the session: the cancel is a POST of its own, which a session the
+            # client closes at once may not outlive.
+            return await until(ended, 30, "the cancelled call's outcome")
+
+    with http_bridge(daemon, "--run-id", run_id) as url:
+        record = anyio.run(body, url)
+    assert record.outcome is not None
+    assert record.outcome.error_class == "cancelled"
+    asked = record.outcome.mark("cancel_requested")
+    assert asked is not None
+    assert "cancelled by the MCP client" in asked.detail
+
+
+@pytest.mark.parametrize("where", ["0.0.0.0:0", "192.0.2.1:0", "example.com:0"])
+def test_http_off_loopback_is_refused(where: str) -> None:
+    ran = subprocess.run(
+        [bs.EXECGATE, "mcp", "--http", where],
+        capture_output=True,
+        text=True,
+        timeout=scaled(30),
+    )
+    assert ran.returncode == 1, ran.stderr
+    assert "not a loopback address" in ran.stderr
+    assert "Traceback" not in ran.stderr
