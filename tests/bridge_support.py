@@ -52,8 +52,11 @@ limits:
 # The console script MCP clients are configured with (README, "Use execgate from an MCP
 # client"): the venv's own, as `pip install` puts it on PATH.
 EXECGATE = str(Path(sys.prefix) / "bin" / "execgate")
+# The MCP clients of the npm test deps (tests/fixtures/mcp/npm): the TypeScript SDK, which
+# the relay bridge_client.cjs drives, and the Inspector's command line.
 TS_CLIENT = ms.REPO / "tests" / "fixtures" / "mcp" / "bridge_client.cjs"
-INSPECTOR = ms.NPM / "node_modules" / "@modelcontextprotocol" / "inspector"
+TS_SDK = ms.SCOPE / "sdk" / "package.json"
+INSPECTOR_CLI = ms.NPM / "node_modules" / ".bin" / "mcp-inspector"
 
 
 def tools(tag: str) -> dict[str, Any]:
