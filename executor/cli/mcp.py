@@ -52,6 +52,14 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "(default: the daemon's)",
     )
     p.add_argument(
+        "--heartbeat",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="while a call waits for a lock or an approver, say so again this often "
+        "(progress notifications, to clients that asked for them)",
+    )
+    p.add_argument(
         "--http",
         metavar="HOST:PORT",
         help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio; HOST must be "
@@ -62,6 +70,10 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if not 0 < args.heartbeat < float("inf"):
+        raise SystemExit(f"execgate: --heartbeat {args.heartbeat}: must be a positive number")
+    if args.grace is not None and not 0 <= args.grace < float("inf"):
+        raise SystemExit(f"execgate: --grace {args.grace}: must be a number of seconds >= 0")
     try:
         import anyio
 
@@ -86,6 +98,7 @@ def _serve(args: argparse.Namespace) -> int:
         tls=cli_options.tls(args),
         run_id=args.run_id,
         cancel_grace=args.grace,
+        heartbeat=args.heartbeat,
     )
     if args.http is None:
         anyio.run(serve_stdio, config)

@@ -179,12 +179,14 @@ def test_an_approval_wait_is_progress_then_the_operator_says_yes(daemon: Daemon)
 
     async def progress(value: float, total: float | None, message: str | None) -> None:
         said.append((value, message or ""))
-        if m := re.search(r"waiting for approval (\S+) by an operator", message or ""):
+        # Approved once the wait was said again (the heartbeat), not at once.
+        m = re.match(r"still waiting for approval (\S+) by an operator", message or "")
+        if m and not decided:
             async with AsyncClient(daemon.address, token=bs.token(daemon, "operator")) as op:
                 decided.append((await op.approve(m.group(1), "fine")).decided_by)
 
     async def body() -> types.CallToolResult:
-        async with bridged(daemon) as s:
+        async with bridged(daemon, "--heartbeat", "0.2") as s:
             return await s.call_tool(
                 "run_command", {"argv": ["touch", "approved.txt"]}, progress_callback=progress
             )
@@ -194,8 +196,10 @@ def test_an_approval_wait_is_progress_then_the_operator_says_yes(daemon: Daemon)
     assert decided == ["operator"]
     assert (daemon.workspace / "approved.txt").exists()
     first = said[0][1]
+    assert first.startswith("waiting for approval appr_"), said
     assert "(rule ask-before-touch: a human says yes first; approvers: approver;" in first
     assert "execgate approvals approve appr_" in first
+    assert said[1][1].startswith(f"still {first} ("), said
     assert said[-1][1] == "running"
     # MCP: each notification's progress is larger than the last.
     values = [v for v, _ in said]
