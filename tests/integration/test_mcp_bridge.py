@@ -18,6 +18,7 @@ import anyio
 import mcp_types as types
 import pytest
 from mcp import ClientSession
+from mcp.client.client import Client as McpClient
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -376,6 +377,45 @@ def test_the_readme_configuration_launches_the_bridge(daemon: Daemon) -> None:
 
     result = anyio.run(body)
     assert (result.is_error, text(result)) == (False, "configured")
+
+
+def test_the_2026_protocol_through_the_sdks_high_level_client(daemon: Daemon) -> None:
+    """`mcp.client.Client` probes `server/discover` and speaks 2026-07-28 (no handshake,
+    a `_meta` envelope per request): calls, progress and a cancel work the same."""
+    run_id = "bridge-modern"
+    params = StdioServerParameters(
+        command=bs.EXECGATE, args=["mcp", "--run-id", run_id], env=bs.bridge_env(daemon)
+    )
+
+    async def body() -> tuple[str, types.CallToolResult, CallRecord]:
+        async with (
+            AsyncClient(daemon.address, token=bs.token(daemon, "operator")) as eg,
+            McpClient(params) as client,
+        ):
+            read = await client.call_tool("read_file", {"path": "hello.txt"})
+            with anyio.CancelScope() as scope:
+
+                async def stop_when_running() -> None:
+                    await until(lambda: running(eg, run_id, "run_command"), 30, "running")
+                    scope.cancel()
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(stop_when_running)
+                    await client.call_tool("run_command", {"argv": ["sleep", "60"]})
+
+            async def ended() -> CallRecord | None:
+                [call] = await eg.list_calls(run_id=run_id, tool="run_command")
+                return call if call.outcome is not None else None
+
+            return client.protocol_version, read, await until(ended, 30, "the outcome")
+
+    version, read, cancelled = anyio.run(body)
+    assert version == "2026-07-28"
+    assert (read.is_error, text(read)) == (False, "hello from the workspace\n")
+    assert cancelled.outcome is not None
+    asked = cancelled.outcome.mark("cancel_requested")
+    assert asked is not None
+    assert "cancelled by the MCP client" in asked.detail
 
 
 # ---------------------------------------------------------------- streamable HTTP
