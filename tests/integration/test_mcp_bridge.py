@@ -174,6 +174,18 @@ def test_a_policy_deny_names_the_rule(daemon: Daemon) -> None:
     assert result.structured_content["status"] == "REJECTED"
 
 
+def test_an_unknown_tool_is_a_rejected_result(daemon: Daemon) -> None:
+    """Refused and journaled by the daemon like any call, so a result, not a JSON-RPC error."""
+
+    async def body() -> types.CallToolResult:
+        async with bridged(daemon) as s:
+            return await s.call_tool("no_such_tool", {})
+
+    result = anyio.run(body)
+    assert result.is_error is True
+    assert text(result).startswith("execgate: REJECTED (unknown_tool)"), text(result)
+
+
 def test_an_approval_wait_is_progress_then_the_operator_says_yes(daemon: Daemon) -> None:
     said: list[tuple[float, str]] = []
     decided: list[str] = []
