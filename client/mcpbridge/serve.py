@@ -1,7 +1,8 @@
 """Serving the bridge: over stdio (what MCP clients launch), or streamable HTTP on loopback.
 
-Over stdio, stdout carries the protocol only; everything the bridge says goes to stderr
-(logging's default). The bridge ends when the client closes its stdin.
+Over stdio (stdio.py: the SDK's framing on the event loop's pipes), stdout carries the
+protocol only; everything the bridge says goes to stderr (logging's default). The bridge
+ends when the client closes its stdin.
 
 Over HTTP the listener is loopback only (NotLoopback otherwise): whoever reaches the port
 calls tools with the bridge's identity, so it must not be reachable from elsewhere, and
@@ -16,11 +17,11 @@ import socket
 from collections.abc import Callable
 
 import uvicorn
-from mcp.server.stdio import stdio_server
 from mcp.server.transport_security import TransportSecuritySettings
 
 from .bridge import Bridge, BridgeConfig
 from .errors import NotLoopback
+from .stdio import served_stdio
 
 __all__ = ["loopback", "serve_http", "serve_stdio"]
 
@@ -30,7 +31,7 @@ HTTP_PATH = "/mcp"
 
 async def serve_stdio(config: BridgeConfig) -> None:
     """Serve one MCP connection on this process's stdin/stdout until the client closes it."""
-    async with Bridge(config) as bridge, stdio_server() as (read, write):
+    async with Bridge(config) as bridge, served_stdio() as (read, write):
         await bridge.server.run(read, write, bridge.server.create_initialization_options())
 
 
