@@ -94,6 +94,9 @@ class Origin:
 class Session:
     id: str
     run_id: str
+    # HTTP: a client may post a request again (an answer lost); its call id is its key.
+    # Over a pipe a message arrives once, and a key costs the daemon a journal lookup.
+    redelivers: bool
 
 
 class Bridge:
@@ -152,7 +155,7 @@ class Bridge:
         assert ctx.request_id is not None  # a request, not a notification
         own_id = keys.call_id(session.id, ctx.request_id)
         try:
-            key = keys.idempotency_key(params.meta, own_id)
+            key = keys.idempotency_key(params.meta, own_id if session.redelivers else "")
         except BadMeta as exc:
             raise MCPError(INVALID_PARAMS, str(exc)) from exc
         call = Call(
@@ -171,6 +174,10 @@ class Bridge:
         return results.call_result(outcome, session.run_id)
 
     async def _run(self, call: Call, run_id: str) -> Outcome:
+        """The outcome alone. On Execute's stream, not the (slightly cheaper) unary
+        ExecuteBatch: a unary grpc.aio call cancelled under the SDK's cancel scope (the
+        client's notifications/cancelled) raised a cancellation the scope did not absorb,
+        which ended the whole session (tests/integration/test_mcp_bridge.py, the cancels)."""
         async for event in self._client.stream([call], run_id=run_id, progress=False):
             if event.outcome is not None:
                 return event.outcome
@@ -248,7 +255,7 @@ class Bridge:
             sid = hashlib.sha256(f"{origin.id}:{header}".encode()).hexdigest()[:12]
         else:  # stateless HTTP: each request on its own
             sid = secrets.token_hex(6)
-        return Session(sid, self.config.run_id or f"mcp-{sid}")
+        return Session(sid, self.config.run_id or f"mcp-{sid}", redelivers=ctx.request is not None)
 
 
 def _wants_progress(meta: Mapping[str, Any] | None) -> bool:

@@ -10,10 +10,11 @@ request (a new id), so the request id alone names nothing durable. What each key
   this session or any other of the same identity, with the recorded outcome (or joins the
   call still running) instead of running it again; the same key with other arguments is
   REJECTED (idempotency_conflict).
-- Without one, the key is the call id itself. That deduplicates only the same request
-  delivered twice in one session (an HTTP client re-posting a message whose answer it
-  lost). A retry with a new request id is a new call: only the client's key makes a
-  retry safe.
+- Without one, over streamable HTTP, the key is the call id itself. That deduplicates
+  only the same request delivered twice in one session (an HTTP client re-posting a
+  message whose answer it lost). Over stdio there is none: a pipe delivers a message
+  once, and a key costs the daemon a journal lookup per call. Either way a retry with a
+  new request id is a new call: only the client's key makes a retry safe.
 """
 
 from __future__ import annotations
@@ -47,11 +48,11 @@ def call_id(session: str, request_id: str | int) -> str:
     return f"mcp-{session}-h{digest}"
 
 
-def idempotency_key(meta: Mapping[str, Any] | None, own_call_id: str) -> str:
-    """The client's key from `_meta`, else `own_call_id`. BadMeta: a key that is not a
-    non-empty string of at most MAX_KEY_CHARS characters."""
+def idempotency_key(meta: Mapping[str, Any] | None, otherwise: str) -> str:
+    """The client's key from `_meta`, else `otherwise` ("": none). BadMeta: a key that is
+    not a non-empty string of at most MAX_KEY_CHARS characters."""
     if meta is None or IDEMPOTENCY_META not in meta:
-        return own_call_id
+        return otherwise
     key = meta[IDEMPOTENCY_META]
     if not isinstance(key, str) or not key:
         raise BadMeta(IDEMPOTENCY_META, f"must be a non-empty string, not {key!r:.40}")

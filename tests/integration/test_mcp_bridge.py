@@ -7,6 +7,7 @@ the same bridge over streamable HTTP, and its refusals."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import mcp_types as types
 import pytest
 from mcp import ClientSession
@@ -509,6 +511,51 @@ def test_a_cancel_over_http_reaches_the_call(daemon: Daemon) -> None:
     asked = record.outcome.mark("cancel_requested")
     assert asked is not None
     assert "cancelled by the MCP client" in asked.detail
+
+
+def _posted(reply: httpx2.Response) -> dict[str, Any]:
+    """The JSON-RPC message of a streamable HTTP reply (JSON, or one SSE event)."""
+    if reply.headers["content-type"].startswith("application/json"):
+        return dict(reply.json())
+    [data] = [ln[5:] for ln in reply.text.splitlines() if ln.startswith("data:")]
+    return dict(json.loads(data))
+
+
+def test_a_request_posted_twice_over_http_runs_once(daemon: Daemon) -> None:
+    """An HTTP client that lost an answer posts the same message again (same session,
+    same request id): without any key of its own it gets the call's outcome, replayed,
+    and the command runs once. (Over stdio a message arrives once; no key is derived.)"""
+    call = {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "method": "tools/call",
+        "params": {"name": "run_command", "arguments": {"argv": ["sh", "-c", "echo 1 >> re.txt"]}},
+    }
+    with http_bridge(daemon) as url, httpx2.Client(timeout=scaled(30)) as http:
+        accept = {"accept": "application/json, text/event-stream"}
+        init = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "repost", "version": "1"},
+            },
+        }
+        opened = http.post(url, json=init, headers=accept)
+        headers = {
+            **accept,
+            "mcp-session-id": opened.headers["mcp-session-id"],
+            "mcp-protocol-version": "2025-11-25",
+        }
+        done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        assert http.post(url, json=done, headers=headers).status_code == 202
+        first = _posted(http.post(url, json=call, headers=headers))["result"]
+        again = _posted(http.post(url, json=call, headers=headers))["result"]
+    assert first["isError"] is False, first
+    assert again["structuredContent"]["replay_of"] == first["structuredContent"]["call_id"]
+    assert (daemon.workspace / "re.txt").read_text() == "1\n"
 
 
 @pytest.mark.parametrize("where", ["0.0.0.0:0", "192.0.2.1:0", "example.com:0"])
