@@ -432,6 +432,36 @@ def test_the_2026_protocol_through_the_sdks_high_level_client(daemon: Daemon) ->
     assert "cancelled by the MCP client" in asked.detail
 
 
+def test_stdin_from_a_file_is_served_too(tmp_path: Path) -> None:
+    """A pipe is served on the event loop (every test above); a file (or a terminal) by
+    the SDK's own threaded reader: the same answers."""
+    lines = [
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "file", "version": "1"},
+            },
+        },
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "ping"},
+    ]
+    given = tmp_path / "in.jsonl"
+    given.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with given.open() as stdin:
+        ran = subprocess.run(
+            [bs.EXECGATE, "mcp"], stdin=stdin, capture_output=True, text=True, timeout=scaled(30)
+        )
+    assert ran.returncode == 0, ran.stderr
+    answers = [json.loads(line) for line in ran.stdout.splitlines()]
+    assert [a["id"] for a in answers] == [1, 2]
+    assert answers[0]["result"]["serverInfo"]["name"] == "execgate"
+    assert answers[1]["result"] == {}
+
+
 # ---------------------------------------------------------------- streamable HTTP
 
 
