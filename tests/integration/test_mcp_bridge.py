@@ -10,6 +10,8 @@ import contextlib
 import json
 import os
 import re
+import secrets
+import sqlite3
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -147,6 +149,29 @@ def test_the_call_is_the_bridges_identitys(daemon: Daemon) -> None:
     assert record.agent == "agent"
     assert record.outcome is not None
     assert record.outcome.text == "me"
+
+
+def test_the_clients_trace_context_reaches_the_daemons_spans(daemon: Daemon) -> None:
+    """A client's `_meta.traceparent` (MCP's trace context) is the parent of the call's
+    spans in the daemon's journal: the bridge adds no trace of its own, and no gap."""
+    trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
+    meta = {"traceparent": f"00-{trace_id}-{parent}-01"}
+
+    async def body() -> str:
+        async with bridged(daemon, "--run-id", "traced") as s:
+            result = await s.call_tool("noop", {"echo": "t"}, meta=meta)
+        return str(result.structured_content["call_id"])
+
+    call_id = anyio.run(body)
+    uri = f"file:{daemon.state_dir / 'journal.db'}?mode=ro"
+
+    def spans() -> list[tuple[str, str]]:
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+            rows = conn.execute("SELECT trace_id, parent_id FROM spans WHERE call_id=?", (call_id,))
+            return [(str(t), str(p)) for t, p in rows]
+
+    ms.wait_for(lambda: bool(spans()), 30, "the call's spans in the journal")
+    assert {t for t, _ in spans()} == {trace_id}
 
 
 def test_failure_is_an_error_result_with_its_class(daemon: Daemon) -> None:
