@@ -18,13 +18,14 @@ calling one at a time:
 
 Reported: p50/p99 of each (median round), the bridge's added ms over `execute` (p50 and
 p99; goal <= 1.5 ms at p50) and the ratio, what is left once the bare MCP round trip is
-taken off, and the CPU per call of the bridge's process and of the daemon. Beside each
+taken off, and the CPU per call of each process (this one is the client). Beside each
 figure: "others N cores", the CPU the rest of the machine used meanwhile. Results, with
 every round, go to bench/results/mcp_bridge.json (git-ignored). The exit status reflects
 breakage only (a call that did not succeed, a daemon that died), never a time.
 
-    python bench/mcp_bridge.py            # full run
-    python bench/mcp_bridge.py --quick    # smoke run
+    python bench/mcp_bridge.py                        # full run: 5 rounds x 200 calls
+    python bench/mcp_bridge.py --quick                # smoke run
+    python bench/mcp_bridge.py --rounds 9 --calls 300
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from mcp import ClientSession, StdioServerParameters, stdio_client  # noqa: E402
 from mcp.server.lowlevel import Server  # noqa: E402
 
 from bench.dispatch import environment  # noqa: E402
-from bench.tools import BenchError, _tree_cpu, median_round, rounds_of  # noqa: E402
+from bench.tools import BenchError, median_round, rounds_of  # noqa: E402
 from execgate.client import AsyncClient, Call, Status  # noqa: E402
 from execgate.client.mcpbridge.stdio import served_stdio  # noqa: E402
 from tests.daemon import Daemon  # noqa: E402
@@ -124,12 +125,18 @@ def execute(client: AsyncClient, keyed: bool) -> Fn:
     return call
 
 
+def _cpu(pid: int) -> float:
+    """CPU seconds of the process alone (not its children: this one's are the others)."""
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
 async def cpu_per_call(fn: Fn, pids: dict[str, int], calls: int) -> dict[str, float]:
     """CPU ms per call of each process in `pids` while `fn` runs `calls` times."""
-    before = {name: _tree_cpu([pid]) for name, pid in pids.items()}
+    before = {name: _cpu(pid) for name, pid in pids.items()}
     for _ in range(calls):
         await fn()
-    return {name: (_tree_cpu([pid]) - before[name]) * 1000 / calls for name, pid in pids.items()}
+    return {name: (_cpu(pid) - before[name]) * 1000 / calls for name, pid in pids.items()}
 
 
 async def measure(daemon: Daemon, rounds: int, per_round: int) -> dict[str, Any]:
@@ -150,10 +157,15 @@ async def measure(daemon: Daemon, rounds: int, per_round: int) -> dict[str, Any]
         }
         pids = [os.getpid(), daemon.proc.pid, bridge_pid, echo_pid]
         rows = await rounds_of(cases, rounds, per_round, pids)
-        where = {"daemon": daemon.proc.pid, "bridge": bridge_pid}
+        where = {
+            "client": os.getpid(),
+            "daemon": daemon.proc.pid,
+            "bridge": bridge_pid,
+            "sdk_server": echo_pid,
+        }
         cpu = {
-            "execute": await cpu_per_call(cases["execute"], where, per_round),
-            "bridge": await cpu_per_call(cases["bridge"], where, per_round),
+            case: await cpu_per_call(cases[case], where, per_round)
+            for case in ("execute", "bridge", "sdk_echo")
         }
     return {"rounds": rows, "cpu_ms_per_call": cpu, **summary(rows)}
 
@@ -194,12 +206,13 @@ def print_report(res: dict[str, Any]) -> None:
         f"  of which the bare MCP round trip {res['sdk_echo']['p50']:.2f} ms; the rest "
         f"{res['bridge_own_p50_ms']:+.2f} ms (the key: {res['key']['added_ms']:+.2f} ms)"
     )
+    print("  CPU ms per call (this process is the client):")
     for case, cpu in res["cpu_ms_per_call"].items():
-        print(f"  CPU per call, {case:<8} " + "  ".join(f"{k} {v:.2f} ms" for k, v in cpu.items()))
+        print(f"    {case:<9} " + "  ".join(f"{k} {v:.2f}" for k, v in cpu.items()))
 
 
 async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    rounds, per_round = (2, 10) if args.quick else (5, 200)
+    rounds, per_round = (2, 10) if args.quick else (args.rounds, args.calls)
     daemon = Daemon(tmp / "daemon")
     await asyncio.to_thread(daemon.start)
     try:
@@ -212,6 +225,8 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run, seconds")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
+    parser.add_argument("--calls", type=int, default=200, help="calls per case and round")
     parser.add_argument("--echo-server", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.echo_server:
