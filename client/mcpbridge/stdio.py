@@ -122,6 +122,9 @@ def _diverted() -> Iterator[tuple[int, int]]:
         for fd, copy in enumerate(saved):
             os.dup2(copy, fd)
             os.close(copy)
+            # The loop's transports made the pipe non-blocking; its other holders expect
+            # it as it was.
+            os.set_blocking(fd, True)
 
 
 def _dup(fd: int) -> int:
