@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
+import mcp_types as types
 import yaml
 
+from execgate.client import AsyncClient, CallRecord
 from tests import mcp_support as ms
-from tests.daemon import Daemon, reachable_workspace
+from tests.daemon import Daemon, reachable_workspace, scaled
 from tests.support import sandbox_serve_args
 
 POLICY = """\
@@ -111,6 +116,18 @@ def bridge_daemon(root: Path, tag: str) -> Daemon:
     return daemon
 
 
+@contextmanager
+def served(root: Path) -> Iterator[Daemon]:
+    """`bridge_daemon`, started; stopped after, with no MCP server process left."""
+    tag = ms.new_tag()
+    daemon = bridge_daemon(root, tag).start(timeout=60)
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+    ms.wait_for(lambda: ms.tagged(tag) == [], 10, "every MCP server gone with the daemon")
+
+
 def token(daemon: Daemon, name: str) -> str:
     """A local identity's token (`agent`, `operator`) from beside the daemon's socket."""
     return (daemon.state_dir / "tokens" / f"{name}.token").read_text().strip()
@@ -126,3 +143,31 @@ def readme_config() -> dict[str, Any]:
     text = (ms.REPO / "README.md").read_text()
     block = text.split("<!-- mcp-client-config -->", 1)[1].split("<!-- /mcp-client-config", 1)[0]
     return dict(json.loads(block.split("```json\n", 1)[1].split("```", 1)[0]))
+
+
+def text(result: types.CallToolResult) -> str:
+    """The text blocks of a tool result, joined."""
+    return "\n".join(c.text for c in result.content if isinstance(c, types.TextContent))
+
+
+async def until(check: Callable[[], Awaitable[Any]], seconds: float, what: str) -> Any:
+    """Poll the async `check` (seconds scaled for load) until it returns something truthy,
+    which is returned."""
+    deadline = anyio.current_time() + scaled(seconds)
+    while not (found := await check()):
+        if anyio.current_time() > deadline:
+            raise AssertionError(f"not within {scaled(seconds):.1f}s: {what}")
+        await anyio.sleep(0.05)
+    return found
+
+
+async def running(eg: AsyncClient, run_id: str, tool: str) -> CallRecord | None:
+    """The call of `tool` in `run_id` the journal has running, if any."""
+    calls = await eg.list_calls(run_id=run_id, tool=tool)
+    return next((c for c in calls if c.running), None)
+
+
+async def ended(eg: AsyncClient, run_id: str, tool: str) -> CallRecord | None:
+    """The one call of `tool` in `run_id`, once it has its outcome."""
+    [call] = await eg.list_calls(run_id=run_id, tool=tool)
+    return call if call.outcome is not None else None

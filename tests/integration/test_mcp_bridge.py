@@ -1,30 +1,27 @@
 """`execgate mcp` driven by the official `mcp` Python SDK's client, which launches it over
 stdio (as any MCP client does) against a real daemon: tools and their annotations,
 outcomes as results, a policy deny, an approval wait told as progress, a cancel from the
-client stopping the call through the ladder, idempotent replays, UNKNOWN_OUTCOME. Then
-the same bridge over streamable HTTP, and its refusals."""
+client stopping the call through the ladder, idempotent replays, UNKNOWN_OUTCOME, the
+2026-07-28 protocol. (Over streamable HTTP: test_mcp_bridge_http.py.)"""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import secrets
 import sqlite3
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx2
 import mcp_types as types
 import pytest
 from mcp import ClientSession
 from mcp.client.client import Client as McpClient
 from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from execgate.client import AsyncClient, CallRecord, Status, StopMode
@@ -39,11 +36,8 @@ KEY = "execgate/idempotencyKey"
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    tag = ms.new_tag()
-    d = bs.bridge_daemon(tmp_path_factory.mktemp("bridge"), tag).start(timeout=60)
-    yield d
-    d.stop()
-    ms.wait_for(lambda: ms.tagged(tag) == [], 10, "every MCP server gone with the daemon")
+    with bs.served(tmp_path_factory.mktemp("bridge")) as d:
+        yield d
 
 
 @contextlib.asynccontextmanager
@@ -55,25 +49,6 @@ async def bridged(daemon: Daemon, *args: str, **env: str) -> AsyncIterator[Clien
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         yield session
-
-
-def text(result: types.CallToolResult) -> str:
-    return "\n".join(c.text for c in result.content if isinstance(c, types.TextContent))
-
-
-async def until(check: Callable[[], Awaitable[Any]], seconds: float, what: str) -> Any:
-    """Poll the async `check` until it returns something truthy (returned)."""
-    deadline = anyio.current_time() + scaled(seconds)
-    while not (found := await check()):
-        if anyio.current_time() > deadline:
-            raise AssertionError(f"not within {scaled(seconds):.1f}s: {what}")
-        await anyio.sleep(0.05)
-    return found
-
-
-async def running(eg: AsyncClient, run_id: str, tool: str) -> CallRecord | None:
-    calls = await eg.list_calls(run_id=run_id, tool=tool)
-    return next((c for c in calls if c.running), None)
 
 
 def test_tools_list_carries_schemas_and_effects(daemon: Daemon) -> None:
@@ -127,7 +102,7 @@ def test_success_is_content_and_structured_status(daemon: Daemon) -> None:
 
     result = anyio.run(body)
     assert result.is_error is False
-    assert text(result) == "hello from the workspace\n"
+    assert bs.text(result) == "hello from the workspace\n"
     structured = result.structured_content
     assert structured["status"] == "SUCCESS"
     assert structured["evidence"]["bytes_read"] == len("hello from the workspace\n")
@@ -194,7 +169,7 @@ def test_a_policy_deny_names_the_rule(daemon: Daemon) -> None:
 
     result = anyio.run(body)
     assert result.is_error is True
-    said = text(result)
+    said = bs.text(result)
     assert said.startswith("execgate: REJECTED (policy_denied): denied by policy (no-secrets)")
     assert "the secret stays where it is" in said
     assert "do not read" not in said
@@ -210,7 +185,7 @@ def test_an_unknown_tool_is_a_rejected_result(daemon: Daemon) -> None:
 
     result = anyio.run(body)
     assert result.is_error is True
-    assert text(result).startswith("execgate: REJECTED (unknown_tool)"), text(result)
+    assert bs.text(result).startswith("execgate: REJECTED (unknown_tool)"), bs.text(result)
 
 
 def test_an_approval_wait_is_progress_then_the_operator_says_yes(daemon: Daemon) -> None:
@@ -232,7 +207,7 @@ def test_an_approval_wait_is_progress_then_the_operator_says_yes(daemon: Daemon)
             )
 
     result = anyio.run(body)
-    assert result.is_error is False, text(result)
+    assert result.is_error is False, bs.text(result)
     assert decided == ["operator"]
     assert (daemon.workspace / "approved.txt").exists()
     first = said[0][1]
@@ -261,7 +236,7 @@ def test_progress_of_an_mcp_tool_reaches_the_client(daemon: Daemon) -> None:
             )
 
     result = anyio.run(body)
-    assert result.is_error is False, text(result)
+    assert result.is_error is False, bs.text(result)
     tool_said = [m for m in said if m.startswith("running: ")]
     assert len(tool_said) >= 2, said
     assert all(re.match(r"running: \d+/5\b", m) for m in tool_said), said
@@ -281,7 +256,7 @@ def test_a_client_cancel_stops_the_call_and_a_retry_replays_it(daemon: Daemon) -
                 with anyio.CancelScope() as scope:
 
                     async def stop_when_running() -> None:
-                        await until(lambda: running(eg, run_id, "run_command"), 30, "running")
+                        await bs.until(lambda: bs.running(eg, run_id, "run_command"), 30, "running")
                         scope.cancel()
 
                     async with anyio.create_task_group() as tg:
@@ -289,11 +264,9 @@ def test_a_client_cancel_stops_the_call_and_a_retry_replays_it(daemon: Daemon) -
                         await s.call_tool("run_command", {"argv": argv}, meta=meta)
                 assert scope.cancelled_caught
 
-                async def ended() -> CallRecord | None:
-                    [call] = await eg.list_calls(run_id=run_id, tool="run_command")
-                    return call if call.outcome is not None else None
-
-                record = await until(ended, 30, "the cancelled call's outcome")
+                record = await bs.until(
+                    lambda: bs.ended(eg, run_id, "run_command"), 30, "the cancelled call's outcome"
+                )
             async with bridged(daemon) as again:
                 retry = await again.call_tool("run_command", {"argv": argv}, meta=meta)
         return record, retry
@@ -309,7 +282,7 @@ def test_a_client_cancel_stops_the_call_and_a_retry_replays_it(daemon: Daemon) -
     assert outcome.mark("signal_sent") is not None
     # The retry: the recorded outcome, told to reconcile; the command did not run again.
     assert retry.is_error is True
-    said = text(retry)
+    said = bs.text(retry)
     assert said.startswith("execgate: UNKNOWN_OUTCOME (cancelled)"), said
     assert f"the recorded outcome of call {record.call_id}" in said
     assert "reconcile before retrying" in said
@@ -331,13 +304,13 @@ def test_an_idempotent_retry_from_another_session_runs_once(daemon: Daemon) -> N
         return [first, second, other]
 
     first, second, other = anyio.run(body)
-    assert first.is_error is False, text(first)
-    assert second.is_error is False, text(second)
+    assert first.is_error is False, bs.text(first)
+    assert second.is_error is False, bs.text(second)
     assert second.structured_content["replay_of"] == first.structured_content["call_id"]
     assert (daemon.workspace / "once.txt").read_text() == "once\n"
     # The same key with other arguments is refused, not run.
     assert other.is_error is True
-    assert text(other).startswith("execgate: REJECTED (idempotency_conflict)")
+    assert bs.text(other).startswith("execgate: REJECTED (idempotency_conflict)")
 
 
 def test_no_key_means_a_retry_runs_again(daemon: Daemon) -> None:
@@ -349,7 +322,7 @@ def test_no_key_means_a_retry_runs_again(daemon: Daemon) -> None:
         async with bridged(daemon) as s:
             for _ in range(2):
                 result = await s.call_tool("run_command", {"argv": argv})
-                assert result.is_error is False, text(result)
+                assert result.is_error is False, bs.text(result)
 
     anyio.run(body)
     assert (daemon.workspace / "twice.txt").read_text() == "again\nagain\n"
@@ -364,7 +337,7 @@ def test_unknown_outcome_says_to_reconcile(daemon: Daemon) -> None:
 
     result = anyio.run(body)
     assert result.is_error is True
-    said = text(result)
+    said = bs.text(result)
     assert said.startswith("execgate: UNKNOWN_OUTCOME (timeout)"), said
     assert "reconcile before retrying" in said
     assert "never repeat it blindly" in said
@@ -415,7 +388,7 @@ def test_the_readme_configuration_launches_the_bridge(daemon: Daemon) -> None:
             return await s.call_tool("noop", {"echo": "configured"})
 
     result = anyio.run(body)
-    assert (result.is_error, text(result)) == (False, "configured")
+    assert (result.is_error, bs.text(result)) == (False, "configured")
 
 
 def test_the_2026_protocol_through_the_sdks_high_level_client(daemon: Daemon) -> None:
@@ -435,22 +408,19 @@ def test_the_2026_protocol_through_the_sdks_high_level_client(daemon: Daemon) ->
             with anyio.CancelScope() as scope:
 
                 async def stop_when_running() -> None:
-                    await until(lambda: running(eg, run_id, "run_command"), 30, "running")
+                    await bs.until(lambda: bs.running(eg, run_id, "run_command"), 30, "running")
                     scope.cancel()
 
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(stop_when_running)
                     await client.call_tool("run_command", {"argv": ["sleep", "60"]})
 
-            async def ended() -> CallRecord | None:
-                [call] = await eg.list_calls(run_id=run_id, tool="run_command")
-                return call if call.outcome is not None else None
-
-            return client.protocol_version, read, await until(ended, 30, "the outcome")
+            outcome = await bs.until(lambda: bs.ended(eg, run_id, "run_command"), 30, "outcome")
+            return client.protocol_version, read, outcome
 
     version, read, cancelled = anyio.run(body)
     assert version == "2026-07-28"
-    assert (read.is_error, text(read)) == (False, "hello from the workspace\n")
+    assert (read.is_error, bs.text(read)) == (False, "hello from the workspace\n")
     assert cancelled.outcome is not None
     asked = cancelled.outcome.mark("cancel_requested")
     assert asked is not None
@@ -485,142 +455,3 @@ def test_stdin_from_a_file_is_served_too(tmp_path: Path) -> None:
     assert [a["id"] for a in answers] == [1, 2]
     assert answers[0]["result"]["serverInfo"]["name"] == "execgate"
     assert answers[1]["result"] == {}
-
-
-# ---------------------------------------------------------------- streamable HTTP
-
-
-@contextlib.contextmanager
-def http_bridge(daemon: Daemon, *args: str) -> Iterator[str]:
-    """`execgate mcp --http 127.0.0.1:0 ARGS`; yields the URL it prints."""
-    proc = subprocess.Popen(
-        [bs.EXECGATE, "mcp", "--http", "127.0.0.1:0", *args],
-        env={**os.environ, **bs.bridge_env(daemon)},
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stderr is not None
-        line = proc.stderr.readline()
-        m = re.search(r"serving MCP at (http://\S+)", line)
-        assert m, line + proc.stderr.read()
-        yield m.group(1)
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=scaled(10))
-
-
-def test_streamable_http_on_loopback(daemon: Daemon) -> None:
-    with http_bridge(daemon) as url:
-
-        async def body() -> tuple[list[str], types.CallToolResult]:
-            async with (
-                streamable_http_client(url) as (read, write),
-                ClientSession(read, write) as s,
-            ):
-                await s.initialize()
-                names = [t.name for t in (await s.list_tools()).tools]
-                return names, await s.call_tool("read_file", {"path": "hello.txt"})
-
-        names, result = anyio.run(body)
-    assert "read_file" in names
-    assert (result.is_error, text(result)) == (False, "hello from the workspace\n")
-    # An HTTP session's run is named by a hash of its session id, never by the id itself.
-    assert re.fullmatch(r"mcp-[0-9a-f]{12}", result.structured_content["run_id"])
-
-
-def test_a_cancel_over_http_reaches_the_call(daemon: Daemon) -> None:
-    """An HTTP session is named alike in every request of it: the cancel (its own POST)
-    finds the call the tools/call started."""
-    run_id = "bridge-http-cancel"
-
-    async def body(url: str) -> CallRecord:
-        async with (
-            AsyncClient(daemon.address, token=bs.token(daemon, "operator")) as eg,
-            streamable_http_client(url) as (read, write),
-            ClientSession(read, write) as s,
-        ):
-            await s.initialize()
-            with anyio.CancelScope() as scope:
-
-                async def stop_when_running() -> None:
-                    await until(lambda: running(eg, run_id, "run_command"), 30, "running")
-                    scope.cancel()
-
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(stop_when_running)
-                    await s.call_tool("run_command", {"argv": ["sleep", "60"]})
-
-            async def ended() -> CallRecord | None:
-                [call] = await eg.list_calls(run_id=run_id, tool="run_command")
-                return call if call.outcome is not None else None
-
-            # In the session: the cancel is a POST of its own, which a session the
-            # client closes at once may not outlive.
-            return await until(ended, 30, "the cancelled call's outcome")
-
-    with http_bridge(daemon, "--run-id", run_id) as url:
-        record = anyio.run(body, url)
-    assert record.outcome is not None
-    assert record.outcome.error_class == "cancelled"
-    asked = record.outcome.mark("cancel_requested")
-    assert asked is not None
-    assert "cancelled by the MCP client" in asked.detail
-
-
-def _posted(reply: httpx2.Response) -> dict[str, Any]:
-    """The JSON-RPC message of a streamable HTTP reply (JSON, or one SSE event)."""
-    if reply.headers["content-type"].startswith("application/json"):
-        return dict(reply.json())
-    [data] = [ln[5:] for ln in reply.text.splitlines() if ln.startswith("data:")]
-    return dict(json.loads(data))
-
-
-def test_a_request_posted_twice_over_http_runs_once(daemon: Daemon) -> None:
-    """An HTTP client that lost an answer posts the same message again (same session,
-    same request id): without any key of its own it gets the call's outcome, replayed,
-    and the command runs once. (Over stdio a message arrives once; no key is derived.)"""
-    call = {
-        "jsonrpc": "2.0",
-        "id": 7,
-        "method": "tools/call",
-        "params": {"name": "run_command", "arguments": {"argv": ["sh", "-c", "echo 1 >> re.txt"]}},
-    }
-    with http_bridge(daemon) as url, httpx2.Client(timeout=scaled(30)) as http:
-        accept = {"accept": "application/json, text/event-stream"}
-        init = {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {},
-                "clientInfo": {"name": "repost", "version": "1"},
-            },
-        }
-        opened = http.post(url, json=init, headers=accept)
-        headers = {
-            **accept,
-            "mcp-session-id": opened.headers["mcp-session-id"],
-            "mcp-protocol-version": "2025-11-25",
-        }
-        done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-        assert http.post(url, json=done, headers=headers).status_code == 202
-        first = _posted(http.post(url, json=call, headers=headers))["result"]
-        again = _posted(http.post(url, json=call, headers=headers))["result"]
-    assert first["isError"] is False, first
-    assert again["structuredContent"]["replay_of"] == first["structuredContent"]["call_id"]
-    assert (daemon.workspace / "re.txt").read_text() == "1\n"
-
-
-@pytest.mark.parametrize("where", ["0.0.0.0:0", "192.0.2.1:0", "example.com:0"])
-def test_http_off_loopback_is_refused(where: str) -> None:
-    ran = subprocess.run(
-        [bs.EXECGATE, "mcp", "--http", where],
-        capture_output=True,
-        text=True,
-        timeout=scaled(30),
-    )
-    assert ran.returncode == 1, ran.stderr
-    assert "not a loopback address" in ran.stderr
-    assert "Traceback" not in ran.stderr
