@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 
-from ._tracecontext import AioTraceContext, TraceContext
+from ._tracecontext import TraceContext, aio_trace_context
 from .wire import CHANNEL_OPTIONS
 
 TOKEN_ENV = "EXECGATE_TOKEN"
@@ -79,7 +79,7 @@ def sync_channel(address: str, tls: TlsConfig | None) -> grpc.Channel:
 
 
 def aio_channel(address: str, tls: TlsConfig | None) -> grpc.aio.Channel:
-    interceptors: Any = [AioTraceContext()]  # grpc-stubs type this parameter as a cast-me
+    interceptors: Any = aio_trace_context()  # grpc-stubs type this parameter as a cast-me
     if tls is None:
         return grpc.aio.insecure_channel(
             address, options=CHANNEL_OPTIONS, interceptors=interceptors

@@ -28,6 +28,13 @@ the package and holds this drawing to the code: tests/unit/test_error_trees.py).
     │   │                                           (`from_state`, `to_state`)
     │   └── BrokenHistory           loop.errors     recorded transitions that cannot be one
     │                                               run's history (`run_id`, `seq`, `kind`)
+    ├── BridgeError                 mcpbridge.errors  the MCP bridge's faults (`execgate mcp`)
+    │   ├── NotLoopback             mcpbridge.errors  an HTTP listen address that is not
+    │   │                                             loopback (`host`)
+    │   ├── BadMeta                 mcpbridge.errors  a tools/call `_meta` execgate key of
+    │   │                                             the wrong shape (`key`, `why`)
+    │   └── StreamEnded             mcpbridge.errors  the Execute stream ended without the
+    │                                                 call's outcome
     └── ModelError                  models.errors   a model adapter's failure (`model`)
         ├── ModelUnavailable        models.errors   nothing answered usefully; retry later
         ├── ModelRateLimited        models.errors   429 (`retry_after`)

@@ -13,9 +13,11 @@ import enum
 import json
 from typing import Any
 
-from execgate.client import Client, TlsConfig
+from execgate.client import Client
 from execgate.client.wire import resolve_address
 from execgate.executor.policy.local_identities import cli_token
+
+from .options import tls
 
 __all__ = ["client", "jsonable", "print_json", "tls", "when", "when_short"]
 
@@ -28,15 +30,6 @@ def client(args: argparse.Namespace, *, run_id: str = "", identity: str = "agent
     if token is None:
         token = cli_token(resolve_address(args.addr), identity)
     return Client(args.addr, run_id=run_id, token=token, tls=tls(args))
-
-
-def tls(args: argparse.Namespace) -> TlsConfig | None:
-    given = (args.tls_ca, args.tls_cert, args.tls_key)
-    if not any(given):
-        return None
-    if not all(given):
-        raise SystemExit("execgate: --tls-ca, --tls-cert and --tls-key go together")
-    return TlsConfig(args.tls_ca, args.tls_cert, args.tls_key)
 
 
 def when(seconds: float) -> str:

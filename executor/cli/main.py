@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "policy": ("policy", "check, explain and test policy files (no daemon needed)"),
     "token": ("identity", "bearer tokens for the identities file"),
     "demo": ("demo", "run a scripted agent against a daemon, narrated"),
+    "mcp": ("mcp", "serve the daemon's tools to MCP clients (stdio, or HTTP on loopback)"),
 }
 REGISTRAR = {
     "serve": "add_command",
@@ -47,6 +48,7 @@ REGISTRAR = {
     "policy": "add_commands",
     "identity": "add_commands",
     "demo": "add_command",
+    "mcp": "add_command",
 }
 
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from execgate.client import TlsConfig
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -67,3 +70,15 @@ def common() -> Parser:
 
 def json_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def tls(args: argparse.Namespace) -> TlsConfig | None:
+    """The mTLS files of --tls-ca, --tls-cert and --tls-key (all three, or none)."""
+    given = (args.tls_ca, args.tls_cert, args.tls_key)
+    if not any(given):
+        return None
+    if not all(given):
+        raise SystemExit("execgate: --tls-ca, --tls-cert and --tls-key go together")
+    from execgate.client import TlsConfig
+
+    return TlsConfig(args.tls_ca, args.tls_cert, args.tls_key)

@@ -89,10 +89,17 @@ BLOCKER = textwrap.dedent(
 )
 
 
-def _thin(script: str) -> subprocess.CompletedProcess[str]:
-    code = BLOCKER.format(tops=sorted(DAEMON_ONLY - {"opentelemetry"})) + textwrap.dedent(script)
+def _thin(
+    script: str, *, tops: frozenset[str] = DAEMON_ONLY - {"opentelemetry"}, stdin: str = ""
+) -> subprocess.CompletedProcess[str]:
+    code = BLOCKER.format(tops=sorted(tops)) + textwrap.dedent(script)
     return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        input=stdin,
     )
 
 
@@ -116,7 +123,7 @@ def test_a_thin_client_runs_a_call_on_a_real_daemon(served: Daemon) -> None:
         print(o.text.strip())
         import sys
         heavy = sorted(m for m in sys.modules if m.split(".")[0] in
-                       ("sqlglot", "docker", "psutil", "yaml", "jsonschema", "rich"))
+                       ("sqlglot", "docker", "psutil", "yaml", "jsonschema", "rich", "mcp"))
         assert not heavy, heavy
         """
     )
@@ -136,6 +143,43 @@ def test_the_console_script_on_a_thin_install_says_what_to_install(command: list
     assert ran.returncode == 2, ran.stderr
     assert "pip install 'execgate[daemon]'" in ran.stderr
     assert "Traceback" not in ran.stderr
+
+
+def test_the_mcp_extra_is_the_sdk_alone(wheel: Path) -> None:
+    requires = _metadata(wheel).get_all("Requires-Dist") or []
+    assert {_name(r) for r in requires if 'extra == "mcp"' in r} == {"mcp"}
+
+
+def test_execgate_mcp_on_an_install_without_the_sdk_says_what_to_install() -> None:
+    ran = _thin(
+        """
+        import sys
+        from execgate.executor.cli.entry import main
+        sys.exit(main(["mcp"]))
+        """,
+        tops=(DAEMON_ONLY - {"opentelemetry"}) | {"mcp"},
+    )
+    assert ran.returncode == 2, ran.stderr
+    assert "pip install 'execgate[mcp]'" in ran.stderr
+    assert "Traceback" not in ran.stderr
+
+
+def test_execgate_mcp_needs_no_daemon_extra() -> None:
+    """The client and the mcp extra (which brings jsonschema and the OpenTelemetry API
+    itself) are enough: the bridge starts, serves until its stdin ends, and exits 0."""
+    ran = _thin(
+        """
+        import sys
+        from execgate.executor.cli.entry import main
+        code = main(["mcp"])
+        daemon_side = sorted(m for m in sys.modules if m.startswith("execgate.executor.")
+                             and not m.startswith("execgate.executor.cli"))
+        assert not daemon_side, daemon_side
+        sys.exit(code)
+        """,
+        tops=DAEMON_ONLY - {"opentelemetry", "jsonschema"},
+    )
+    assert ran.returncode == 0, ran.stderr
 
 
 def test_help_answers_on_a_thin_install() -> None:

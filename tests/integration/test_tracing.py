@@ -10,7 +10,9 @@ ladder's events in order, and that every span agrees with the journal's timeline
 
 from __future__ import annotations
 
+import asyncio
 import json
+import secrets
 import sqlite3
 import subprocess
 import sys
@@ -19,8 +21,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from opentelemetry import context
+from opentelemetry.propagate import extract
 
-from execgate.client import Call, Client, Status
+from execgate.client import AsyncClient, Call, Client, Status
 from execgate.executor.cli.demo import POLICY, _identities
 from execgate.executor.policy.identity import new_token
 from tests.daemon import Daemon
@@ -324,3 +328,33 @@ def test_metrics_reach_an_otlp_receiver(tmp_path: Path) -> None:
     finally:
         daemon.stop()
         server.stop(0)
+
+
+def test_the_async_clients_calls_carry_the_trace_context(tmp_path: Path) -> None:
+    """Both kinds of RPC of the asyncio client (the Execute stream, the unary
+    ExecuteBatch) join the caller's trace: its spans' trace in the daemon's journal."""
+    trace_id = secrets.token_hex(16)
+    caller = extract({"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"})
+
+    async def calls(address: str) -> None:
+        token = context.attach(caller)
+        try:
+            async with AsyncClient(address) as eg:
+                async for _ in eg.stream([Call(tool="noop", call_id="streamed")], progress=False):
+                    pass
+                await eg.execute([Call(tool="noop", call_id="unary")])
+        finally:
+            context.detach(token)
+
+    daemon = Daemon(tmp_path).start()
+    try:
+        asyncio.run(calls(daemon.address))
+    finally:
+        daemon.stop()  # flushes its spans into the journal
+    conn = sqlite3.connect(f"file:{daemon.state_dir / 'journal.db'}?mode=ro", uri=True)
+    try:
+        rows = conn.execute("SELECT call_id, trace_id FROM spans WHERE call_id != ''").fetchall()
+    finally:
+        conn.close()
+    assert {call for call, _ in rows} == {"streamed", "unary"}
+    assert {trace for _, trace in rows} == {trace_id}

@@ -161,6 +161,17 @@ EXPECTED: dict[str, list[str]] = {
         "not_run",
         "observe",
     ],
+    "execgate.client.mcpbridge": [
+        "BadMeta",
+        "Bridge",
+        "BridgeConfig",
+        "BridgeError",
+        "IDEMPOTENCY_META",
+        "NotLoopback",
+        "StreamEnded",
+        "serve_http",
+        "serve_stdio",
+    ],
     "execgate.client.models": [
         "AnthropicMessagesModel",
         "Message",

@@ -136,8 +136,9 @@ def test_policy_check_and_test_json() -> None:
     assert report["passed"] == len(report["cases"]) > 0
 
 
-# Commands that print no result to parse: the daemon itself, and the demo's narration.
-NO_RESULT = {"execgate serve", "execgate demo"}
+# Commands that print no result to parse: the daemon itself, the demo's narration, and the
+# MCP bridge (its stdout is the MCP protocol).
+NO_RESULT = {"execgate serve", "execgate demo", "execgate mcp"}
 
 
 def test_every_command_that_prints_a_result_takes_json() -> None:
