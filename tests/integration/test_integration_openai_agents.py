@@ -104,8 +104,10 @@ def test_a_turn_runs_through_execgate_under_the_sdks_call_ids(daemon: Daemon) ->
             p = await eg.get_call("call_p", run_id=tools.run_id)
         assert (w.tool, w.idempotency_key) == ("write_file", f"{tools.run_id}:call_w")
         assert (p.tool, p.idempotency_key) == ("peek", f"{tools.run_id}:call_p")
-        assert w.outcome is not None and w.outcome.status is Status.SUCCESS
-        assert p.outcome is not None and p.outcome.status is Status.SUCCESS
+        assert w.outcome is not None
+        assert w.outcome.status is Status.SUCCESS
+        assert p.outcome is not None
+        assert p.outcome.status is Status.SUCCESS
         seen = read_back(model, 1)
         assert seen["call_w"].startswith("[success]")
         # The SDK ran the two as concurrent tasks, each its own batch: the daemon still
