@@ -45,7 +45,7 @@ try:
     from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
     from langgraph.config import get_stream_writer
 except ModuleNotFoundError as exc:
-    if exc.name not in ("langchain_core", "langgraph"):
+    if (exc.name or "").partition(".")[0] not in ("langchain_core", "langgraph"):
         raise
     raise ModuleNotFoundError(
         "execgate.client.integrations.langgraph needs LangGraph: pip install 'execgate[langgraph]'"

@@ -40,7 +40,7 @@ try:
     from agents import FunctionTool
     from agents.tool_context import ToolContext
 except ModuleNotFoundError as exc:
-    if exc.name != "agents":
+    if (exc.name or "").partition(".")[0] != "agents":
         raise
     raise ModuleNotFoundError(
         "execgate.client.integrations.openai_agents needs the OpenAI Agents SDK: "
