@@ -6,6 +6,7 @@ the real sandbox, identities, a policy that denies and asks)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -166,7 +167,7 @@ def test_an_approval_wait_is_reported_and_the_call_runs_once_approved(daemon: Da
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("how", ["task", "streamed"])
+@pytest.mark.parametrize("how", ["task", "streamed", "tool_timeout"])
 def test_cancelling_the_run_cancels_the_call_at_the_daemon(daemon: Daemon, how: str) -> None:
     model = ScriptedModel([turn(("slow", {}, "call_s")), [assistant_message("never")]])
     events: list[Event] = []
@@ -178,7 +179,13 @@ def test_cancelling_the_run_cancels_the_call_at_the_daemon(daemon: Daemon, how: 
         async with bot(daemon) as eg:
             tools = await ExecgateTools.load(eg, on_event=events.append)
             agent = Agent(name="tester", tools=tools.function_tools, model=model)
-            if how == "task":
+            if how == "tool_timeout":  # the SDK's own per-tool timeout cancels the call
+                [slow] = [t for t in tools.function_tools if t.name == "slow"]
+                agent.tools = [dataclasses.replace(slow, timeout_seconds=scaled(2))]
+                await Runner.run(agent, "go", run_config=OFFLINE)
+                assert started()
+                assert read_back(model, 1)["call_s"].startswith("Tool 'slow' timed out")
+            elif how == "task":
                 run = asyncio.create_task(Runner.run(agent, "go", run_config=OFFLINE))
                 await await_for(started, 20, "the slow call started")
                 run.cancel()
