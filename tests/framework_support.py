@@ -1,6 +1,7 @@
 """What the agent-framework tests share (tests/integration/test_integration_*.py): a real
-daemon serving the framework examples' declared tools (examples/frameworks/tools.yaml)
-and a few of the tests' own, with identities so that a policy `ask` can be approved;
+daemon serving the framework examples' declared tools (examples/frameworks/tools.yaml),
+a few of the tests' own and a real MCP server's, with identities so that a policy `ask`
+can be approved;
 the same tools' programs run by the framework itself (no execgate), for the lost-update
 comparison; and the timeline checks both use.
 """
@@ -17,6 +18,7 @@ from typing import Any
 import yaml
 
 from execgate.client import AsyncClient, CallNotFound, Outcome
+from tests import mcp_support as ms
 from tests.auth_support import write_identities
 from tests.daemon import Daemon, give, scaled
 from tests.loop_support import PEOPLE
@@ -64,7 +66,11 @@ POLICY_RULES: list[dict[str, Any]] = [
         "ttl": 120,
         "reason": "a person looks first",
     },
-    {"id": "tests", "effect": "allow", "tools": ["append", "slow", "write_file"]},
+    {"id": "tests", "effect": "allow", "tools": ["append", "slow", "write_file", "faulty.echo"]},
+]
+# A real MCP server (the SDK fixture): its tools are `faulty.TOOL`, a name models refuse.
+SERVERS: list[dict[str, Any]] = [
+    {"name": "faulty", "command": ms.fixture_server()[0], "args": list(ms.fixture_server()[1])}
 ]
 
 
@@ -74,6 +80,7 @@ def start_framework_daemon(root: Path) -> Daemon:
     root.mkdir(parents=True, exist_ok=True)
     tools = yaml.safe_load(EXAMPLE_TOOLS.read_text())
     tools["tools"] += TEST_TOOLS
+    tools["servers"] = SERVERS
     (root / "tools.yaml").write_text(yaml.safe_dump(tools, sort_keys=False))
     policy = yaml.safe_load(EXAMPLE_POLICY.read_text())
     policy["rules"] = POLICY_RULES + policy["rules"]
@@ -81,7 +88,8 @@ def start_framework_daemon(root: Path) -> Daemon:
     identities = write_identities(root / "identities.yaml", PEOPLE)
     home = root / "daemon"
     args = ["--tools", str(root / "tools.yaml"), "--policy", str(root / "policy.yaml")]
-    return Daemon(home, *args, "--identities", str(identities)).start()
+    args += [a for p in ms.RO_PATHS for a in ("--sandbox-ro", str(p))]  # the server's Python
+    return Daemon(home, *args, "--identities", str(identities)).start(timeout=60)
 
 
 def counter(daemon: Daemon, name: str, value: int = 0) -> Path:

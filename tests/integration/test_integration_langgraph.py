@@ -85,10 +85,13 @@ def test_the_tool_definitions_are_what_list_tools_serves(daemon: Daemon) -> None
             specs = {s.name: s for s in await eg.list_tools()}
             node = await ExecgateToolNode.load(eg)
         defined = {d["function"]["name"]: d for d in node.tool_definitions}
-        assert set(defined) == set(specs)
+        # The MCP server's `faulty.echo` is defined as `faulty_echo`: no dots in a name.
+        assert "faulty.echo" in specs
+        named = {name.replace(".", "_"): spec for name, spec in specs.items()}
+        assert set(defined) == set(named)
         for name, d in defined.items():
-            assert d["function"]["parameters"] == specs[name].input_schema
-            assert d["function"]["description"] == specs[name].description
+            assert d["function"]["parameters"] == named[name].input_schema
+            assert d["function"]["description"] == named[name].description
             assert convert_to_openai_tool(d) == d  # bind_tools takes them as they are
 
     asyncio.run(main())
@@ -131,6 +134,18 @@ def test_a_turn_is_one_batch_writes_in_proposal_order_reads_together(daemon: Dae
     assert none_overlap(appends)
     assert appends == sorted(appends, key=lambda s: s.started)
     assert all_overlap(peeks)
+
+
+def test_an_mcp_servers_tool_is_called_by_the_name_the_model_was_given(daemon: Daemon) -> None:
+    async def main() -> tuple[list[ToolMessage], Any]:
+        async with bot(daemon) as eg:
+            node = await ExecgateToolNode.load(eg)
+            replies = await run_graph(node, proposes(("faulty_echo", {"text": "hi"}, "call_m")))
+            return replies, await eg.get_call("call_m", run_id=node.run_id)
+
+    [reply], record = asyncio.run(main())
+    assert (reply.name, reply.content, reply.status) == ("faulty_echo", "[success]\nhi", "success")
+    assert record.tool == "faulty.echo"
 
 
 def test_a_denial_and_unparsable_arguments_are_error_messages(daemon: Daemon) -> None:

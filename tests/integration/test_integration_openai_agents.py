@@ -75,10 +75,13 @@ def test_the_daemons_tools_are_the_agents_function_tools(daemon: Daemon) -> None
             picked = await ExecgateTools.load(eg, only=["increment", "peek"])
             with pytest.raises(ValueError, match="no_such_tool"):
                 await ExecgateTools.load(eg, only=["peek", "no_such_tool"])
-        assert {t.name for t in tools.function_tools} == set(specs)
+        # The MCP server's `faulty.echo` is offered as `faulty_echo`: no dots in a name.
+        assert "faulty.echo" in specs
+        named = {name.replace(".", "_"): spec for name, spec in specs.items()}
+        assert {t.name for t in tools.function_tools} == set(named)
         for t in tools.function_tools:
-            assert t.params_json_schema == specs[t.name].input_schema
-            assert t.description == specs[t.name].description
+            assert t.params_json_schema == named[t.name].input_schema
+            assert t.description == named[t.name].description
             assert not t.strict_json_schema
         assert [t.name for t in picked.function_tools] == ["increment", "peek"]
         assert tools.run_id != picked.run_id  # each load its own run unless told
@@ -115,6 +118,23 @@ def test_a_turn_runs_through_execgate_under_the_sdks_call_ids(daemon: Daemon) ->
         # ordered the read of sdk.txt after its write.
         assert seen["call_p"] == "[success]\nfrom the sdk\n"
         assert w.batch_id != p.batch_id
+
+    asyncio.run(main())
+
+
+def test_an_mcp_servers_tool_is_called_by_the_name_the_model_was_given(daemon: Daemon) -> None:
+    model = ScriptedModel(
+        [turn(("faulty_echo", {"text": "through MCP"}, "call_m")), [assistant_message("ok")]]
+    )
+
+    async def main() -> None:
+        async with bot(daemon) as eg:
+            tools = await ExecgateTools.load(eg, only=["faulty.echo"])
+            assert [t.name for t in tools.function_tools] == ["faulty_echo"]
+            await run_agent(tools.function_tools, model)
+            record = await eg.get_call("call_m", run_id=tools.run_id)
+        assert record.tool == "faulty.echo"
+        assert read_back(model, 1)["call_m"] == "[success]\nthrough MCP"
 
     asyncio.run(main())
 
