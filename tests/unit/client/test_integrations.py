@@ -3,14 +3,16 @@ surface of each adapter, and that neither framework loads unless its adapter is 
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 
 import pytest
 
-from execgate.client import ToolSpec
+from execgate.client import Event, EventKind, Outcome, Status, ToolSpec
 from execgate.client.integrations._gate import Gate, model_names
 
 SURFACES = {
@@ -106,3 +108,73 @@ def test_a_missing_framework_says_which_extra_to_install(
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
     assert f"pip install 'execgate[{extra}]'" in out.stderr
+
+
+class FakeClient:
+    """Stands in for AsyncClient in Gate.run: a scripted event stream, cancels recorded.
+    `hold` makes the stream wait after its events (a call still running)."""
+
+    def __init__(self, events: list[Event], hold: bool = False) -> None:
+        self.events, self.hold = events, hold
+        self.cancels: list[dict[str, object]] = []
+        self.holding = asyncio.Event()
+
+    async def stream(self, calls: object, **kw: object) -> AsyncIterator[Event]:
+        for e in self.events:
+            yield e
+        if self.hold:
+            self.holding.set()
+            await asyncio.Event().wait()
+
+    async def cancel(self, **kw: object) -> list[str]:
+        self.cancels.append(kw)
+        return ["c1"]
+
+
+def finished(call_id: str, index: int) -> Event:
+    outcome = Outcome(call_id=call_id, status=Status.SUCCESS, error_class="none", text="ok")
+    return Event(
+        kind=EventKind.FINISHED, call_id=call_id, batch_id="b", at=0.0, index=index, outcome=outcome
+    )
+
+
+def test_a_hook_that_raises_is_logged_and_the_outcomes_still_come_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken(event: Event) -> None:
+        raise RuntimeError("the app's bug")
+
+    gate = Gate(FakeClient([finished("c1", 0)]), on_event=broken)  # type: ignore[arg-type]
+    [outcome] = asyncio.run(gate.run([gate.call("noop", {}, "c1")]))
+    assert outcome.status is Status.SUCCESS
+    assert "a hook raised on a finished event of c1" in caplog.text
+
+
+def test_a_call_the_stream_never_finished_is_an_unknown_outcome() -> None:
+    gate = Gate(FakeClient([finished("c2", 1)]))  # type: ignore[arg-type]
+    first, second = asyncio.run(
+        gate.run([gate.call("noop", {}, "c1"), gate.call("noop", {}, "c2")])
+    )
+    assert (first.call_id, first.status, first.error_class) == (
+        "c1",
+        Status.UNKNOWN_OUTCOME,
+        "internal",
+    )
+    assert second.status is Status.SUCCESS
+
+
+def test_a_cancelled_turn_cancels_its_batch_then_stays_cancelled() -> None:
+    client = FakeClient([], hold=True)
+    gate = Gate(client, run_id="r1")  # type: ignore[arg-type]
+
+    async def main() -> None:
+        turn = asyncio.create_task(gate.run([gate.call("slow", {}, "c1")]))
+        await client.holding.wait()
+        turn.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await turn
+
+    asyncio.run(main())
+    [cancel] = client.cancels
+    assert cancel["run_id"] == "r1"
+    assert str(cancel["batch_id"]).startswith("batch-")
