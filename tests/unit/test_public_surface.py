@@ -130,6 +130,9 @@ EXPECTED: dict[str, list[str]] = {
         "Unauthenticated",
         "Verdict",
     ],
+    # Imports neither framework: the adapters are its modules, imported by name
+    # (their own surfaces: tests/unit/client/test_integrations.py).
+    "execgate.client.integrations": [],
     "execgate.client.loop": [
         "Breakage",
         "BrokenHistory",
