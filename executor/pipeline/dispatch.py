@@ -78,7 +78,9 @@ class Dispatcher:
         self._endings = Endings(journal)
         self._locks = locks
         runner = Runner(self.authorizer, workspace, sandboxes, limits)
-        self._scheduler = Scheduler(journal, locks, self._endings, runner, str(workspace.root))
+        self._scheduler = Scheduler(
+            journal, locks, self._endings, runner, str(workspace.root), self.authorizer.quota
+        )
         self.sandboxes = sandboxes
         self._root = str(workspace.root)
         # Invariant: every task here is a call that has not yet recorded its outcome.
