@@ -11,7 +11,7 @@ concurrent-call cap; the policy's other quotas are applied before it (quota.py).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from execgate.executor.core.errors import ToolError
 from execgate.executor.core.outcomes import ErrorClass, Mark, Outcome, Phase, mark, rejected
@@ -53,15 +53,17 @@ class Scheduler:
         self, approved: Approved, batch: Batch, active: Active, queued: Mark
     ) -> Outcome:
         """Pass the agent's quotas, then run the call under its locks (`_locked`)."""
-        quota = self._quota_for(approved.authorized)
+        placed = self._placed(approved)
+        quota = self._quota_for(placed.authorized)
         try:
             ticket = self.quotas.admit(batch.agent, quota)
         except ToolError as err:  # over a quota: refused, journaled first
             outcome = results.from_error(err, (queued,))
-            await self._endings.reject(approved.request, batch, outcome, reached=approved)
+            await self._endings.reject(placed.request, batch, outcome, reached=placed)
             return outcome
+        admitted = _Admitted(quota, ticket, WIDENED if placed is not approved else "")
         try:
-            return await self._locked(approved, batch, active, queued, (quota, ticket))
+            return await self._locked(placed, batch, active, queued, admitted)
         finally:
             ticket.end()
 
@@ -71,12 +73,12 @@ class Scheduler:
         batch: Batch,
         active: Active,
         queued: Mark,
-        admitted: tuple[Quota, Ticket],
+        admitted: _Admitted,
     ) -> Outcome:
         """Wait for the rate slot and the locks, journal the intent, run, journal the
         outcome, report it."""
         req, scope = approved.request, active.scope
-        quota, ticket = admitted
+        quota, ticket = admitted.quota, admitted.ticket
         waited: list[Mark] = []
         try:
             if ticket.delay > 0:
@@ -94,7 +96,7 @@ class Scheduler:
             ticket.start()
             batch.pass_turn(req.index)
             async with lease:  # released on every exit path, a crashing tool included
-                marks = (queued, *waited, mark(Phase.LOCK_GRANTED))
+                marks = (queued, *waited, mark(Phase.LOCK_GRANTED, admitted.granted))
                 if scope.requested.is_set():
                     raise Abandoned(owner(req))
                 await self._intent(approved, queued, active)
@@ -104,6 +106,17 @@ class Scheduler:
         except DuplicateCall:
             return await self._endings.refuse_duplicate(req, batch, queued, approved)
         return await self._recorded(approved, batch, queued, outcome, raw)
+
+    def _placed(self, approved: Approved) -> Approved:
+        """A command's declared effects are its locks only where its sandbox enforces
+        them; elsewhere (`process`) it takes the whole workspace."""
+        valid = approved.valid
+        if valid.effects.confined is None:
+            return approved
+        placed = valid.placed(self._runner.confines(valid, approved.authorized.policy_input))
+        if placed is valid:
+            return approved
+        return replace(approved, authorized=replace(approved.authorized, valid=placed))
 
     async def _recorded(
         self, approved: Approved, batch: Batch, queued: Mark, outcome: Outcome, raw: str
@@ -167,6 +180,20 @@ class Scheduler:
         outcome = outcome.with_marks(*marks, mark(Phase.CANCEL_REQUESTED, scope.reason))
         await self._endings.reject(approved.request, batch, outcome, reached=approved)
         return outcome
+
+
+@dataclass(frozen=True, slots=True)
+class _Admitted:
+    """A call past its agent's quotas, as it goes to the lock queue."""
+
+    quota: Quota
+    ticket: Ticket
+    # The lock_granted mark's detail ("": nothing to say).
+    granted: str = ""
+
+
+# Why a command that declared its paths locked the whole workspace.
+WIDENED = "the whole workspace: this sandbox cannot enforce the declared paths"
 
 
 def _paced(quota: Quota) -> str:
