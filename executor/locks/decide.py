@@ -158,6 +158,10 @@ class Turns:
             found[0] += 1
             found[1] = max(found[1], tag)
 
+    def waiting(self, flow: str) -> bool:
+        """Has the flow a waiter?"""
+        return flow in self._flows
+
     def leave(self, flow: str) -> None:
         found = self._flows[flow]
         found[0] -= 1

@@ -175,7 +175,8 @@ class LockManager:
             return
         future.cancel()
         self._dequeue((waiter,))
-        self._pump()  # whoever waited only behind it may go now
+        if self._waiting.conflicts(waiter.ask.items):
+            self._pump()  # whoever waited only behind it may go now
 
     def _release(self, lease: Lease) -> None:
         ask = self._holders.pop(lease)
@@ -185,7 +186,11 @@ class LockManager:
             self._running[ask.flow] = left
         else:
             del self._running[ask.flow]
-        if self._queue:
+        # Only a waiter that conflicted with this plan, or one of its flow (it may have
+        # waited for the cap), can have become grantable: otherwise the pass, which
+        # reads the whole queue, is skipped (a quick call beside thousands of waiting
+        # ones would pay for each of them at its release).
+        if self._waiting.conflicts(ask.items) or self._turns.waiting(ask.flow):
             self._pump()
 
     def _pump(self) -> None:
