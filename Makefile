@@ -96,6 +96,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/loop.py
 	$(BIN)/python bench/memory.py
 	$(BIN)/python bench/tools.py
+	$(BIN)/python bench/fairness.py
 
 # Declared command tools and MCP servers alone (bench/tools.py, bench/README.md).
 bench-tools: $(STAMP)
