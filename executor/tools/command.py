@@ -89,6 +89,9 @@ class RunCommand:
         ),
     )
 
+    # Its analysis only resolves paths: validation runs it on the event loop.
+    quick_analysis = True
+
     def call_effects(
         self, args: dict[str, Any], paths: Mapping[str, Path], workspace: Workspace
     ) -> CallEffects:

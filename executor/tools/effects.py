@@ -56,11 +56,21 @@ def _inside(root: Key, key: Key) -> bool:
 
 @runtime_checkable
 class AnalysedTool(Protocol):
-    """A tool whose effects depend on its arguments beyond its static templates."""
+    """A tool whose effects depend on its arguments beyond its static templates.
+
+    Validation runs `call_effects` in a worker thread (`sql` reads its database's
+    schema), unless the tool says `quick_analysis = True`: no more than resolving
+    paths, which validation does on the event loop for every path argument anyway.
+    """
 
     def call_effects(
         self, args: dict[str, Any], paths: Mapping[str, Path], workspace: Workspace
     ) -> CallEffects: ...
+
+
+def quick(tool: Tool) -> bool:
+    """Does the tool's analysis run on the event loop (`AnalysedTool`'s docstring)?"""
+    return bool(getattr(tool, "quick_analysis", False))
 
 
 def analyse(
