@@ -44,7 +44,10 @@ class Runner:
         """Does the sandbox this call will run in keep it to its declared writes?"""
         try:
             sandbox, _ = self._sandboxes.for_call(
-                call.request.tool, decided_on.agent, decided_on.memberships, _placed(call)
+                call.request.tool,
+                decided_on.agent,
+                decided_on.memberships,
+                _declared_placement(call),
             )
         except SandboxError:
             return False  # run_tool reports the sandbox error; the locks stay wide
@@ -96,7 +99,7 @@ async def run_tool(
     req = call.request
     try:
         sandbox, confinement = sandboxes.for_call(
-            req.tool, decided_on.agent, decided_on.memberships, _placed(call)
+            req.tool, decided_on.agent, decided_on.memberships, _declared_placement(call)
         )
     except SandboxError as exc:
         err = ToolError(ErrorClass.SANDBOX_ERROR, str(exc))
@@ -134,7 +137,7 @@ async def run_tool(
     return outcome.with_marks(mark(Phase.FINISHED)), out.raw()
 
 
-def _placed(call: ValidCall) -> Placement | None:
+def _declared_placement(call: ValidCall) -> Placement | None:
     """What the tool's declaration says about where it runs (backend, limits)."""
     if isinstance(call.tool, PlacedTool):
         return (call.tool.placement.backend, call.tool.placement.limits)

@@ -47,7 +47,7 @@ class Scheduler:
         self._root = root  # the workspace: WAITING events render keys against it
         # The policy in force's `quotas:` for a call's agent (reloads swap the policy).
         self._quota_for = quota_for
-        self.quotas = Quotas()
+        self._quotas = Quotas()
 
     async def schedule(
         self, approved: Approved, batch: Batch, active: Active, queued: Mark
@@ -56,7 +56,7 @@ class Scheduler:
         placed = self._placed(approved)
         quota = self._quota_for(placed.authorized)
         try:
-            ticket = self.quotas.admit(batch.agent, quota)
+            ticket = self._quotas.admit(batch.agent, quota)
         except ToolError as err:  # over a quota: refused, journaled first
             outcome = results.from_error(err, (queued,))
             await self._endings.reject(placed.request, batch, outcome, reached=placed)

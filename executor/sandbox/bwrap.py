@@ -266,24 +266,23 @@ class BwrapSandbox(ProcessSandbox):
 
     async def start(self, launch: Launch) -> BwrapRunning:
         group = await asyncio.to_thread(self._prepare, launch, self._visible(launch))
+        opened: list[int] = []
         try:
-            writes = await asyncio.to_thread(open_writes, launch) if launch.write_paths else ()
-        except BaseException:
-            if group is not None:
-                await asyncio.to_thread(group.remove)
-            raise
-        fd = env_fd(launch)
-        argv = [
-            *launcher(launch.confinement, group),
-            *bwrap_argv(launch, self.extra_ro, fd, writes),
-        ]
-        try:
+            # A few openat(2) calls, no thread hop: nothing can be lost between them.
+            writes = open_writes(launch) if launch.write_paths else ()
+            opened += writes
+            fd = env_fd(launch)
+            opened.append(fd)
+            argv = [
+                *launcher(launch.confinement, group),
+                *bwrap_argv(launch, self.extra_ro, fd, writes),
+            ]
             proc = await spawn(
                 argv,
                 cwd=launch.cwd,
                 env={},
                 stdin=launch.stdin,
-                pass_fds=(fd, *writes),
+                pass_fds=tuple(opened),
                 serve=launch.serve,
             )
         except BaseException:
@@ -291,8 +290,8 @@ class BwrapSandbox(ProcessSandbox):
                 await asyncio.to_thread(group.remove)
             raise
         finally:
-            for opened in (fd, *writes):
-                os.close(opened)
+            for each in opened:
+                os.close(each)
         pipes = Pipes(proc, launch.stdin, launch.output_cap, serve=launch.serve)
         where = f"bwrap {proc.pid}" + (f", cgroup {group.dirs[0].name}" if group else "")
         return BwrapRunning(proc, pipes, group, launch.marker, where)

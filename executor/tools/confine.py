@@ -51,10 +51,23 @@ def declared_write(workspace: Workspace, text: str, field: str) -> Declared:
         st = None  # made when the call starts, if its directory is there by then
     except OSError as exc:
         raise _refused(ErrorClass.INVALID_ARGUMENT, field, f"{text!r}: {exc.strerror}") from exc
-    if st is not None and not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
-        why = f"{text!r} is neither a regular file nor a directory"
-        raise _refused(ErrorClass.INVALID_ARGUMENT, field, why)
+    if st is not None:
+        _check_kind(st, text, field)
     return Declared(field, text, path, text.endswith("/"))
+
+
+def _check_kind(st: os.stat_result, text: str, field: str) -> None:
+    """A declared write path must be a regular file or a directory; a symlink there was
+    swapped in since the path was resolved (canonical paths hold none). REJECTED: once
+    the call has started that reads FAILURE (results.from_error); nothing ran."""
+    status = Status.REJECTED
+    if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
+        return
+    if stat.S_ISLNK(st.st_mode):
+        why = f"{text!r} became a symlink while the call was checked; not followed"
+        raise ToolError(ErrorClass.PERMISSION_DENIED, why, field=field, status=status)
+    why = f"{text!r} is neither a regular file nor a directory"
+    raise ToolError(ErrorClass.INVALID_ARGUMENT, why, field=field, status=status)
 
 
 def _refused(error_class: ErrorClass, field: str, message: str) -> ToolError:
@@ -118,12 +131,7 @@ def _ready(ws: Workspace, one: Declared, hard_links: Callable[[Path], bool]) -> 
     if st is not None:
         if stat.S_ISREG(st.st_mode) and st.st_nlink > 1 and not hard_links(one.path):
             raise hard_link_refused(ws.relative(one.path), st.st_nlink, one.field)
-        if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
-            raise ToolError(
-                ErrorClass.INVALID_ARGUMENT,
-                f"{one.text!r} is neither a regular file nor a directory",
-                field=one.field,
-            )
+        _check_kind(st, one.text, one.field)
         return _Made()
     return _make(ws, one)
 
