@@ -98,6 +98,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/tools.py
 	$(BIN)/python bench/mcp_bridge.py
 	$(BIN)/python bench/frameworks.py
+	$(BIN)/python bench/fairness.py
 
 # Declared command tools and MCP servers alone (bench/tools.py, bench/README.md).
 bench-tools: $(STAMP)

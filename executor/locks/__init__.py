@@ -2,7 +2,8 @@
 
     keys      Key trees: workspace / directories / files / tables, and net / hosts
     modes     IS IX S SIX X, compatibility, combine; claims (READ/WRITE) -> plan
-    decide    the one grant rule every backend applies (all at once, FIFO per conflict)
+    decide    the one grant rule every backend applies (all at once, fair order per
+              conflict: each agent's calls in arrival order, agents taking turns; caps)
     base      Lease, WaitInfo, Snapshot, the LockBackend protocol, the exceptions
     manager   LockManager: in process, the default
     filelock_backend  FileLockManager: several daemons on one host

@@ -45,12 +45,15 @@ class BackendClosed(LockError):
 class WaitInfo:
     """Why a call waits: the keys it conflicts on and whom it waits for.
 
-    `blockers` are owners, holders first (in grant order), then earlier waiters
-    (in arrival order); each appears once.
+    `blockers` are owners, holders first (in grant order), then waiters ahead of
+    it (in fair order); each appears once. `capped`: the call's flow (its agent)
+    already holds this many grants, its cap, so it also waits for one of them to end
+    (0: it does not).
     """
 
     keys: tuple[Key, ...]
     blockers: tuple[str, ...]
+    capped: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +65,15 @@ class LockEntry:
     granted: bool
     # The daemon instance that asked (file backend); "" in process.
     instance: str = ""
+    # Whose turn it is (the agent; decide.Turns), and how many grants it may hold.
+    flow: str = ""
+    cap: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     holders: tuple[LockEntry, ...]
-    # In arrival (FIFO) order.
+    # In fair order (decide.Turns): arrival order within each flow.
     waiters: tuple[LockEntry, ...]
 
 
@@ -125,6 +131,8 @@ class LockBackend(Protocol):
         *,
         cancel: asyncio.Event | None = None,
         on_wait: Callable[[WaitInfo], None] | None = None,
+        flow: str = "",
+        cap: int = 0,
     ) -> Lease: ...
 
     def snapshot(self) -> Snapshot: ...

@@ -1,10 +1,24 @@
-"""The grant rule, shared by every backend: all or nothing, FIFO per conflict.
+"""The grant rule, shared by every backend: all or nothing, in fair order per conflict.
+
+Waiters stand in *fair order* (`Turns`): each belongs to a flow (the calling
+agent) and gets a tag, one more than its flow's last waiting tag but never less
+than one more than the smallest tag waiting. So a flow's own waiters keep their
+arrival order, and flows take turns: an agent that queued thousands of calls
+holds the first places once each, not all of them (start-time fair queueing,
+with the smallest waiting tag as the virtual time). With one flow this is
+arrival (FIFO) order.
 
 A waiter is granted when its plan is compatible with every lock held and with
-the plan of every earlier waiter still waiting. So a call takes all its locks at
-once (nobody holds some while waiting for others: no deadlock), conflicting
-calls are granted in arrival order (no writer starves behind readers), and a
+the plan of every waiter before it in that order still waiting, and its flow
+holds fewer grants than the waiter's cap (the agent's concurrent-call limit; 0:
+none). So a call takes all its locks at once (nobody holds some while waiting
+for others: no deadlock), conflicting calls are granted in fair order, and a
 call that conflicts with nobody ahead of it starts at once, overtaking them.
+
+No waiter starves: a new waiter's tag is above the smallest waiting one, so the
+first waiter in the order is overtaken only by calls that do not conflict with
+it, and is granted once the holders it conflicts with (and its flow's own
+grants past the cap) are gone; then the next one is first, and so on.
 
 Backends work on `Entries`, a plan flattened to (key parts, mode) pairs: the
 key parts are plain tuples, which hash and compare in C, and this runs for
@@ -14,7 +28,7 @@ every call.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from .base import WaitInfo
 from .keys import Key
@@ -76,26 +90,83 @@ class LockTable:
         return frozenset(m for m in LockMode if value & (m.unit * 0xFFFFFFFF))
 
 
+class Ask(NamedTuple):
+    """One waiter as the rule sees it: its plan, its flow and that flow's cap."""
+
+    items: Entries
+    # Whose turn it is: the calling agent ("" for calls nobody is named for).
+    flow: str = ""
+    # At most this many grants of `flow` held at once; 0: no cap.
+    cap: int = 0
+
+
+def under_cap(ask: Ask, running: Mapping[str, int]) -> bool:
+    """May `ask`'s flow hold one more grant?"""
+    return not ask.cap or running.get(ask.flow, 0) < ask.cap
+
+
 def admissible(items: Entries, held: LockTable, ahead: LockTable) -> bool:
-    """The grant rule for one waiter: no conflict with holders nor earlier waiters."""
+    """The lock part of the rule for one waiter: no conflict with holders nor earlier waiters."""
     return not held.conflicts(items) and not ahead.conflicts(items)
 
 
-def decide(held: LockTable, queue: Iterable[tuple[T, Entries]]) -> list[T]:
-    """Which waiters of `queue` (FIFO order) are granted now; adds their plans to `held`.
+def decide(held: LockTable, running: dict[str, int], queue: Iterable[tuple[T, Ask]]) -> list[T]:
+    """Which waiters of `queue` (fair order) are granted now; adds their plans to `held`
+    and counts them in `running` (grants held per flow).
 
     Granted waiters join `held` as the pass goes, so a later waiter is checked
-    against them too; a waiter left waiting blocks every later one it conflicts with.
+    against them too; a waiter left waiting -- for a lock or for its cap -- blocks
+    every later one it conflicts with.
     """
     ahead = LockTable()
     granted: list[T] = []
-    for ident, items in queue:
-        if admissible(items, held, ahead):
+    for ident, ask in queue:
+        items = ask.items
+        if under_cap(ask, running) and admissible(items, held, ahead):
             held.add(items)
+            running[ask.flow] = running.get(ask.flow, 0) + 1
             granted.append(ident)
         else:
             ahead.add(items)
     return granted
+
+
+class Turns:
+    """Tags of the waiting calls per flow: the fair order is (tag, arrival).
+
+    Only flows with a waiter are kept (a flow whose waiters are all gone starts
+    afresh), so the table is as large as the queue at most.
+    """
+
+    __slots__ = ("_flows",)
+
+    def __init__(self) -> None:
+        # flow -> [waiters it has, the last tag given to one of them]
+        self._flows: dict[str, list[int]] = {}
+
+    def next_tag(self, flow: str, smallest: int) -> int:
+        """The tag the flow's next waiter gets; `smallest`: the smallest tag waiting (0: none)."""
+        found = self._flows.get(flow)
+        last = found[1] if found is not None else 0
+        return max(last, smallest) + 1
+
+    def join(self, flow: str, tag: int) -> None:
+        found = self._flows.get(flow)
+        if found is None:
+            self._flows[flow] = [1, tag]
+        else:
+            found[0] += 1
+            found[1] = max(found[1], tag)
+
+    def waiting(self, flow: str) -> bool:
+        """Has the flow a waiter?"""
+        return flow in self._flows
+
+    def leave(self, flow: str) -> None:
+        found = self._flows[flow]
+        found[0] -= 1
+        if not found[0]:
+            del self._flows[flow]
 
 
 def wait_info(

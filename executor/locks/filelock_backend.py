@@ -5,9 +5,13 @@ every read-decide-write step holds a `filelock.FileLock` mutex, so the daemons
 apply the same grant rule (`decide`) to one table, one step at a time:
 
     <lock_dir>/              0700
-        table.db             entries: ticket, instance, owner, plan, granted
+        table.db             entries: ticket, instance, owner, plan, granted, flow, cap, tag
         table.lock           the mutex
         instances/<id>.lock  flock held by each live daemon instance
+
+Waiters stand in the fair order of `decide.Turns` (the `tag` column, then the
+ticket); a flow is one agent of one daemon instance, so each daemon's policy caps
+its own agents' calls and an agent served by two daemons is two flows.
 
 A waiting call polls (backoff 5 ms to 50 ms; a release in the same daemon wakes
 it at once). Crash safety: a daemon holds an flock on its instance file for its
@@ -34,7 +38,7 @@ from typing import Any
 import filelock
 
 from .base import Abandoned, BackendClosed, Lease, LockEntry, LockError, Snapshot, WaitInfo
-from .decide import Entries, LockTable, decide, entries, wait_info
+from .decide import Ask, Entries, LockTable, decide, entries, wait_info
 from .keys import Key
 from .modes import LockMode
 
@@ -44,12 +48,24 @@ CREATE TABLE IF NOT EXISTS entries (
     instance TEXT NOT NULL,                      -- the daemon instance that asked
     owner    TEXT NOT NULL,
     plan     TEXT NOT NULL,                      -- JSON [[key parts, mode], ...]
-    granted  INTEGER NOT NULL DEFAULT 0          -- 1 from the grant until release
+    granted  INTEGER NOT NULL DEFAULT 0,         -- 1 from the grant until release
+    flow     TEXT NOT NULL DEFAULT '',           -- whose turn: the agent (decide.Turns)
+    cap      INTEGER NOT NULL DEFAULT 0,         -- grants the flow may hold (0: no cap)
+    tag      INTEGER NOT NULL DEFAULT 0          -- fair order: (tag, ticket)
 )
 """
+# Columns a table made before fair order lacks (added in place: a lock directory is
+# shared by every daemon of the workspace; an older daemon's entries get tag 0 and
+# so stand first).
+_ADDED = (
+    ("flow", "TEXT NOT NULL DEFAULT ''"),
+    ("cap", "INTEGER NOT NULL DEFAULT 0"),
+    ("tag", "INTEGER NOT NULL DEFAULT 0"),
+)
 _INSTANCE_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
-Row = tuple[int, str, str, str, int]
+# ticket, instance, owner, plan, granted, flow, cap
+Row = tuple[int, str, str, str, int, str, int]
 
 
 class FileLockManager:
@@ -112,8 +128,11 @@ class FileLockManager:
         *,
         cancel: asyncio.Event | None = None,
         on_wait: Callable[[WaitInfo], None] | None = None,
+        flow: str = "",
+        cap: int = 0,
     ) -> Lease:
-        """Wait until every lock of `plan` is granted to `owner`, all at once.
+        """Wait until every lock of `plan` is granted to `owner`, all at once; `flow`
+        and `cap` as for `LockManager.acquire` (the cap counts this daemon's grants).
 
         Raises:
             Abandoned: `cancel` was set before the grant; the entry is gone.
@@ -123,8 +142,8 @@ class FileLockManager:
         self._check_open()
         if cancel is not None and cancel.is_set():
             raise Abandoned(owner)
-        items = entries(plan)
-        ticket, granted, info = self._enqueue(owner, items, on_wait is not None)
+        ask = Ask(entries(plan), flow, cap)
+        ticket, granted, info = self._enqueue(owner, ask, on_wait is not None)
         try:
             if not granted:
                 if on_wait is not None and info is not None:
@@ -138,14 +157,14 @@ class FileLockManager:
         return lease
 
     def snapshot(self) -> Snapshot:
-        """Every live daemon's holders and waiters, each in ticket (arrival) order."""
+        """Every live daemon's holders and waiters, each in fair order (tag, ticket)."""
         self._check_open()
         with self._step():
             self._purge_dead()
             rows = self._rows()
         shown = [
-            LockEntry(owner, tuple((Key(k), m) for k, m in self._plan(t, p)), bool(g), inst)
-            for t, inst, owner, p, g in rows
+            LockEntry(owner, tuple((Key(k), m) for k, m in self._plan(t, p)), bool(g), inst, f, c)
+            for t, inst, owner, p, g, f, c in rows
         ]
         return Snapshot(
             tuple(e for e in shown if e.granted), tuple(e for e in shown if not e.granted)
@@ -189,6 +208,10 @@ class FileLockManager:
             # Locks mean nothing after a reboot: no need to fsync every step.
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute(_SCHEMA)
+            have = {row[1] for row in self._db.execute("PRAGMA table_info(entries)")}
+            for name, decl in _ADDED:
+                if name not in have:
+                    self._db.execute(f"ALTER TABLE entries ADD COLUMN {name} {decl}")
             self._instance_fd = _claim(self._instances / f"{self.instance_id}.lock")
             self._db.execute("DELETE FROM entries WHERE instance = ?", (self.instance_id,))
             for path in self._instances.glob("*.lock"):
@@ -216,26 +239,41 @@ class FileLockManager:
         finally:
             self._mutex.release()
 
-    def _enqueue(
-        self, owner: str, items: Entries, want_info: bool
-    ) -> tuple[int, bool, WaitInfo | None]:
+    def _enqueue(self, owner: str, ask: Ask, want_info: bool) -> tuple[int, bool, WaitInfo | None]:
         """Append an entry and decide; returns its ticket, whether granted, why not."""
-        text = json.dumps([[parts, mode.name] for parts, mode in items])
+        text = json.dumps([[parts, mode.name] for parts, mode in ask.items])
         with self._step():
+            tag = self._next_tag(ask.flow)
             cur = self._db.execute(
-                "INSERT INTO entries (instance, owner, plan) VALUES (?, ?, ?)",
-                (self.instance_id, owner, text),
+                "INSERT INTO entries (instance, owner, plan, flow, cap, tag) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (self.instance_id, owner, text, ask.flow, ask.cap, tag),
             )
             ticket = cur.lastrowid
             assert ticket is not None
-            self._plans[ticket] = items
+            self._plans[ticket] = ask.items
             rows = self._decide()
-        granted = any(t == ticket and g for t, _, _, _, g in rows)
-        if granted or not want_info:
-            return ticket, granted, None
-        holders = [(o, self._plan(t, p)) for t, _, o, p, g in rows if g]
-        earlier = [(o, self._plan(t, p)) for t, _, o, p, g in rows if not g and t < ticket]
-        return ticket, False, wait_info(items, holders, earlier)
+        mine = next(r for r in rows if r[0] == ticket)
+        if mine[4] or not want_info:
+            return ticket, bool(mine[4]), None
+        holders = [(r[2], self._plan(r[0], r[3])) for r in rows if r[4]]
+        waiting = [r for r in rows if not r[4]]
+        earlier = [(r[2], self._plan(r[0], r[3])) for r in waiting[: waiting.index(mine)]]
+        info = wait_info(ask.items, holders, earlier)
+        mine_running = sum(1 for r in rows if r[4] and self._flow_key(r) == self._flow_key(mine))
+        if ask.cap and mine_running >= ask.cap:
+            info = WaitInfo(info.keys, info.blockers, capped=ask.cap)
+        return ticket, False, info
+
+    def _next_tag(self, flow: str) -> int:
+        """decide.Turns over the table: one more than the flow's last waiting tag, and
+        than the smallest waiting tag."""
+        smallest, last = self._db.execute(
+            "SELECT MIN(tag), MAX(CASE WHEN instance = ? AND flow = ? THEN tag END) "
+            "FROM entries WHERE granted = 0",
+            (self.instance_id, flow),
+        ).fetchone()
+        return max(last or 0, smallest or 0) + 1
 
     async def _poll(self, ticket: int, owner: str, cancel: asyncio.Event | None) -> None:
         """Look at the table with backoff until the entry is granted or `cancel` fires."""
@@ -260,7 +298,7 @@ class FileLockManager:
         self._check_open()
         with self._step():
             rows = self._decide()
-        for t, _, _, _, g in rows:
+        for t, _, _, _, g, _, _ in rows:
             if t == ticket:
                 return bool(g)
         raise LockError(f"lock entry {ticket} vanished from the table")
@@ -269,17 +307,28 @@ class FileLockManager:
         """Purge dead instances, grant what the rule admits; returns the table after."""
         self._purge_dead()
         rows = self._rows()
-        held = LockTable(self._plan(t, p) for t, _, _, p, g in rows if g)
-        queue = [(t, self._plan(t, p)) for t, _, _, p, g in rows if not g]
-        granted = set(decide(held, queue))
+        held = LockTable(self._plan(r[0], r[3]) for r in rows if r[4])
+        running: dict[str, int] = {}
+        for r in rows:
+            if r[4]:
+                running[self._flow_key(r)] = running.get(self._flow_key(r), 0) + 1
+        queue = [
+            (r[0], Ask(self._plan(r[0], r[3]), self._flow_key(r), r[6])) for r in rows if not r[4]
+        ]
+        granted = set(decide(held, running, queue))
         if granted:
             self._db.executemany(
                 "UPDATE entries SET granted = 1 WHERE ticket = ?", [(t,) for t in granted]
             )
             self._wake()
-        live = {t for t, *_ in rows}
+        live = {r[0] for r in rows}
         self._plans = {t: p for t, p in self._plans.items() if t in live}
-        return [(t, i, o, p, 1 if t in granted else g) for t, i, o, p, g in rows]
+        return [(*r[:4], 1 if r[0] in granted else r[4], *r[5:]) for r in rows]
+
+    @staticmethod
+    def _flow_key(row: Row) -> str:
+        """A flow is one agent of one daemon instance (instance ids hold no NUL)."""
+        return f"{row[1]}\0{row[5]}"
 
     def _purge_dead(self) -> None:
         others = self._db.execute(
@@ -292,8 +341,10 @@ class FileLockManager:
                 self._db.execute("DELETE FROM entries WHERE instance = ?", (instance,))
 
     def _rows(self) -> list[Row]:
+        """Holders and waiters, in fair order (decide.Turns)."""
         return self._db.execute(
-            "SELECT ticket, instance, owner, plan, granted FROM entries ORDER BY ticket"
+            "SELECT ticket, instance, owner, plan, granted, flow, cap FROM entries "
+            "ORDER BY tag, ticket"
         ).fetchall()
 
     def _plan(self, ticket: int, text: str) -> Entries:

@@ -3,27 +3,34 @@
 An uncontended `acquire` is a few dictionary lookups and returns without
 creating a future or a task; only a call that has to wait gets a future (and,
 when it can be cancelled, one helper task that waits on the cancel event).
-Grants follow `decide`: all locks at once, FIFO per conflict.
+Grants follow `decide`: all locks at once, in fair order per conflict (each
+agent's calls in arrival order, agents taking turns), within each agent's cap.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+import bisect
+import itertools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from .base import Abandoned, BackendClosed, Lease, LockEntry, Snapshot, WaitInfo
-from .decide import Entries, LockTable, admissible, decide, entries, wait_info
+from .decide import Ask, LockTable, Turns, admissible, decide, entries, under_cap, wait_info
 from .keys import Key
 from .modes import LockMode, plans_conflict
 
 
 class _Waiter:
-    __slots__ = ("future", "items", "owner", "plan")
+    __slots__ = ("ask", "future", "owner", "plan", "rank")
 
-    def __init__(self, owner: str, plan: Mapping[Key, LockMode], items: Entries) -> None:
+    def __init__(
+        self, owner: str, plan: Mapping[Key, LockMode], ask: Ask, rank: tuple[int, int]
+    ) -> None:
         self.owner = owner
         self.plan = plan
-        self.items = items
+        self.ask = ask
+        # (tag, arrival): its place in the fair order (decide.Turns).
+        self.rank = rank
         # Invariant: pending while the waiter is in the queue; only the manager
         # completes it (result: the Lease; exception: BackendClosed).
         self.future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
@@ -37,14 +44,19 @@ class LockManager:
     """
 
     def __init__(self) -> None:
-        # Invariant: `_held` is exactly the union of the entries of `_holders`.
+        # Invariant: `_held` is exactly the union of the entries of `_holders`, and
+        # `_running` counts the holders per flow (flows holding nothing are absent).
         self._held = LockTable()
-        self._holders: dict[Lease, Entries] = {}
-        # Invariant: `_waiting` is exactly the union of the entries of `_queue`
-        # (FIFO order), and after every change no queued waiter is admissible:
-        # grants are made as soon as they are possible.
+        self._holders: dict[Lease, Ask] = {}
+        self._running: dict[str, int] = {}
+        # Invariant: `_queue` is sorted by rank (the fair order), `_waiting` is
+        # exactly the union of its entries, `_turns` counts its waiters per flow,
+        # and after every change no queued waiter is grantable: grants are made as
+        # soon as they are possible.
         self._waiting = LockTable()
-        self._queue: dict[_Waiter, None] = {}
+        self._queue: list[_Waiter] = []
+        self._turns = Turns()
+        self._arrivals = itertools.count()
         self._closed = False
 
     async def acquire(
@@ -54,8 +66,13 @@ class LockManager:
         *,
         cancel: asyncio.Event | None = None,
         on_wait: Callable[[WaitInfo], None] | None = None,
+        flow: str = "",
+        cap: int = 0,
     ) -> Lease:
         """Wait until every lock of `plan` is granted to `owner`, all at once.
+
+        `flow` (the agent) places the waiter in the fair order; `cap` (0: none) is
+        how many grants its flow may hold at once, this one included.
 
         Raises:
             Abandoned: `cancel` was set before the grant; nothing is held or queued.
@@ -66,28 +83,46 @@ class LockManager:
         if cancel is not None and cancel.is_set():
             raise Abandoned(owner)
         # Our own copy: the caller's mapping could change under the table.
-        items = entries(plan)
-        if admissible(items, self._held, self._waiting):
-            self._held.add(items)
-            lease = Lease(owner, plan, self._release)
-            self._holders[lease] = items
-            return lease
-        return await self._wait(_Waiter(owner, plan, items), cancel, on_wait)
+        ask = Ask(entries(plan), flow, cap)
+        queue = self._queue
+        tag = self._turns.next_tag(flow, queue[0].rank[0] if queue else 0)
+        if under_cap(ask, self._running) and admissible(ask.items, self._held, self._ahead(tag)):
+            return self._grant(owner, plan, ask)
+        waiter = _Waiter(owner, plan, ask, (tag, next(self._arrivals)))
+        return await self._wait(waiter, cancel, on_wait)
 
     def snapshot(self) -> Snapshot:
-        """Holders (grant order) and waiters (FIFO order), for debugging and explain."""
-        holders = tuple(_entry(lease.owner, items, True) for lease, items in self._holders.items())
-        waiters = tuple(_entry(w.owner, w.items, False) for w in self._queue)
+        """Holders (grant order) and waiters (fair order), for debugging and explain."""
+        holders = tuple(_entry(lease.owner, ask, True) for lease, ask in self._holders.items())
+        waiters = tuple(_entry(w.owner, w.ask, False) for w in self._queue)
         return Snapshot(holders, waiters)
 
     def close(self) -> None:
         """Refuse new calls and fail every waiter with BackendClosed; leases stay valid."""
         self._closed = True
-        queue, self._queue, self._waiting = self._queue, {}, LockTable()
+        queue, self._queue, self._waiting, self._turns = self._queue, [], LockTable(), Turns()
         for waiter in queue:
             waiter.future.set_exception(BackendClosed("the lock manager is closed"))
 
     # -- internals ---------------------------------------------------------------------
+
+    def _ahead(self, tag: int) -> LockTable:
+        """The plans of the waiters a new waiter with `tag` would stand behind."""
+        queue = self._queue
+        if not queue or tag >= queue[-1].rank[0]:
+            return self._waiting  # behind everyone: the common case, at no cost
+        return LockTable(w.ask.items for w in self._before(tag))
+
+    def _before(self, tag: int) -> list[_Waiter]:
+        """The waiters ahead of a new one with `tag` (equal tags arrived earlier)."""
+        return self._queue[: bisect.bisect_right(self._queue, tag, key=lambda w: w.rank[0])]
+
+    def _grant(self, owner: str, plan: Mapping[Key, LockMode], ask: Ask) -> Lease:
+        self._held.add(ask.items)
+        self._running[ask.flow] = self._running.get(ask.flow, 0) + 1
+        lease = Lease(owner, plan, self._release)
+        self._holders[lease] = ask
+        return lease
 
     async def _wait(
         self,
@@ -96,11 +131,9 @@ class LockManager:
         on_wait: Callable[[WaitInfo], None] | None,
     ) -> Lease:
         info = None
-        if on_wait is not None:  # before joining: earlier waiters only
-            holders = ((lease.owner, items) for lease, items in self._holders.items())
-            info = wait_info(waiter.items, holders, ((w.owner, w.items) for w in self._queue))
-        self._queue[waiter] = None
-        self._waiting.add(waiter.items)
+        if on_wait is not None:  # before joining: the waiters ahead of it only
+            info = self._why(waiter)
+        self._enqueue(waiter)
         try:
             if on_wait is not None and info is not None:
                 on_wait(info)
@@ -113,6 +146,26 @@ class LockManager:
             raise Abandoned(waiter.owner)
         return waiter.future.result()
 
+    def _why(self, waiter: _Waiter) -> WaitInfo:
+        holders = ((lease.owner, ask.items) for lease, ask in self._holders.items())
+        ahead = ((w.owner, w.ask.items) for w in self._before(waiter.rank[0]))
+        info = wait_info(waiter.ask.items, holders, ahead)
+        if under_cap(waiter.ask, self._running):
+            return info
+        return WaitInfo(info.keys, info.blockers, capped=waiter.ask.cap)
+
+    def _enqueue(self, waiter: _Waiter) -> None:
+        bisect.insort(self._queue, waiter, key=lambda w: w.rank)
+        self._waiting.add(waiter.ask.items)
+        self._turns.join(waiter.ask.flow, waiter.rank[0])
+
+    def _dequeue(self, gone: Iterable[_Waiter]) -> None:
+        gone = set(gone)
+        self._queue = [w for w in self._queue if w not in gone]
+        for waiter in gone:
+            self._waiting.remove(waiter.ask.items)
+            self._turns.leave(waiter.ask.flow)
+
     def _withdraw(self, waiter: _Waiter) -> None:
         """Take a waiter that gives up out of the queue, or give back what it just got."""
         future = waiter.future
@@ -121,22 +174,34 @@ class LockManager:
                 future.result().release()  # granted as it gave up: never leak it
             return
         future.cancel()
-        del self._queue[waiter]
-        self._waiting.remove(waiter.items)
-        self._pump()  # whoever waited only behind it may go now
+        self._dequeue((waiter,))
+        if self._waiting.conflicts(waiter.ask.items):
+            self._pump()  # whoever waited only behind it may go now
 
     def _release(self, lease: Lease) -> None:
-        self._held.remove(self._holders.pop(lease))
-        if self._queue:
+        ask = self._holders.pop(lease)
+        self._held.remove(ask.items)
+        left = self._running[ask.flow] - 1
+        if left:
+            self._running[ask.flow] = left
+        else:
+            del self._running[ask.flow]
+        # Only a waiter that conflicted with this plan, or one of its flow (it may have
+        # waited for the cap), can have become grantable: otherwise the pass, which
+        # reads the whole queue, is skipped (a quick call beside thousands of waiting
+        # ones would pay for each of them at its release).
+        if self._waiting.conflicts(ask.items) or self._turns.waiting(ask.flow):
             self._pump()
 
     def _pump(self) -> None:
         """Grant every waiter the rule admits now (`decide` adds them to `_held`)."""
-        for waiter in decide(self._held, ((w, w.items) for w in self._queue)):
-            del self._queue[waiter]
-            self._waiting.remove(waiter.items)
+        granted = decide(self._held, self._running, ((w, w.ask) for w in self._queue))
+        if not granted:
+            return
+        self._dequeue(granted)
+        for waiter in granted:
             lease = Lease(waiter.owner, waiter.plan, self._release)
-            self._holders[lease] = waiter.items
+            self._holders[lease] = waiter.ask
             waiter.future.set_result(lease)
 
 
@@ -159,8 +224,9 @@ async def _granted_or_cancelled(
         gave_up.cancel()
 
 
-def _entry(owner: str, items: Entries, granted: bool) -> LockEntry:
-    return LockEntry(owner, tuple((Key(parts), mode) for parts, mode in items), granted)
+def _entry(owner: str, ask: Ask, granted: bool) -> LockEntry:
+    plan = tuple((Key(parts), mode) for parts, mode in ask.items)
+    return LockEntry(owner, plan, granted, flow=ask.flow, cap=ask.cap)
 
 
 def explain(

@@ -23,7 +23,10 @@ class NoLocks:
         *,
         cancel: asyncio.Event | None = None,
         on_wait: Callable[[WaitInfo], None] | None = None,
+        flow: str = "",
+        cap: int = 0,
     ) -> Lease:
+        del flow, cap  # no locks, no turns, no caps: that is the point
         if cancel is not None and cancel.is_set():
             raise Abandoned(owner)
         return Lease(owner, plan, lambda lease: None)

@@ -13,7 +13,7 @@ from execgate.executor.core.errors import ToolError
 from execgate.executor.core.outcomes import ErrorClass, Status
 from execgate.executor.core.paths import Workspace
 from execgate.executor.journal.store import PolicyRecord
-from execgate.executor.policy import Effect, Policy, PolicyInput
+from execgate.executor.policy import Effect, Policy, PolicyInput, Quota
 from execgate.executor.policy.model import Undecided
 from execgate.executor.tools.declared import Prepared
 
@@ -74,6 +74,11 @@ class Authorizer:
     def readable(self, authorized: Authorized) -> Callable[[Path], bool]:
         """Per-file answers for tree tools, on the input the call was decided on."""
         return file_check(self.policy, authorized.policy_input, self.workspace)
+
+    def quota(self, authorized: Authorized) -> Quota:
+        """The policy in force's `quotas:` on the call's agent."""
+        decided_on = authorized.policy_input
+        return self.policy.quota_for(decided_on.agent, decided_on.memberships)
 
     def hard_links(self) -> Callable[[Path], bool]:
         """Where the policy in force lets a tool use a file with several hard links."""

@@ -11,17 +11,17 @@ reached (`Reached`): its journal row and its trace say what was decided.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeAlias
 
 from execgate.executor.core.approval import Approval
 from execgate.executor.core.requests import CallRequest
 from execgate.executor.journal.store import PolicyRecord
-from execgate.executor.locks import Key, LockMode
+from execgate.executor.locks import Key, LockMode, plan
 from execgate.executor.policy import Decision, PolicyInput
 from execgate.executor.tools import Tool
-from execgate.executor.tools.effects import CallEffects
+from execgate.executor.tools.effects import CallEffects, unconfined
 
 __all__ = ["Approved", "Authorized", "CallRequest", "Reached", "ValidCall"]
 
@@ -47,6 +47,15 @@ class ValidCall:
     @property
     def may_write(self) -> bool:
         return self.effects.may_write
+
+    def placed(self, confines: bool) -> ValidCall:
+        """The call as it is scheduled where its sandbox does (`confines`) or does not
+        keep it to the writes it declared: a declaration nobody enforces claims the
+        whole workspace (effects.unconfined)."""
+        if self.effects.confined is None or confines:
+            return self
+        effects = unconfined(self.effects)
+        return replace(self, effects=effects, lock_plan=plan(effects.claims))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -77,8 +77,10 @@ class Dispatcher:
         self._idempotency = Idempotency(journal)
         self._endings = Endings(journal)
         self._locks = locks
-        runner = Runner(self.authorizer, workspace, sandboxes, limits)
-        self._scheduler = Scheduler(journal, locks, self._endings, runner, str(workspace.root))
+        self._runner = runner = Runner(self.authorizer, workspace, sandboxes, limits)
+        self._scheduler = Scheduler(
+            journal, locks, self._endings, runner, str(workspace.root), self.authorizer.quota
+        )
         self.sandboxes = sandboxes
         self._root = str(workspace.root)
         # Invariant: every task here is a call that has not yet recorded its outcome.
@@ -142,7 +144,7 @@ class Dispatcher:
 
     async def explain(self, calls: list[CallRequest], agent: str) -> list[PlanRow]:
         """The lock plan of a batch, computed exactly as Execute would, running nothing."""
-        return await plan(calls, agent, self._validator, self.authorizer)
+        return await plan(calls, agent, self._validator, self.authorizer, self._runner.confines)
 
     async def cancel(self, order: CancelOrder) -> list[str]:
         """Record the request, then ask the targeted calls to stop; returns the ids reached."""

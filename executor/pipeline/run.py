@@ -17,7 +17,7 @@ from execgate.executor.core.outcomes import ErrorClass, Mark, Outcome, Phase, ma
 from execgate.executor.core.paths import Workspace
 from execgate.executor.policy import CallLimits, PolicyInput
 from execgate.executor.sandbox import SandboxError
-from execgate.executor.sandbox.registry import Sandboxes
+from execgate.executor.sandbox.registry import Placement, Sandboxes
 from execgate.executor.tools import CancelScope, Limits, ToolContext
 from execgate.executor.tools.base import PlacedTool
 
@@ -41,6 +41,19 @@ class Runner:
         self._workspace = workspace
         self._sandboxes = sandboxes
         self._limits = limits
+
+    def confines(self, call: ValidCall, decided_on: PolicyInput) -> bool:
+        """Does the sandbox this call will run in keep it to its declared writes?"""
+        try:
+            sandbox, _ = self._sandboxes.for_call(
+                call.request.tool,
+                decided_on.agent,
+                decided_on.memberships,
+                _declared_placement(call),
+            )
+        except SandboxError:
+            return False  # run_tool reports the sandbox error; the locks stay wide
+        return sandbox.confines_writes
 
     async def run(
         self,
@@ -90,12 +103,9 @@ async def run_tool(
     """The tool's outcome (FINISHED marked) and its raw result for the journal.
     `allowed_s`: the call's timeout (its own, the policy's and the run's deadline)."""
     req = call.request
-    placed = None
-    if isinstance(call.tool, PlacedTool):
-        placed = (call.tool.placement.backend, call.tool.placement.limits)
     try:
         sandbox, confinement = sandboxes.for_call(
-            req.tool, decided_on.agent, decided_on.memberships, placed
+            req.tool, decided_on.agent, decided_on.memberships, _declared_placement(call)
         )
     except SandboxError as exc:
         err = ToolError(ErrorClass.SANDBOX_ERROR, str(exc))
@@ -109,6 +119,7 @@ async def run_tool(
         sandbox=sandbox,
         confinement=confinement,
         may_write=call.may_write,
+        confined=call.effects.confined,
         marker=secrets.token_hex(8),
         run_id=req.run_id,
         agent=decided_on.agent,
@@ -132,6 +143,13 @@ async def run_tool(
         out, may_write=call.may_write, cap=limits.output_cap_bytes, marks=marks
     )
     return outcome.with_marks(mark(Phase.FINISHED)), out.raw()
+
+
+def _declared_placement(call: ValidCall) -> Placement | None:
+    """What the tool's declaration says about where it runs (backend, limits)."""
+    if isinstance(call.tool, PlacedTool):
+        return (call.tool.placement.backend, call.tool.placement.limits)
+    return None
 
 
 def call_limits(

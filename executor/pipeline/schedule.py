@@ -1,54 +1,102 @@
-"""Schedule: an approved call waits for its locks, is journaled as started, runs, and
-its outcome is journaled, then reported.
+"""Schedule: an approved call passes its agent's quotas, waits for its locks, is
+journaled as started, runs, and its outcome is journaled, then reported.
 
 The intent is written only once the locks are granted, just before the tool starts:
 a call still queued when the daemon dies has no row and is known never to have
-started, so recovery never calls it UNKNOWN_OUTCOME.
+started, so recovery never calls it UNKNOWN_OUTCOME. The lock queue is fair between
+agents (locks.decide: each agent is a flow) and holds a call past its agent's
+concurrent-call cap; the policy's other quotas are applied before it (quota.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
+from execgate.executor.core.errors import ToolError
 from execgate.executor.core.outcomes import ErrorClass, Mark, Outcome, Phase, mark, rejected
 from execgate.executor.journal.base import CallStore
 from execgate.executor.journal.store import DuplicateCall
 from execgate.executor.locks import Abandoned, LockBackend, WaitInfo
+from execgate.executor.policy import Quota
 from execgate.executor.tools import CancelScope
 
-from .calls import Approved, CallRequest
+from . import results
+from .calls import Approved, Authorized, CallRequest
 from .endings import Endings, record
 from .events import Batch, EventKind
 from .inflight import Active
+from .quota import Quotas, Ticket
 from .run import Runner
 
 
 class Scheduler:
     def __init__(
-        self, journal: CallStore, locks: LockBackend, endings: Endings, runner: Runner, root: str
+        self,
+        journal: CallStore,
+        locks: LockBackend,
+        endings: Endings,
+        runner: Runner,
+        root: str,
+        quota_for: Callable[[Authorized], Quota],
     ) -> None:
         self.journal = journal
         self._locks = locks
         self._endings = endings
         self._runner = runner
         self._root = root  # the workspace: WAITING events render keys against it
+        # The policy in force's `quotas:` for a call's agent (reloads swap the policy).
+        self._quota_for = quota_for
+        self._quotas = Quotas()
 
     async def schedule(
         self, approved: Approved, batch: Batch, active: Active, queued: Mark
     ) -> Outcome:
-        """Wait for the locks, journal the intent, run, journal the outcome, report it."""
+        """Pass the agent's quotas, then run the call under its locks (`_locked`)."""
+        placed = self._placed(approved)
+        quota = self._quota_for(placed.authorized)
+        try:
+            ticket = self._quotas.admit(batch.agent, quota)
+        except ToolError as err:  # over a quota: refused, journaled first
+            outcome = results.from_error(err, (queued,))
+            await self._endings.reject(placed.request, batch, outcome, reached=placed)
+            return outcome
+        admitted = _Admitted(quota, ticket, WIDENED if placed is not approved else "")
+        try:
+            return await self._locked(placed, batch, active, queued, admitted)
+        finally:
+            ticket.end()
+
+    async def _locked(
+        self,
+        approved: Approved,
+        batch: Batch,
+        active: Active,
+        queued: Mark,
+        admitted: _Admitted,
+    ) -> Outcome:
+        """Wait for the rate slot and the locks, journal the intent, run, journal the
+        outcome, report it."""
         req, scope = approved.request, active.scope
+        quota, ticket = admitted.quota, admitted.ticket
         waited: list[Mark] = []
         try:
+            if ticket.delay > 0:
+                waited.append(mark(Phase.WAITING, _paced(quota)))
+            if not await ticket.pace(scope.requested):
+                raise Abandoned(owner(req))
             lease = await self._locks.acquire(
                 owner(req),
                 approved.valid.lock_plan,
                 cancel=scope.requested,
-                on_wait=lambda info: self._waiting(req, batch, info, waited),
+                on_wait=lambda info: self._waiting(req, batch, info, waited, quota),
+                flow=batch.agent,
+                cap=quota.cap,
             )
+            ticket.start()
             batch.pass_turn(req.index)
             async with lease:  # released on every exit path, a crashing tool included
-                marks = (queued, *waited, mark(Phase.LOCK_GRANTED))
+                marks = (queued, *waited, mark(Phase.LOCK_GRANTED, admitted.granted))
                 if scope.requested.is_set():
                     raise Abandoned(owner(req))
                 await self._intent(approved, queued, active)
@@ -57,7 +105,24 @@ class Scheduler:
             return await self._abandoned(approved, batch, scope, (queued, *waited))
         except DuplicateCall:
             return await self._endings.refuse_duplicate(req, batch, queued, approved)
-        # Recorded before it is reported: an outcome nobody can find later is never sent.
+        return await self._recorded(approved, batch, queued, outcome, raw)
+
+    def _placed(self, approved: Approved) -> Approved:
+        """A command's declared effects are its locks only where its sandbox enforces
+        them; elsewhere (`process`) it takes the whole workspace."""
+        valid = approved.valid
+        if valid.effects.confined is None:
+            return approved
+        placed = valid.placed(self._runner.confines(valid, approved.authorized.policy_input))
+        if placed is valid:
+            return approved
+        return replace(approved, authorized=replace(approved.authorized, valid=placed))
+
+    async def _recorded(
+        self, approved: Approved, batch: Batch, queued: Mark, outcome: Outcome, raw: str
+    ) -> Outcome:
+        """The outcome journaled, then reported: one nobody can find later is never sent."""
+        req = approved.request
         try:
             await self.journal.record_outcome(
                 req.run_id, req.call_id, outcome, raw, durable=approved.valid.may_write
@@ -67,11 +132,16 @@ class Scheduler:
         batch.emit(EventKind.FINISHED, req, outcome=outcome, reached=approved)
         return outcome
 
-    def _waiting(self, req: CallRequest, batch: Batch, info: WaitInfo, waited: list[Mark]) -> None:
-        """Called once the call is in the lock queue behind others."""
+    def _waiting(
+        self, req: CallRequest, batch: Batch, info: WaitInfo, waited: list[Mark], quota: Quota
+    ) -> None:
+        """Called once the call is in the lock queue behind others (or its agent's cap)."""
         batch.pass_turn(req.index)
         keys = tuple(k.render(self._root) for k in info.keys)
-        waited.append(mark(Phase.WAITING, "behind " + ", ".join(info.blockers)))
+        behind = list(info.blockers)
+        if info.capped and quota.concurrent is not None:
+            behind.append(f"its agent's {info.capped} running calls ({quota.concurrent.field})")
+        waited.append(mark(Phase.WAITING, "behind " + ", ".join(behind)))
         batch.emit(EventKind.WAITING, req, waiting=(keys, info.blockers))
 
     async def _intent(self, approved: Approved, queued: Mark, active: Active) -> None:
@@ -112,6 +182,26 @@ class Scheduler:
         outcome = outcome.with_marks(*marks, mark(Phase.CANCEL_REQUESTED, scope.reason))
         await self._endings.reject(approved.request, batch, outcome, reached=approved)
         return outcome
+
+
+@dataclass(frozen=True, slots=True)
+class _Admitted:
+    """A call past its agent's quotas, as it goes to the lock queue."""
+
+    quota: Quota
+    ticket: Ticket
+    # The lock_granted mark's detail ("": nothing to say).
+    granted: str = ""
+
+
+# Why a command that declared its paths locked the whole workspace.
+WIDENED = "the whole workspace: this sandbox cannot enforce the declared paths"
+
+
+def _paced(quota: Quota) -> str:
+    rate = quota.per_second
+    assert rate is not None  # only a rate makes a call wait before the lock queue
+    return f"paced to {rate.value:g} calls per second ({rate.field})"
 
 
 def owner(req: CallRequest) -> str:

@@ -21,7 +21,7 @@ from execgate.executor.core.requests import MAX_ID_CHARS, MAX_JSON_DEPTH, nested
 from execgate.executor.locks import plan
 from execgate.executor.tools import Limits, ResourceKind, Tool
 from execgate.executor.tools.base import CheckedTool, PlacedTool
-from execgate.executor.tools.effects import AnalysedTool, analyse
+from execgate.executor.tools.effects import AnalysedTool, analyse, quick
 from execgate.executor.tools.toolset import ToolSet
 
 from .calls import CallRequest, ValidCall
@@ -67,7 +67,7 @@ class Validator:
         if isinstance(tool, CheckedTool):
             tool.check(args)
         paths = self._resolve_paths(tool, args)
-        if isinstance(tool, AnalysedTool):
+        if isinstance(tool, AnalysedTool) and not quick(tool):
             effects = await asyncio.to_thread(analyse, tool, args, paths, self.workspace)
         else:
             effects = analyse(tool, args, paths, self.workspace)

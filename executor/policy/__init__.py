@@ -15,16 +15,20 @@ from execgate.executor.core.outcomes import ErrorClass, Status
 
 from .load import load_text, read_file
 from .model import Decision, Effect, PolicyInput, Rule, decide, path_glob
+from .quotas import NO_QUOTA, Bound, Over, Quota, QuotaRule, quota_for
 from .reads import ReadGrant, readable
 from .runrules import CallLimits, LimitRule, SandboxRule, limits_for
 
 __all__ = [
+    "Bound",
     "CallLimits",
     "Decision",
     "Effect",
+    "Over",
     "Policy",
     "PolicyError",
     "PolicyInput",
+    "Quota",
     "ReadGrant",
     "Rule",
     "SandboxRule",
@@ -48,6 +52,8 @@ class Policy:
     hard_links: tuple[str, ...] = ()
     # `reads:` grants: whose journal records agents read beyond their own.
     reads: tuple[ReadGrant, ...] = ()
+    # `quotas:`: how much of the daemon one agent may take at once.
+    quotas: tuple[QuotaRule, ...] = ()
 
     def decide(self, call: PolicyInput) -> Decision:
         return decide(self.rules, self.default, self.revision, call)
@@ -75,6 +81,12 @@ class Policy:
         """The timeout, grace and output cap the `limits:` section sets for `call`."""
         return limits_for(self.limits, call.tool, call.agent, call.memberships)
 
+    def quota_for(self, agent: str, memberships: frozenset[str] = frozenset()) -> Quota:
+        """The `quotas:` limits on this agent's calls (NO_QUOTA: none)."""
+        if not self.quotas:
+            return NO_QUOTA
+        return quota_for(self.quotas, agent, memberships)
+
     def hard_links_allowed(self, rel: str) -> bool:
         """May a regular file with more than one hard link at `rel` (canonical,
         workspace-relative) be read or replaced? Only where `hard_links:` says so."""
@@ -88,7 +100,15 @@ class Policy:
 def parse_policy(text: str, source: str) -> Policy:
     p = load_text(text, source)
     return Policy(
-        p.default, p.rules, p.revision, source, p.sandbox, p.limits, p.hard_links, p.reads
+        p.default,
+        p.rules,
+        p.revision,
+        source,
+        p.sandbox,
+        p.limits,
+        p.hard_links,
+        p.reads,
+        p.quotas,
     )
 
 

@@ -26,12 +26,13 @@ from execgate.executor.core.regexbound import check_pattern
 from execgate.executor.core.yamldoc import YamlDoc as _Doc
 
 from .model import Condition, Effect, PolicyInput, Rule, memberships
+from .quotas import QuotaRule, quota_rule
 from .reads import ReadGrant, read_grant
 from .runrules import LimitRule, SandboxRule, limit_rule, sandbox_rule
 from .schema import duplicate_keys, raise_all, schema_errors
 
 FILE_KEYS = {
-    "version", "default", "mode", "rules", "sandbox", "limits", "hard_links", "reads",
+    "version", "default", "mode", "rules", "sandbox", "limits", "hard_links", "reads", "quotas",
 }  # fmt: skip
 RULE_KEYS = {
     "id",
@@ -68,6 +69,8 @@ class Parsed:
     hard_links: tuple[str, ...] = ()
     # `reads:` grants: whose records agents may read beyond their own.
     reads: tuple[ReadGrant, ...] = ()
+    # `quotas:` entries: how much of the daemon one agent may take at once.
+    quotas: tuple[QuotaRule, ...] = ()
 
 
 def load_text(text: str, source: str) -> Parsed:
@@ -101,6 +104,7 @@ def load_text(text: str, source: str) -> Parsed:
     limits = each("limits", lambda n, where: limit_rule(doc, n, where))
     hard_links = doc.strings(top["hard_links"], "hard_links") if "hard_links" in top else ()
     reads = each("reads", lambda n, where: read_grant(doc, n, where))
+    quotas = each("quotas", lambda n, where: quota_rule(doc, n, where))
     raise_all(sorted(errors, key=_position))
     revision = hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
     return Parsed(
@@ -111,6 +115,7 @@ def load_text(text: str, source: str) -> Parsed:
         revision,
         hard_links,
         tuple(r for _, r in reads),
+        tuple(r for _, r in quotas),
     )
 
 

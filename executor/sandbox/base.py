@@ -58,6 +58,10 @@ class Launch:
     workspace: Path
     # The workspace is bound read-write (a tool that may write) or read-only.
     writable: bool
+    # With `writable` False: these (canonical, existing, inside the workspace) are bound
+    # read-write over the read-only workspace -- a command's declared writes. Backends
+    # with `confines_writes` honour them; `process` cannot, and is never given any.
+    write_paths: tuple[Path, ...] = ()
     # Unique per call; exported as MARKER_ENV.
     marker: str
     confinement: Confinement = field(default_factory=Confinement)
@@ -159,6 +163,9 @@ class Serving(Running, Protocol):
 
 class Sandbox(Protocol):
     name: str
+    # Can it keep the workspace read-only but for `Launch.write_paths`? Only then is a
+    # command's declaration of what it writes believed (its locks narrowed to it).
+    confines_writes: bool
 
     async def start(self, launch: Launch) -> Running:
         """Start the call; raises SandboxError when the sandbox itself fails."""

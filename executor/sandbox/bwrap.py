@@ -2,7 +2,9 @@
 
 New PID, IPC, UTS and (unless policy allows the network) network namespaces; the
 system directories read-only; a private /tmp; the workspace bound read-write for
-a tool that may write and read-only otherwise; nothing else of the host visible
+a tool that may write and read-only otherwise (a command that declared its writes:
+read-only, with each declared path bound read-write over it, from a descriptor
+opened beneath the workspace root with no symlink followed); nothing else of the host visible
 (home directories, /root, /var, other projects); all capabilities dropped; the
 environment cleared; `--die-with-parent`, so the sandbox dies with the daemon.
 
@@ -23,8 +25,10 @@ import signal
 import subprocess
 from pathlib import Path
 
+from execgate.executor.core import beneath
+
 from . import procscan
-from .base import MARKER_ENV, Exit, Launch, Probe
+from .base import MARKER_ENV, Exit, Launch, Probe, SandboxError
 from .cgroup import CgroupRoot
 from .process import HostRunning, ProcessSandbox
 from .spawn import Pipes, launcher, spawn
@@ -63,10 +67,15 @@ def _system_binds(network: bool) -> tuple[str, ...]:
 
 
 def bwrap_argv(
-    launch: Launch, extra_ro: tuple[Path, ...] = (), env_fd: int | None = None
+    launch: Launch,
+    extra_ro: tuple[Path, ...] = (),
+    env_fd: int | None = None,
+    write_fds: tuple[int, ...] = (),
 ) -> list[str]:
     """bwrap's command line. With `env_fd`, the environment is read from that descriptor
-    (see `env_args`) instead of being spelled on a command line any local user can read."""
+    (see `env_args`) instead of being spelled on a command line any local user can read.
+    `write_fds`: descriptors of `launch.write_paths` (`open_writes`), bound read-write
+    where they are, over the read-only workspace."""
     conf = launch.confinement
     args = [BWRAP, "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     if not conf.network:
@@ -84,12 +93,39 @@ def bwrap_argv(
     for extra in extra_ro:
         args += ["--ro-bind", str(extra), str(extra)]
     ws = str(launch.workspace)
-    args += ["--bind" if launch.writable else "--ro-bind", ws, ws, "--chdir", str(launch.cwd)]
+    args += ["--bind" if launch.writable else "--ro-bind", ws, ws]
+    # Parents first: a path bound after one inside it would hide that mount.
+    for fd, path in sorted(zip(write_fds, launch.write_paths, strict=True), key=_depth):
+        args += ["--bind-fd", str(fd), str(path)]
+    args += ["--chdir", str(launch.cwd)]
     if env_fd is not None:
         args += ["--args", str(env_fd)]
     else:
         args += env_args(launch).decode().split("\0")[:-1]
     return [*args, "--", *launch.argv]
+
+
+def _depth(bound: tuple[int, Path]) -> int:
+    return len(bound[1].parts)
+
+
+def open_writes(launch: Launch) -> tuple[int, ...]:
+    """An O_PATH descriptor of each declared write path, opened beneath the workspace
+    root with no symlink anywhere: a path swapped for a symlink since it was checked is
+    refused (SandboxError), never bound."""
+    root = os.open(launch.workspace, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    fds: list[int] = []
+    try:
+        for path in launch.write_paths:
+            rel = os.path.relpath(path, launch.workspace)
+            fds.append(beneath.open_beneath(root, "" if rel == "." else rel, os.O_PATH))
+    except OSError as exc:
+        for fd in fds:
+            os.close(fd)
+        raise SandboxError(f"declared write path {exc.filename or ''}: {exc.strerror}") from exc
+    finally:
+        os.close(root)
+    return tuple(fds)
 
 
 def env_args(launch: Launch) -> bytes:
@@ -221,6 +257,8 @@ class BwrapSandbox(ProcessSandbox):
     name = "bwrap"
     # Killing the namespace's init ends every process of the call.
     needs_cgroup_kill = False
+    # The workspace read-only, the declared write paths bound read-write over it.
+    confines_writes = True
 
     def __init__(self, cgroups: CgroupRoot | None = None, extra_ro: tuple[Path, ...] = ()) -> None:
         super().__init__(cgroups)
@@ -228,18 +266,23 @@ class BwrapSandbox(ProcessSandbox):
 
     async def start(self, launch: Launch) -> BwrapRunning:
         group = await asyncio.to_thread(self._prepare, launch, self._visible(launch))
-        fd = env_fd(launch)
-        argv = [
-            *launcher(launch.confinement, group),
-            *bwrap_argv(launch, self.extra_ro, fd),
-        ]
+        opened: list[int] = []
         try:
+            # A few openat(2) calls, no thread hop: nothing can be lost between them.
+            writes = open_writes(launch) if launch.write_paths else ()
+            opened += writes
+            fd = env_fd(launch)
+            opened.append(fd)
+            argv = [
+                *launcher(launch.confinement, group),
+                *bwrap_argv(launch, self.extra_ro, fd, writes),
+            ]
             proc = await spawn(
                 argv,
                 cwd=launch.cwd,
                 env={},
                 stdin=launch.stdin,
-                pass_fds=(fd,),
+                pass_fds=tuple(opened),
                 serve=launch.serve,
             )
         except BaseException:
@@ -247,7 +290,8 @@ class BwrapSandbox(ProcessSandbox):
                 await asyncio.to_thread(group.remove)
             raise
         finally:
-            os.close(fd)
+            for each in opened:
+                os.close(each)
         pipes = Pipes(proc, launch.stdin, launch.output_cap, serve=launch.serve)
         where = f"bwrap {proc.pid}" + (f", cgroup {group.dirs[0].name}" if group else "")
         return BwrapRunning(proc, pipes, group, launch.marker, where)

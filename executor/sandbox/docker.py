@@ -2,12 +2,14 @@
 
 What a call's container gets: the image's file system read-only, a private 64 MiB
 /tmp, the workspace bind-mounted at its host path (so cwd and paths mean the same
-inside; read-write for a tool that may write, read-only otherwise) and nothing
-else of the host; no network unless policy opens it (docker's bridge then); every
-capability dropped and no-new-privileges; memory (= memory+swap: no swap), pids
-and rlimits (cpu, fsize, nofile) from the Confinement; docker-init as PID 1. It
-never runs as root: the user is the workspace's owner, or nobody (65534) when
-root owns the workspace -- which then is, in practice, read-only for docker calls.
+inside; read-write for a tool that may write, read-only otherwise; for a command
+that declared its writes, read-only with each declared path mounted read-write over
+it) and nothing else of the host; no network unless policy opens it (docker's bridge
+then); every capability dropped and no-new-privileges; memory (= memory+swap: no
+swap), pids and rlimits (cpu, fsize, nofile) from the Confinement; docker-init as
+PID 1. It never runs as root: the user is the workspace's owner, or nobody (65534)
+when root owns the workspace -- which then is, in practice, read-only for docker
+calls.
 
 Stopping a call's container: SIGTERM to the container (docker-init forwards it to
 the command); force is SIGKILL to its init, upon which the kernel kills every
@@ -51,6 +53,8 @@ MODES = ("per-call", "warm")
 
 class DockerSandbox:
     name = "docker"
+    # The workspace read-only, the declared write paths mounted read-write over it.
+    confines_writes = True
 
     def __init__(self, image: str, *, daemon_id: str, mode: str = "per-call") -> None:
         if mode not in MODES:

@@ -2,14 +2,16 @@
 
 The container is made on the run's first call, like a per-call one but running a
 command that only waits, and is shared by every call of the same run, workspace,
-user, write mode and limits. An exec saves the container start (about 0.25 s
-here), but has no namespace of its own: a call's processes are the container's
-processes that carry its marker (MARKER_ENV), read from /proc -- which needs the
-daemon to run as root in dockerd's PID namespace (`DockerSandbox.probe` checks
-the first). SIGTERM goes to every marked process; force SIGKILLs them and
-discards the container, which also ends anything that cleared its environment;
-the run's next call gets a new one. A container idle for WARM_IDLE_SECONDS is
-removed when the next call comes; `DockerSandbox.close` removes the rest.
+user, write mode, declared write paths and limits (a container's mounts cannot
+change: a run whose commands declare different writes gets a container for each). An
+exec saves the container start (about 0.25 s here), but has no namespace of its own:
+a call's processes are the container's processes that carry its marker (MARKER_ENV),
+read from /proc -- which needs the daemon to run as root in dockerd's PID namespace
+(`DockerSandbox.probe` checks the first). SIGTERM goes to every marked process;
+force SIGKILLs them and discards the container, which also ends anything that
+cleared its environment; the run's next call gets a new one. A container idle for
+WARM_IDLE_SECONDS is removed when the next call comes; `DockerSandbox.close` removes
+the rest.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class Warm:
 
 
 class WarmPool:
-    """The warm containers, one per (run, workspace, user, write mode, limits).
+    """The warm containers, one per (run, workspace, user, write mode and paths, limits).
 
     Invariant: a container in `_by_key` is not doomed; a doomed one is removed
     as soon as no call is in it.
@@ -74,7 +76,14 @@ class WarmPool:
 
     async def _enter(self, launch: Launch) -> Warm:
         user = container_user(launch.workspace)
-        key = (launch.run_id, launch.workspace, user, launch.writable, launch.confinement)
+        key = (
+            launch.run_id,
+            launch.workspace,
+            user,
+            launch.writable,
+            launch.write_paths,
+            launch.confinement,
+        )
         async with self._lock:
             await self._expire()
             warm = self._by_key.get(key)

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import docker  # type: ignore[import-untyped]
 from docker.errors import APIError, DockerException, ImageNotFound  # type: ignore[import-untyped]
-from docker.types import LogConfig, Ulimit  # type: ignore[import-untyped]
+from docker.types import LogConfig, Mount, Ulimit  # type: ignore[import-untyped]
 
 from .base import MARKER_ENV, Exit, Launch, SandboxError
 
@@ -176,6 +176,11 @@ class Dockerd:
         ws = str(launch.workspace)
         host = self.api().create_host_config(
             binds={ws: {"bind": ws, "mode": "rw" if launch.writable else "ro"}},
+            # A command's declared writes, read-write over the read-only workspace (the
+            # Mounts API: no parsing of `src:dst:mode`, whatever the path holds; dockerd
+            # mounts parents before what lies inside them).
+            mounts=[Mount(str(p), str(p), type="bind", read_only=False) for p in launch.write_paths]
+            or None,
             network_mode="bridge" if conf.network else "none",
             read_only=True,
             tmpfs=dict(TMPFS),

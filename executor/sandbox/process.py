@@ -188,6 +188,8 @@ class HostRunning:
 
 class ProcessSandbox:
     name = "process"
+    # The command sees the host's file system: nothing keeps it to declared writes.
+    confines_writes = False
 
     def __init__(
         self, cgroups: CgroupRoot | None = None, privileges: Privileges | None = None

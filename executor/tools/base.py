@@ -42,6 +42,21 @@ class ResourceTemplate:
 
 
 @dataclass(frozen=True, slots=True)
+class Declared:
+    """A path a command declared it writes: what the sandbox makes writable."""
+
+    # Where it was declared (`arguments.writes[0]`, `effects.writes[1]`, or the
+    # argument a template names): errors about it name this.
+    field: str
+    # As declared: resolved again when the call starts, under its locks.
+    text: str
+    # Canonical, inside the workspace.
+    path: Path
+    # Made as a directory (else as an empty file) when it does not exist yet.
+    directory: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class ToolSpec:
     name: str
     description: str
@@ -105,6 +120,9 @@ class ToolContext:
     # The call may write (its effects, not just its tool's): the sandbox binds the
     # workspace read-write only then.
     may_write: bool = True
+    # A command's declared writes, when the sandbox enforces them (effects.CallEffects.
+    # confined): the workspace read-only but for these. None: nothing declared.
+    confined: tuple[Declared, ...] | None = None
     # Unique per call: tags every process the call starts (sandbox.MARKER_ENV).
     marker: str = ""
     # The run the call belongs to (a sandbox may keep warm state per run).

@@ -5,16 +5,24 @@ plain arguments. The environment is scrubbed to a small fixed set. When the call
 ends -- normally, on timeout or on cancel -- nothing it started is left running
 (executor.cancel: the ladder; executor.sandbox: where it runs and how it is
 contained).
+
+A call may declare the paths it reads and writes (`reads`, `writes`): it then
+locks only those (READ, WRITE) instead of the whole workspace, and runs with the
+workspace read-only but for its write paths (confine.py). Where the sandbox cannot
+enforce that (`process`), the pipeline gives it the whole workspace again.
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from execgate.executor.core.errors import ToolError
 from execgate.executor.core.outcomes import ErrorClass, Evidence, StopMode
-from execgate.executor.locks import Mode
+from execgate.executor.core.paths import Workspace
+from execgate.executor.locks import Claim, Mode, path_key, workspace_key
 from execgate.executor.sandbox import (
     Captured,
     Launch,
@@ -24,10 +32,20 @@ from execgate.executor.sandbox import (
 )
 from execgate.executor.sandbox.ladder import Stopped, supervise
 
+from . import confine
 from .base import ResourceKind, ResourceTemplate, ToolContext, ToolOutput, ToolSpec, schema
+from .effects import CallEffects
 
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 _ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"
+# The most paths one call may declare in `reads` and in `writes` (each is a lock key,
+# and each write a mount).
+MAX_DECLARED = 64
+_PATHS = {
+    "type": "array",
+    "items": {"type": "string", "minLength": 1},
+    "maxItems": MAX_DECLARED,
+}
 
 
 class RunCommand:
@@ -38,7 +56,13 @@ class RunCommand:
             "inside the workspace with a scrubbed environment; stdout and stderr are "
             "captured. A non-zero exit is FAILURE/nonzero_exit with the output attached. "
             "Runs in the sandbox policy chooses for it (bwrap by default: no network, "
-            "only the workspace and system directories visible)."
+            "only the workspace and system directories visible). Without `reads`/`writes` "
+            "the command may change anything in the workspace, so it runs alone. With them "
+            "it locks only those paths (others' calls on other paths run at the same time) "
+            "and the workspace is read-only to it except `writes`: a write elsewhere fails "
+            "(FAILURE permission_denied). A `writes` path that does not exist is made first "
+            "(a directory if it ends with '/', else an empty file); to create or replace "
+            "files, declare their directory."
         ),
         input_schema=schema(
             {
@@ -50,6 +74,8 @@ class RunCommand:
                     "propertyNames": {"pattern": _ENV_NAME},
                     "additionalProperties": {"type": "string"},
                 },
+                "reads": _PATHS,
+                "writes": _PATHS,
             },
             ["argv"],
         ),
@@ -62,6 +88,30 @@ class RunCommand:
             ResourceTemplate(ResourceKind.TREE, "cwd", Mode.WRITE),
         ),
     )
+
+    # Its analysis only resolves paths: validation runs it on the event loop.
+    quick_analysis = True
+
+    def call_effects(
+        self, args: dict[str, Any], paths: Mapping[str, Path], workspace: Workspace
+    ) -> CallEffects:
+        """The whole workspace written, unless the call declares what it reads and writes."""
+        del paths  # cwd is resolved by validation (the TREE template): checked, not locked
+        if "reads" not in args and "writes" not in args:
+            return CallEffects((Claim(workspace_key(), Mode.WRITE),), True)
+        found: dict[str, Path] = {}
+        claims = []
+        for i, text in enumerate(args.get("reads", ())):
+            field = f"arguments.reads[{i}]"
+            found[field] = path = workspace.resolve(text, field)
+            claims.append(Claim(path_key(workspace.relative(path)), Mode.READ))
+        writes = []
+        for i, text in enumerate(args.get("writes", ())):
+            declared = confine.declared_write(workspace, text, f"arguments.writes[{i}]")
+            found[declared.field] = declared.path
+            claims.append(Claim(path_key(workspace.relative(declared.path)), Mode.WRITE))
+            writes.append(declared)
+        return CallEffects(tuple(claims), bool(writes), paths=found, confined=tuple(writes))
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         argv = args["argv"]
@@ -86,19 +136,22 @@ class RunCommand:
             )
         env = {**BASE_ENV, "HOME": str(ctx.workspace.root), **args.get("env", {})}
         stdin = args.get("stdin")
-        launch = Launch(
-            argv=tuple(argv),
-            cwd=cwd,
-            env=env,
-            stdin=stdin.encode() if stdin is not None else None,
-            workspace=ctx.workspace.root,
-            writable=ctx.may_write,
-            marker=ctx.marker or secrets.token_hex(8),
-            confinement=ctx.confinement,
-            output_cap=ctx.limits.raw_cap_bytes,
-            run_id=ctx.run_id,
-        )
-        return await run_sandboxed(launch, ctx)
+        async with confine.writable(ctx) as writes:
+            launch = Launch(
+                argv=tuple(argv),
+                cwd=cwd,
+                env=env,
+                stdin=stdin.encode() if stdin is not None else None,
+                workspace=ctx.workspace.root,
+                writable=ctx.may_write and writes is None,
+                write_paths=writes or (),
+                marker=ctx.marker or secrets.token_hex(8),
+                confinement=ctx.confinement,
+                output_cap=ctx.limits.raw_cap_bytes,
+                run_id=ctx.run_id,
+            )
+            out = await run_sandboxed(launch, ctx)
+        return confine.judged(out, ctx.confined)
 
 
 async def run_sandboxed(launch: Launch, ctx: ToolContext) -> ToolOutput:

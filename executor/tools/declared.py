@@ -26,8 +26,8 @@ from execgate.executor.core.paths import Workspace
 from execgate.executor.locks import Claim, Mode, net_key, path_key, workspace_key
 from execgate.executor.sandbox import Launch
 
-from . import template
-from .base import ToolContext, ToolOutput, ToolSpec
+from . import confine, template
+from .base import Declared, ToolContext, ToolOutput, ToolSpec
 from .command import BASE_ENV, run_sandboxed
 from .decl import CommandDecl, OutputMode, SandboxDecl
 from .declguard import (
@@ -96,12 +96,14 @@ class CommandTool:
         if not effects.declared:
             return CallEffects((Claim(workspace_key(), Mode.WRITE),), True, prepared)
         found: dict[str, Path] = {}
+        writes: list[Declared] = []
         claims = [
             *self._paths(effects.reads, "reads", Mode.READ, args, workspace, found),
-            *self._paths(effects.writes, "writes", Mode.WRITE, args, workspace, found),
+            *self._writes(args, workspace, found, writes),
             *self._tables(effects.read_tables, "read_tables", Mode.READ, args, workspace),
             *self._tables(effects.write_tables, "write_tables", Mode.WRITE, args, workspace),
         ]
+        claims += self._table_dirs(claims, workspace, writes)
         for host in effects.net:
             value = template.parse(host).expand(args)
             if value:
@@ -110,7 +112,9 @@ class CommandTool:
             (field, text, found[key]) for key, field, text in self._texts(args)
         )
         prepared = replace(prepared, checked=checked)
-        return CallEffects(tuple(claims), effects.may_write, prepared, paths=found)
+        return CallEffects(
+            tuple(claims), effects.may_write, prepared, paths=found, confined=tuple(writes)
+        )
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         prepared = ctx.analysis
@@ -118,20 +122,22 @@ class CommandTool:
             prepared = self._prepare(args, ctx.workspace)
         unchanged(prepared.checked, ctx.workspace, ctx.hard_links)
         env, hidden = self._environment(ctx.workspace.root)
-        launch = Launch(
-            argv=prepared.argv,
-            cwd=prepared.cwd,
-            env=env,
-            stdin=prepared.stdin,
-            workspace=ctx.workspace.root,
-            writable=ctx.may_write,
-            marker=ctx.marker or tokens.token_hex(8),
-            confinement=ctx.confinement,
-            output_cap=ctx.limits.raw_cap_bytes,
-            run_id=ctx.run_id,
-        )
-        out = redacted(await run_sandboxed(launch, ctx), hidden)
-        return self._judged(out)
+        async with confine.writable(ctx) as writes:
+            launch = Launch(
+                argv=prepared.argv,
+                cwd=prepared.cwd,
+                env=env,
+                stdin=prepared.stdin,
+                workspace=ctx.workspace.root,
+                writable=ctx.may_write and writes is None,
+                write_paths=writes or (),
+                marker=ctx.marker or tokens.token_hex(8),
+                confinement=ctx.confinement,
+                output_cap=ctx.limits.raw_cap_bytes,
+                run_id=ctx.run_id,
+            )
+            out = redacted(await run_sandboxed(launch, ctx), hidden)
+        return confine.judged(self._judged(out), ctx.confined)
 
     # -- expansion ----------------------------------------------------------------
 
@@ -189,6 +195,46 @@ class CommandTool:
             found[f"effects.{key}[{i}]"] = path
             claims.append(Claim(path_key(workspace.relative(path)), mode))
         return claims
+
+    def _writes(
+        self,
+        args: dict[str, Any],
+        workspace: Workspace,
+        found: dict[str, Path],
+        writes: list[Declared],
+    ) -> list[Claim]:
+        """WRITE on each declared write path, which the sandbox makes writable (made
+        first if it does not exist: confine.py)."""
+        claims = []
+        for i, text in enumerate(self.decl.effects.writes):
+            where = f"effects.writes[{i}]"
+            value = path_text(text, args, where)
+            if value is None:
+                continue
+            declared = confine.declared_write(workspace, value, field_of(text, where))
+            found[where] = declared.path
+            writes.append(declared)
+            claims.append(Claim(path_key(workspace.relative(declared.path)), Mode.WRITE))
+        return claims
+
+    @staticmethod
+    def _table_dirs(
+        claims: list[Claim], workspace: Workspace, writes: list[Declared]
+    ) -> list[Claim]:
+        """A table write needs its database's directory writable (SQLite makes its
+        journal there): the sandbox binds that directory, so the call writes it."""
+        out = []
+        for claim in claims:
+            parts = claim.key.parts
+            if claim.mode is Mode.WRITE and parts[-1].startswith("\0"):
+                rel = "/".join(parts[1:-2])
+                folder = workspace.root.joinpath(*parts[1:-2])
+                if all(d.path != folder for d in writes):
+                    writes.append(
+                        Declared(f"effects.write_tables ({rel or '.'})", rel or ".", folder, True)
+                    )
+                    out.append(Claim(path_key(rel), Mode.WRITE))
+        return out
 
     def _tables(
         self,

@@ -171,7 +171,10 @@ def test_a_tool_declaring_no_write_gets_a_read_only_workspace(live: Any) -> None
     d, c, _ = live
     o = run(c, "try_write")
     assert o.status is Status.FAILURE
-    assert o.error_class == "nonzero_exit"
+    # The refused write is told apart from a plain non-zero exit (tools/confine.py).
+    assert o.error_class == "permission_denied"
+    assert "a write outside the declared paths was refused" in o.message
+    assert "may write only nothing (it declared no writes)" in o.message
     assert "Read-only file system" in o.text
     assert not (d.workspace / "forbidden.txt").exists()
 

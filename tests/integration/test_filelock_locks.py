@@ -12,11 +12,13 @@ import itertools
 import os
 import random
 import signal
+import sqlite3
 import stat
 import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -268,6 +270,67 @@ def test_fifo_per_conflict_across_daemons(tmp_path: Path) -> None:
             assert a.snapshot().holders == ()
 
     run_async(body)
+
+
+def test_fair_order_and_caps_across_daemons(tmp_path: Path) -> None:
+    """The table keeps the fair order of decide.Turns: daemon b's agent, arriving after
+    six of daemon a's agent's exclusive calls, stands third. A cap counts one daemon's
+    grants: agent x at its cap of 1 on daemon a waits, the same name on b does not."""
+
+    async def body() -> None:
+        with (
+            FileLockManager(tmp_path, instance_id="a") as a,
+            FileLockManager(tmp_path, instance_id="b") as b,
+        ):
+            first = await a.acquire("a0", W("."), flow="x")
+            flood = [asyncio.create_task(a.acquire(f"a{i}", W("."), flow="x")) for i in (1, 2)]
+            await until(lambda: len(a.snapshot().waiters) == 2)
+            more = [asyncio.create_task(a.acquire(f"a{i}", W("."), flow="x")) for i in (3, 4)]
+            await until(lambda: len(a.snapshot().waiters) == 4)
+            quick = asyncio.create_task(b.acquire("b0", R(SHARED), flow="y"))
+            await until(lambda: len(a.snapshot().waiters) == 5)
+            assert [e.owner for e in b.snapshot().waiters] == ["a1", "a2", "b0", "a3", "a4"]
+            first.release()
+            for task in (*flood, quick, *more):
+                (await asyncio.wait_for(task, 5)).release()
+            infos: list[WaitInfo] = []
+            one = await a.acquire("p", R("p"), flow="x", cap=1)
+            capped = asyncio.create_task(
+                a.acquire("q", R("q"), flow="x", cap=1, on_wait=infos.append)
+            )
+            other = await asyncio.wait_for(b.acquire("r", R("r"), flow="x", cap=1), 5)
+            await until(lambda: bool(infos))
+            assert infos == [WaitInfo((), (), capped=1)]
+            assert not capped.done()
+            one.release()
+            (await asyncio.wait_for(capped, 5)).release()
+            other.release()
+            assert a.snapshot().holders == a.snapshot().waiters == ()
+
+    run_async(body)
+
+
+def test_a_table_made_before_fair_order_gains_its_columns(tmp_path: Path) -> None:
+    """A lock directory an older daemon made: the columns of the fair order are added in
+    place, and an entry it left (tag 0) stands first."""
+    old = sqlite3.connect(tmp_path / "table.db")
+    old.execute(
+        "CREATE TABLE entries (ticket INTEGER PRIMARY KEY AUTOINCREMENT, instance TEXT NOT "
+        "NULL, owner TEXT NOT NULL, plan TEXT NOT NULL, granted INTEGER NOT NULL DEFAULT 0)"
+    )
+    old.commit()
+    old.close()
+
+    async def body() -> None:
+        with FileLockManager(tmp_path, instance_id="a") as a:
+            lease = await a.acquire("a0", W(SHARED), flow="x", cap=1)
+            assert [(e.owner, e.flow, e.cap) for e in a.snapshot().holders] == [("a0", "x", 1)]
+            lease.release()
+
+    run_async(body)
+    with closing(sqlite3.connect(tmp_path / "table.db")) as db:
+        names = [row[1] for row in db.execute("PRAGMA table_info(entries)")]
+    assert names[-3:] == ["flow", "cap", "tag"]
 
 
 def test_close_drops_the_instance_and_its_entries(tmp_path: Path) -> None:

@@ -306,3 +306,44 @@ def test_sql_write_through_a_swapped_directory(eg: Client, daemon: Daemon) -> No
         ),
     )
     tally.check(ROUNDS)
+
+
+# ---------------------------------------------------------------- a command's declared writes
+
+
+def test_run_command_declaring_a_swapped_directory_never_writes_outside(
+    eg: Client, daemon: Daemon
+) -> None:
+    """`writes: [d/]` while d trades places with a symlink out: the declared path is
+    resolved at validation, again under the call's locks, and opened beneath the
+    workspace with no symlink followed for bwrap's --bind-fd; the command only ever
+    writes the real d (or fails). Refusals come in more kinds here: the sandbox refusing
+    a path swapped since its last check, or the command's write failing (a mount the
+    swap detached) -- each typed, none an escape."""
+    st = stage(daemon)
+    before = snapshot(st.outside)
+    served = refused = sent = 0
+    with st.swapper():
+        while sent < ROUNDS or (not (served and refused) and sent < 10 * ROUNDS):
+            calls = [
+                Call(
+                    tool="run_command",
+                    arguments={
+                        "argv": ["sh", "-c", f"echo {SECRET}-{i} > {st.arg('f.txt')}"],
+                        "writes": [st.arg()],
+                    },
+                )
+                for i in range(sent, sent + BATCH)
+            ]
+            sent += len(calls)
+            for out in eg.execute(calls):
+                if out.status is Status.SUCCESS:
+                    served += 1
+                    continue
+                assert out.status in (Status.FAILURE, Status.REJECTED), (out.status, out.message)
+                typed = ("permission_denied", "not_found", "sandbox_error", "nonzero_exit")
+                assert out.error_class in typed, (out.error_class, out.message, out.text)
+                refused += 1
+    assert snapshot(st.outside) == before, "something outside the workspace was created or changed"
+    assert served > 0
+    assert refused > 0

@@ -31,7 +31,7 @@ from execgate.executor.locks import (
     table_key,
     workspace_key,
 )
-from execgate.executor.locks.decide import LockTable, decide, entries
+from execgate.executor.locks.decide import Ask, LockTable, Turns, decide, entries
 from execgate.executor.tools import Mode
 
 IS, IX, S, SIX, X = LockMode.IS, LockMode.IX, LockMode.S, LockMode.SIX, LockMode.X
@@ -214,13 +214,49 @@ def test_lock_table_counts_and_empties() -> None:
 def test_decide_is_fifo_per_conflict() -> None:
     held = LockTable([entries(R("f"))])
     queue = [
-        (name, entries(p))
+        (name, Ask(entries(p)))
         for name, p in [("w1", W("f")), ("r2", R("f")), ("w3", W("g")), ("r4", R("g"))]
     ]
     # w1 waits for the reader; r2 waits for w1 although it could share with the
     # reader; w3 overtakes both; r4 waits for w3 which was granted in the same pass.
-    assert decide(held, queue) == ["w3"]
+    running: dict[str, int] = {}
+    assert decide(held, running, queue) == ["w3"]
     assert held.conflicts(entries(R("g")))
+    assert running == {"": 1}
+
+
+def test_decide_keeps_a_capped_waiter_in_the_way_of_later_conflicts() -> None:
+    """A waiter at its flow's cap is not granted and, like one waiting for a lock,
+    blocks every later waiter it conflicts with; other flows go on."""
+    held = LockTable()
+    running = {"a": 2}
+    queue = [
+        ("a3", Ask(entries(W("f")), "a", 2)),  # a holds 2 already: waits for its cap
+        ("b1", Ask(entries(R("f")), "b", 2)),  # conflicts with a3, which is ahead
+        ("b2", Ask(entries(R("g")), "b", 2)),  # free
+        ("b3", Ask(entries(R("h")), "b", 2)),  # b's cap: 2, b2 took one, this is the second
+        ("b4", Ask(entries(R("i")), "b", 2)),  # b is at its cap now
+    ]
+    assert decide(held, running, queue) == ["b2", "b3"]
+    assert running == {"a": 2, "b": 2}
+
+
+def test_turns_interleave_flows_and_keep_each_flows_order() -> None:
+    turns = Turns()
+    tags = []
+    smallest = 0
+    for flow in ["a"] * 5 + ["b", "b", "c"]:
+        tag = turns.next_tag(flow, smallest)
+        turns.join(flow, tag)
+        smallest = smallest or tag
+        tags.append((flow, tag))
+    # a's five calls take tags 1..5; b, arriving later, starts at 2 (one more than
+    # the smallest waiting tag), then 3; c at 2: each flow's first call is near the
+    # front, each flow's calls stay in order.
+    assert tags == [("a", 1), ("a", 2), ("a", 3), ("a", 4), ("a", 5), ("b", 2), ("b", 3), ("c", 2)]
+    for _ in range(5):
+        turns.leave("a")
+    assert turns.next_tag("a", 2) == 3  # a has no waiter left: it starts afresh
 
 
 def test_explain_lists_direct_conflicts_in_proposal_order() -> None:
@@ -254,11 +290,13 @@ class Holder:
         log: list[str],
         cancel: asyncio.Event | None = None,
         on_wait: Callable[[WaitInfo], None] | None = None,
+        flow: str = "",
+        cap: int = 0,
     ) -> None:
         self.owner = owner
         self.granted = asyncio.Event()
         self.release = asyncio.Event()
-        self.task = asyncio.create_task(self._run(mgr, p, log, cancel, on_wait))
+        self.task = asyncio.create_task(self._run(mgr, p, log, cancel, on_wait, (flow, cap)))
 
     async def _run(
         self,
@@ -267,8 +305,11 @@ class Holder:
         log: list[str],
         cancel: asyncio.Event | None,
         on_wait: Callable[[WaitInfo], None] | None,
+        turn: tuple[str, int],
     ) -> None:
-        async with await mgr.acquire(self.owner, p, cancel=cancel, on_wait=on_wait):
+        flow, cap = turn
+        lease = await mgr.acquire(self.owner, p, cancel=cancel, on_wait=on_wait, flow=flow, cap=cap)
+        async with lease:
             log.append(f"+{self.owner}")
             self.granted.set()
             await self.release.wait()
@@ -292,6 +333,8 @@ def assert_empty(mgr: LockManager) -> None:
     assert snap.waiters == ()
     assert not mgr._held  # the tables' invariants: unions of nothing are empty
     assert not mgr._waiting
+    assert not mgr._running
+    assert not mgr._turns._flows
 
 
 def test_uncontended_acquire_does_not_suspend() -> None:
@@ -383,6 +426,85 @@ def test_conflicting_calls_run_in_arrival_order_even_behind_a_waiter() -> None:
         assert r2.granted.is_set()
         await r2.done()
         await w3.done()
+        assert_empty(mgr)
+
+    run_async(body)
+
+
+def test_an_agent_flooding_the_queue_does_not_starve_another() -> None:
+    """Agent a queues 30 calls that each exclude everything; agent b's read, proposed
+    after them, waits for the one a holds and two more of a's (fair order: one more
+    than the smallest waiting tag), not for all 30 (FIFO)."""
+
+    async def body() -> None:
+        mgr, log = LockManager(), list[str]()
+        flood = [Holder(mgr, f"a{i}", W("."), log, flow="a") for i in range(30)]
+        await settle()
+        quick = Holder(mgr, "b0", R("f"), log, flow="b")
+        await settle()
+        assert [e.owner for e in mgr.snapshot().waiters][:3] == ["a1", "a2", "b0"]
+        for holder in flood:
+            if quick.granted.is_set():
+                break
+            await holder.done()
+            await settle()
+        assert quick.granted.is_set()
+        # Granted right after a0, a1 and a2 (tags 1, 2, 2: a2 came first), before a3.
+        assert [e for e in log if e.startswith("+")] == ["+a0", "+a1", "+a2", "+b0"]
+        await quick.done()
+        for holder in flood:
+            await holder.done()
+        # Each agent's own calls kept their order.
+        assert [e for e in log if e.startswith("+a")] == [f"+a{i}" for i in range(30)]
+        assert_empty(mgr)
+
+    run_async(body)
+
+
+def test_a_new_agent_stands_ahead_of_the_later_calls_of_a_busy_one() -> None:
+    """b's write of y conflicts with a's third queued call (x and y), but stands before
+    it in fair order: it is granted at once, which FIFO would not allow."""
+
+    async def body() -> None:
+        mgr, log = LockManager(), list[str]()
+        a = [Holder(mgr, f"a{i}", W("x"), log, flow="a") for i in range(3)]
+        a.append(Holder(mgr, "a3", W("x", "y"), log, flow="a"))
+        await settle()
+        b = Holder(mgr, "b0", W("y"), log, flow="b")
+        await settle()
+        assert b.granted.is_set()
+        assert [e.owner for e in mgr.snapshot().waiters] == ["a1", "a2", "a3"]
+        for holder in (*a[:3], b, a[3]):
+            await holder.done()
+        assert [e for e in log if e.startswith("+")] == ["+a0", "+b0", "+a1", "+a2", "+a3"]
+        assert_empty(mgr)
+
+    run_async(body)
+
+
+def test_a_cap_holds_the_agents_later_calls_and_lets_others_by() -> None:
+    """cap=2: agent a's third call waits for one of its two to end, holding nothing;
+    agent b's calls, conflicting with none held, go at once; the capped waiter says so."""
+
+    async def body() -> None:
+        mgr, log = LockManager(), list[str]()
+        infos: list[WaitInfo] = []
+        a = [
+            Holder(mgr, f"a{i}", R(f"a{i}"), log, on_wait=infos.append, flow="a", cap=2)
+            for i in range(4)
+        ]
+        await settle()
+        b = Holder(mgr, "b0", W("b"), log, flow="b", cap=2)
+        await settle()
+        assert [h.granted.is_set() for h in a] == [True, True, False, False]
+        assert b.granted.is_set()
+        assert [i.capped for i in infos] == [2, 2]
+        assert infos[0].keys == ()  # no lock in its way: only its cap
+        await a[0].done()
+        await settle()
+        assert [h.granted.is_set() for h in a] == [True, True, True, False]
+        for holder in (*a, b):
+            await holder.done()
         assert_empty(mgr)
 
     run_async(body)
@@ -560,9 +682,13 @@ CLAIM_KEYS = [WS, *map(path_key, PATHS), path_key("t.db"), *(table_key(*t) for t
 
 
 @st.composite
-def calls(draw: st.DrawFn) -> list[tuple[dict[Key, LockMode], int, float, str]]:
-    """Calls as (plan, arrival gap in loop steps, seconds held, how it is interrupted)."""
+def calls(draw: st.DrawFn) -> list[tuple[dict[Key, LockMode], int, float, str, str, int]]:
+    """Calls as (plan, arrival gap in loop steps, seconds held, how it is interrupted,
+    flow, cap)."""
     n = draw(st.integers(2, 9))
+    # One cap per flow, as the policy gives one agent (a call's cap counts the grants
+    # its flow holds, so calls of one flow with different caps would disagree).
+    caps = {flow: draw(st.sampled_from([0, 0, 1, 2])) for flow in ("", "a", "b")}
     out = []
     for _ in range(n):
         claims = draw(
@@ -575,18 +701,21 @@ def calls(draw: st.DrawFn) -> list[tuple[dict[Key, LockMode], int, float, str]]:
         gap = draw(st.integers(0, 3))
         hold = draw(st.sampled_from([0, 0, 0.0005, 0.001, 0.002]))
         stop = draw(st.sampled_from(["", "", "", "", "abandon", "cancel_task"]))
-        out.append((plan(claims), gap, hold, stop))
+        flow = draw(st.sampled_from(["", "a", "b"]))
+        out.append((plan(claims), gap, hold, stop, flow, caps[flow]))
     return out
 
 
 def assert_settled(mgr: LockManager) -> None:
-    """The manager's invariant: every waiter conflicts with a holder or an earlier waiter."""
+    """The manager's invariant: every waiter conflicts with a holder or a waiter ahead of
+    it (fair order), or its flow holds as many grants as its cap."""
     snap = mgr.snapshot()
     held = [dict(e.plan) for e in snap.holders]
     for i, entry in enumerate(snap.waiters):
         mine = dict(entry.plan)
         ahead = [dict(e.plan) for e in snap.waiters[:i]]
-        assert any(plans_conflict(mine, other) for other in held + ahead), entry.owner
+        capped = entry.cap and sum(e.flow == entry.flow for e in snap.holders) >= entry.cap
+        assert capped or any(plans_conflict(mine, other) for other in held + ahead), entry.owner
 
 
 class Run:
@@ -608,13 +737,17 @@ class Run:
         self.arrival: list[int] = []
         self.granted: list[int] = []
 
+    def flow(self, i: int) -> tuple[int, str]:
+        """A call's flow: its agent, on its daemon (a cap counts one daemon's grants)."""
+        return i % len(self.backends), self.specs[i][4]
+
     async def call(self, i: int, cancel: asyncio.Event) -> None:
-        p, _, hold, _ = self.specs[i]
+        p, _, hold, _, flow, cap = self.specs[i]
         self.arrival.append(i)
         self.state[i] = "waiting"
         try:
             backend = self.backends[i % len(self.backends)]
-            lease = await backend.acquire(f"c{i}", p, cancel=cancel)
+            lease = await backend.acquire(f"c{i}", p, cancel=cancel, flow=flow, cap=cap)
         except (Abandoned, asyncio.CancelledError):
             self.state[i] = "gave_up"
             raise
@@ -628,19 +761,24 @@ class Run:
                 self.state[i] = "done"  # the lease is released as the block ends
 
     def check_grant(self, i: int) -> None:
-        p = self.specs[i][0]
+        p, cap = self.specs[i][0], self.specs[i][5]
+        holding = [j for j, st_j in self.state.items() if st_j == "holding"]
+        # (d) a flow never holds more grants than the cap its call carries
+        if cap:
+            mine = sum(self.flow(j) == self.flow(i) for j in holding)
+            assert mine < cap, f"c{i} granted while its flow holds {mine} (cap {cap})"
         for j, st_j in self.state.items():
             if j == i or not plans_conflict(p, self.specs[j][0]):
                 continue
             # (a) no two conflicting plans are held at once
             assert st_j != "holding", f"c{i} granted while conflicting c{j} holds"
-            # (b) conflicting calls are granted in arrival order
-            if self.arrival.index(j) < self.arrival.index(i):
+            # (b) conflicting calls of one flow are granted in arrival order
+            if self.flow(j) == self.flow(i) and self.arrival.index(j) < self.arrival.index(i):
                 assert st_j != "waiting", f"c{i} overtook earlier conflicting c{j}"
 
     async def drive(self) -> None:
         tasks = []
-        for i, (_, gap, _, stop) in enumerate(self.specs):
+        for i, (_, gap, _, stop, _, _) in enumerate(self.specs):
             for _ in range(gap):
                 await asyncio.sleep(0)
             cancel = asyncio.Event()

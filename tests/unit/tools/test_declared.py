@@ -154,11 +154,21 @@ def test_effects_become_claims_on_canonical_keys(ws: Workspace) -> None:
         (path_key("in.txt"), Mode.READ),
         (path_key("out/T"), Mode.WRITE),
         (table_key("data.db", "t"), Mode.WRITE),
+        # SQLite makes its journal beside the database: the sandbox binds that
+        # directory (here the workspace's root) writable, so the call writes it.
+        (path_key("."), Mode.WRITE),
         (net_key("api.example.com"), Mode.READ),
     ]
     assert got.may_write
     assert isinstance(got.detail, Prepared)
     assert set(got.paths) == {"effects.reads[0]", "effects.writes[0]"}
+    # What the sandbox makes writable: the declared path (made if missing) and the
+    # database's directory.
+    assert got.confined is not None
+    assert [(d.field, d.path, d.directory) for d in got.confined] == [
+        ("arguments.b", ws.root / "out/T", False),
+        ("effects.write_tables (.)", ws.root, True),
+    ]
     assert not CommandTool(decl(effects=EffectsDecl(declared=True, reads=("{a}",)))).spec.may_write
 
 
@@ -169,6 +179,7 @@ def test_literal_effects_are_claimed_whatever_the_call_gives(ws: Workspace) -> N
     assert [(c.key, c.mode) for c in got.claims] == [
         (path_key("docs"), Mode.READ),
         (table_key("app.db", "users"), Mode.WRITE),
+        (path_key("."), Mode.WRITE),  # the database's directory
     ]
     assert set(got.paths) == {"effects.reads[0]"}
 
