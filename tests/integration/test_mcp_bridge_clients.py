@@ -187,6 +187,10 @@ def test_ts_abort_cancels_the_call_and_its_key_replays(
             meta={KEY: "ts-cancel-1"},
         )
         wait_until(lambda: _running(operator, run_id), "the call running", scaled(30))
+        # "running" in the journal is the intent; the command's first line is the proof
+        # that it started (else a busy machine aborts it before it writes).
+        marker = daemon.workspace / "ts-cancelled.txt"
+        wait_until(marker.exists, "the command started", scaled(30))
         client.send(op="abort", tag="long")
         aborted = client.next()
         assert aborted["tag"] == "long", aborted

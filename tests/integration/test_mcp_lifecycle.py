@@ -205,6 +205,10 @@ def test_the_servers_timeout_is_its_calls_default_and_ceiling(eg: Client) -> Non
     """`timeout_s: 1` on the server: a call that asks for none, and one that asks for
     more, are both stopped after 1 s (the daemon's default would be 60 s)."""
     for asked in (None, scaled(60)):
+        # A hung call is forced and its server starts anew for the next call; under load
+        # that start alone may outlast the 1 s ceiling (ending the call not_started), so
+        # the server is warmed first: a start goes on after the call that asked gave up.
+        ms.wait_for(lambda: _answers(eg, "timed.echo"), 30, "the timed server serving")
         o = eg.run(Call(tool="timed.hang", timeout=asked))
         assert (o.status, o.error_class) == (Status.UNKNOWN_OUTCOME, "timeout"), o
         started, stopping = o.mark("started"), o.mark("cancel_requested")
@@ -229,3 +233,7 @@ def test_a_runs_processes_close_when_the_run_ends(lab: Lab, eg: Client) -> None:
     ms.wait_for(lambda: lab.pids("perrun") < others, 15, "the run's process tree gone")
     assert lab.pids("perrun"), "the other run's process stays"
     assert ms.provider(eg, "perrun").running == 1
+
+
+def _answers(eg: Client, tool: str) -> bool:
+    return eg.execute_one(tool, text="up").status is Status.SUCCESS
