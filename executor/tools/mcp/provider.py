@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 from collections.abc import Callable
 from typing import Any
@@ -48,6 +49,12 @@ log = logging.getLogger("execgate.mcp")
 
 # Discovery lists a server's tools as this agent: its process is that agent's.
 DISCOVERY_AGENT = "local"
+# MCP's rule for a tool's name (SEP-986, spec 2025-11-25). A name outside it is not
+# served: a `/` would put it beyond a policy glob's `*` (`deny: [NAME.*]`), control
+# characters would reach the log and the operator's terminal.
+TOOL_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
+# Characters of a refused name quoted in the server's last error and the log.
+NAME_SHOWN = 40
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 
@@ -183,16 +190,33 @@ def _served(server: Server, listed: list[mcp_types.Tool]) -> list[McpTool]:
         override = overrides.get(tool.name)
         if override is not None and override.hidden:
             continue
-        refused = schema_problem(tool.input_schema) or override_problem(
-            tool.name, override, tool.input_schema
+        refused = (
+            name_problem(tool.name)
+            or schema_problem(tool.input_schema)
+            or override_problem(tool.name, override, tool.input_schema)
         )
         if refused:
-            server.last_error = f"tool {tool.name} left out: {refused}"
+            server.last_error = f"tool {shown(tool.name)} left out: {refused}"
             log.error("MCP server %s: %s", decl.name, server.last_error)
             continue
         believed = hints(decl, tool, override)
         found.append(McpTool(server, tool, believed, override, workspace_writable=False))
     return found
+
+
+def name_problem(name: str) -> str:
+    """Why a listed tool's name cannot be served ("" if it can)."""
+    if TOOL_NAME.fullmatch(name):
+        return ""
+    return f"its name is not {TOOL_NAME.pattern} (MCP's rule for tool names)"
+
+
+def shown(name: str) -> str:
+    """A server's tool name as the log and last_error quote it: as it is when it keeps
+    to the rule, else escaped and cut short."""
+    if TOOL_NAME.fullmatch(name):
+        return name
+    return repr(name if len(name) <= NAME_SHOWN else name[:NAME_SHOWN] + "...")
 
 
 def schema_problem(schema: Any) -> str:

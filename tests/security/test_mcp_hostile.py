@@ -1,0 +1,144 @@
+"""A malicious MCP server against the daemon (review of issue 16): what it lists and
+what it sends must never crash, wedge, or bloat the daemon, nor reach past the policy.
+
+Each test is the proof of one finding, through the real daemon on a real socket with
+the raw JSON-RPC fixture server `tests/fixtures/mcp/hostile_server.py` in real bwrap:
+
+- a tool name outside MCP's rule (a `/` escapes a policy glob, control characters reach
+  logs and terminals, 10,000 characters);
+- an inputSchema nested too deeply for the schema check (the daemon did not start);
+- an inputSchema `$ref` to a URL (the daemon fetched it, from the host's network, on the
+  event loop, with no timeout);
+- an inputSchema `pattern` that backtracks exponentially (the event loop was blocked);
+- a tools/list that never ends (memory grew until the start timed out);
+- requests to the daemon from a server that never reads the answers (each one's
+  handler, and its params, were kept: memory without bound).
+"""
+
+from __future__ import annotations
+
+import http.server
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from execgate.client import Call, Client, Status
+from tests import mcp_support as ms
+from tests.daemon import Daemon
+
+pytestmark = pytest.mark.timeout(240)
+
+HOSTILE = ms.FIXTURE.parent / "hostile_server.py"
+POLICY = """\
+version: 1
+default: allow
+rules:
+  - {id: no-names, effect: deny, tools: ["names.*"]}
+"""
+
+
+def _server(name: str, mode: str, tag: str, **kw: Any) -> dict[str, Any]:
+    env = [("HOSTILE_MODE", mode), *kw.pop("env", [])]
+    return ms.entry(name, (sys.executable, (str(HOSTILE),)), tag, env=env, **kw)
+
+
+def _hwm_kib(d: Daemon) -> int:
+    """The daemon's peak resident memory so far (VmHWM), KiB."""
+    assert d.proc is not None
+    for line in Path(f"/proc/{d.proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+class _Hits(http.server.BaseHTTPRequestHandler):
+    """Counts GETs; answers a schema."""
+
+    seen: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        self.seen.append(self.path)
+        body = b'{"type": "string"}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/schema+json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def web() -> Iterator[tuple[str, list[str]]]:
+    seen: list[str] = []
+    handler = type("Hits", (_Hits,), {"seen": seen})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/schema.json", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def live(
+    tmp_path_factory: pytest.TempPathFactory, web: tuple[str, list[str]]
+) -> Iterator[tuple[Daemon, Client]]:
+    root = tmp_path_factory.mktemp("mcp-hostile")
+    tag = ms.new_tag()
+    url, _ = web
+    servers = [
+        _server("names", "names", tag),
+        _server("ref", "ref", tag, env=[("HOSTILE_REF_URL", url)]),
+        _server("redos", "redos", tag),
+        _server("requests", "requests", tag),
+    ]
+    d = ms.mcp_daemon(root, servers, POLICY).start(timeout=60)
+    try:
+        with Client(d.address) as c:
+            yield d, c
+    finally:
+        d.stop()
+        ms.wait_for(lambda: ms.tagged(tag) == [], 10, "every server gone with the daemon")
+
+
+def _served(c: Client) -> set[str]:
+    return {t.name for t in c.list_tools()}
+
+
+def _healthy(c: Client, server: str) -> None:
+    """The daemon still serves, and so does the server's well-behaved tool."""
+    o = c.run(Call(tool=f"{server}.ok", arguments={"text": "hi"}, timeout=60))
+    assert (o.status, o.text) == (Status.SUCCESS, "ok"), o
+
+
+# -- tool names ---------------------------------------------------------------------------
+
+
+def test_a_tool_name_outside_mcps_rule_is_left_out(live: tuple[Daemon, Client]) -> None:
+    """FINDING (high): `names.a/b` was served, and a policy glob's `*` stays within one
+    `/` segment: `deny names.*` did not cover it, so under `default: allow` the agent
+    called it. Control characters and 10,000-character names were served (and logged,
+    and printed by `execgate tools`) too."""
+    d, c = live
+    served = {n for n in _served(c) if n.startswith("names.")}
+    assert served == {"names.ok", "names.dot.ted"}, sorted(s[:40] for s in served)
+    slash = c.run(Call(tool="names.a/b", arguments={"text": "x"}))
+    assert (slash.status, slash.error_class) == (Status.REJECTED, "unknown_tool"), slash
+    # A name with dots keeps to the rule, and the server's glob covers it.
+    dotted = c.run(Call(tool="names.dot.ted", arguments={"text": "x"}))
+    assert (dotted.status, dotted.error_class) == (Status.REJECTED, "policy_denied"), dotted
+    why = ms.provider(c, "names").last_error
+    assert "left out: its name is not [A-Za-z0-9._-]{1,128}" in why, why
+    log = d.log()
+    for raw in ("\x1b", "new\nline", "x" * 200):
+        assert raw not in log, raw
+        assert raw not in why, raw
