@@ -142,3 +142,23 @@ def test_a_tool_name_outside_mcps_rule_is_left_out(live: tuple[Daemon, Client]) 
     for raw in ("\x1b", "new\nline", "x" * 200):
         assert raw not in log, raw
         assert raw not in why, raw
+
+
+# -- schemas ------------------------------------------------------------------------------
+
+
+def test_a_schema_too_deep_to_check_leaves_its_tool_out(tmp_path: Path) -> None:
+    """FINDING (high): the schema check's RecursionError escaped the provider's start:
+    one server listing such a tool kept the whole daemon from starting."""
+    tag = ms.new_tag()
+    d = ms.mcp_daemon(tmp_path, [_server("deep", "deep", tag)], POLICY)
+    try:
+        d.start(timeout=60)
+        with Client(d.address) as c:
+            assert "deep.deep" not in _served(c)
+            _healthy(c, "deep")
+            why = ms.provider(c, "deep").last_error
+            assert "tool deep left out: its inputSchema is nested too deeply" in why, why
+    finally:
+        d.stop()
+        ms.wait_for(lambda: ms.tagged(tag) == [], 10, "every server gone with the daemon")

@@ -228,6 +228,8 @@ def schema_problem(schema: Any) -> str:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as exc:
         return f"its inputSchema is not a valid JSON Schema: {exc.message}"
+    except RecursionError:  # the check recurses per level; a server chooses the depth
+        return "its inputSchema is nested too deeply to be checked"
     return ""
 
 
