@@ -25,6 +25,7 @@ from execgate.executor.core.errors import ConfigError
 from .base import Tool
 from .decl import ToolFile
 from .declared import CommandTool
+from .schemabound import NO_RETRIEVAL
 
 __all__ = ["SchemaValidator", "ToolProvider", "ToolSet", "provider_of", "trusted_of"]
 
@@ -99,7 +100,10 @@ class ToolSet:
                     raise ConfigError(f"tool {name!r} is served by {labels[name]} and {by}")
                 found[name] = tool
                 labels[name] = by
-        validators = {n: SchemaValidator(t.spec.input_schema) for n, t in found.items()}
+        # References resolve inside each schema only: nothing is fetched (schemabound).
+        validators = {
+            n: SchemaValidator(t.spec.input_schema, registry=NO_RETRIEVAL) for n, t in found.items()
+        }
         return cls(
             MappingProxyType(found),
             MappingProxyType(validators),

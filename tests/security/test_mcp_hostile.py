@@ -162,3 +162,20 @@ def test_a_schema_too_deep_to_check_leaves_its_tool_out(tmp_path: Path) -> None:
     finally:
         d.stop()
         ms.wait_for(lambda: ms.tagged(tag) == [], 10, "every server gone with the daemon")
+
+
+def test_a_schema_referring_to_a_url_is_not_fetched(
+    live: tuple[Daemon, Client], web: tuple[str, list[str]]
+) -> None:
+    """FINDING (high): validating a call's arguments fetched the server's `$ref` URL --
+    from the daemon's own network (no sandbox), blocking the event loop with no timeout
+    (a URL that never answers stopped every call of the daemon)."""
+    _, c = live
+    url, seen = web
+    assert "ref.ref" not in _served(c)
+    o = c.run(Call(tool="ref.ref", arguments={"text": "x"}))
+    assert o.status is Status.REJECTED, o
+    assert seen == [], seen
+    why = ms.provider(c, "ref").last_error
+    assert f"tool ref left out: its inputSchema refers to {url!r}" in why, why
+    _healthy(c, "ref")

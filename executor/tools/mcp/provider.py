@@ -40,6 +40,7 @@ from execgate.executor.sandbox.registry import Sandboxes
 
 from ..base import Tool
 from ..decl import Pool, ServerDecl, ToolOverride
+from ..schemabound import outside_ref
 from ..toolparts import EFFECT_KINDS, effect_problem
 from .effects import hints
 from .server import Placement, Placer, PoolKey, Server, ServerDown, ServerStatus
@@ -230,6 +231,9 @@ def schema_problem(schema: Any) -> str:
         return f"its inputSchema is not a valid JSON Schema: {exc.message}"
     except RecursionError:  # the check recurses per level; a server chooses the depth
         return "its inputSchema is nested too deeply to be checked"
+    ref = outside_ref(schema)
+    if ref is not None:
+        return f"its inputSchema refers to {ref!r}: only references inside it (#...) are followed"
     return ""
 
 
