@@ -30,7 +30,7 @@ from .decl import (
     ServerDecl,
     ToolOverride,
 )
-from .schemabound import outside_ref
+from .schemabound import outside_ref, pattern_problem
 
 FILE_KEYS = {"version", "tools", "servers"}
 COMMAND_KEYS = {
@@ -154,6 +154,9 @@ def input_schema(doc: YamlDoc, node: yaml.Node, where: str) -> dict[str, Any]:
         raise doc.error(
             node, f"{where}: refers to {ref!r}; only references inside it (#...) are followed"
         )
+    unbounded = pattern_problem(value)
+    if unbounded is not None:
+        raise doc.error(node, f"{where}: {unbounded}")
     if value.get("type") != "object":
         raise doc.error(node, f"{where}.type: must be object (a call's arguments are one)")
     props = value.get("properties", {})

@@ -20,6 +20,7 @@ from __future__ import annotations
 import http.server
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -28,7 +29,7 @@ import pytest
 
 from execgate.client import Call, Client, Status
 from tests import mcp_support as ms
-from tests.daemon import Daemon
+from tests.daemon import Daemon, scaled
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -179,3 +180,23 @@ def test_a_schema_referring_to_a_url_is_not_fetched(
     why = ms.provider(c, "ref").last_error
     assert f"tool ref left out: its inputSchema refers to {url!r}" in why, why
     _healthy(c, "ref")
+
+
+def test_a_pattern_that_backtracks_is_bounded(live: tuple[Daemon, Client]) -> None:
+    """FINDING (high): a server's `pattern` ran with Python's `re` on the event loop: 38
+    characters blocked the whole daemon for 27 s (each one more: x1.6)."""
+    _, c = live
+    began = time.monotonic()
+    o = c.run(Call(tool="redos.redos", arguments={"text": "a" * 38 + "b"}))
+    took = time.monotonic() - began
+    assert (o.status, o.error_class, o.field) == (
+        Status.REJECTED,
+        "invalid_argument",
+        "arguments.text",
+    ), o
+    assert "took too long" in o.message, o.message
+    assert took < scaled(3.0), took
+    assert c.run(Call(tool="noop")).status is Status.SUCCESS
+    # A match that is quick still works.
+    fine = c.run(Call(tool="redos.redos", arguments={"text": "aaaa"}))
+    assert fine.status is Status.SUCCESS, fine

@@ -40,7 +40,7 @@ from execgate.executor.sandbox.registry import Sandboxes
 
 from ..base import Tool
 from ..decl import Pool, ServerDecl, ToolOverride
-from ..schemabound import outside_ref
+from ..schemabound import outside_ref, pattern_problem
 from ..toolparts import EFFECT_KINDS, effect_problem
 from .effects import hints
 from .server import Placement, Placer, PoolKey, Server, ServerDown, ServerStatus
@@ -234,7 +234,8 @@ def schema_problem(schema: Any) -> str:
     ref = outside_ref(schema)
     if ref is not None:
         return f"its inputSchema refers to {ref!r}: only references inside it (#...) are followed"
-    return ""
+    unbounded = pattern_problem(schema)
+    return f"its inputSchema's {unbounded}" if unbounded else ""
 
 
 def override_problem(tool: str, override: ToolOverride | None, schema: dict[str, Any]) -> str:

@@ -210,6 +210,15 @@ def test_an_input_schema_referring_outside_itself_is_an_error() -> None:
     assert "tools[0].input_schema: refers to 'http://10.0.0.1/s.json'" in found, found
 
 
+def test_an_input_schema_whose_patterns_cannot_be_bounded_is_an_error() -> None:
+    by_name = "{type: object, patternProperties: {'^x': {type: string}}}"
+    [found] = errors_of(tool(input_schema=by_name))
+    assert "tools[0].input_schema: patternProperties is not supported" in found, found
+    huge = "{type: object, properties: {p: {type: string, pattern: '((a{1000}){1000}){1000}'}}}"
+    [found] = errors_of(tool(input_schema=huge))
+    assert "tools[0].input_schema: pattern '((a{1000}){1000}){1000}': " in found, found
+
+
 def test_every_bad_entry_is_reported_in_file_order() -> None:
     text = tool(bogus="1") + "  - {name: u, description: d, input_schema: {type: object}}\n"
     found = errors_of(text)
