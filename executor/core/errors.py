@@ -54,6 +54,7 @@ and holds this drawing to the code: tests/unit/test_error_trees.py).
     ├── TemplateSyntaxError         tools.template      a tools file's template that does not
     │                                                   parse (also a ValueError)
     ├── StartFailed                 tools.mcp.connection  an MCP server did not come up (why)
+    ├── ListingTooLong              tools.mcp.connection  a server's tools/list past the bounds
     ├── ServerDown                  tools.mcp.server    an MCP server cannot be started now
     │                                                   (name, why; backoff)
     ├── LineTooLong                 tools.mcp.transport  an MCP message over the bound (limit)

@@ -200,3 +200,26 @@ def test_a_pattern_that_backtracks_is_bounded(live: tuple[Daemon, Client]) -> No
     # A match that is quick still works.
     fine = c.run(Call(tool="redos.redos", arguments={"text": "aaaa"}))
     assert fine.status is Status.SUCCESS, fine
+
+
+# -- floods -------------------------------------------------------------------------------
+
+
+def test_a_tools_list_that_never_ends_fails_the_start_at_once(tmp_path: Path) -> None:
+    """FINDING (medium): tools/list was followed page after page until the start timed
+    out, every page kept: memory grew with what the server wrote meanwhile."""
+    tag = ms.new_tag()
+    server = _server("pages", "pages", tag, startup_timeout_s=60)
+    d = ms.mcp_daemon(tmp_path, [server], POLICY)
+    began = time.monotonic()
+    try:
+        d.start(timeout=60)
+        took = time.monotonic() - began
+        with Client(d.address) as c:
+            why = ms.provider(c, "pages").last_error
+            assert "more than 1024 tools" in why, why
+            assert not any(n.startswith("pages.") for n in _served(c))
+        assert took < scaled(30), took
+    finally:
+        d.stop()
+        ms.wait_for(lambda: ms.tagged(tag) == [], 10, "every server gone with the daemon")

@@ -37,6 +37,10 @@ CLIENT_INFO = mcp_types.Implementation(name="execgate", version="1")
 CLOSE_GRACE_SECONDS = 1.0
 # Characters of a server's stderr quoted in a start failure.
 STDERR_IN_ERRORS = 1000
+# What a server's tools/list may come to, over all its pages: a server that lists on
+# and on fails to start instead of filling the daemon's memory (and ListTools' reply).
+MAX_TOOLS = 1024
+MAX_LISTING_BYTES = 8 << 20
 
 
 class StartFailed(ExecgateError):
@@ -45,6 +49,10 @@ class StartFailed(ExecgateError):
     def __init__(self, why: str) -> None:
         super().__init__(why)
         self.why = why
+
+
+class ListingTooLong(ExecgateError):
+    """The server's tools/list went past MAX_TOOLS tools or MAX_LISTING_BYTES."""
 
 
 class Connection:
@@ -209,12 +217,21 @@ async def reap(running: Serving) -> list[int]:
 
 
 async def _list_all(session: ClientSession) -> list[mcp_types.Tool]:
+    """Every page of the server's tools; ListingTooLong past the bounds."""
     tools: list[mcp_types.Tool] = []
+    size = 0
     cursor: str | None = None
     while True:
         params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
         page = await session.list_tools(params=params)
         tools += page.tools
+        size += sum(len(t.model_dump_json(by_alias=True)) for t in page.tools)
+        if len(tools) > MAX_TOOLS:
+            raise ListingTooLong(f"the server listed more than {MAX_TOOLS} tools")
+        if size > MAX_LISTING_BYTES:
+            raise ListingTooLong(
+                f"the server's tools came to more than {MAX_LISTING_BYTES >> 20} MiB"
+            )
         cursor = page.next_cursor
         if not cursor:
             return tools

@@ -9,10 +9,17 @@ from __future__ import annotations
 
 import asyncio
 
+import mcp.types as mcp_types
 import pytest
 
 from execgate.executor.sandbox.base import Captured, Exit
-from execgate.executor.tools.mcp.connection import Connection
+from execgate.executor.tools.mcp.connection import (
+    MAX_LISTING_BYTES,
+    MAX_TOOLS,
+    Connection,
+    ListingTooLong,
+    _list_all,
+)
 
 
 class Plain:
@@ -96,3 +103,38 @@ def test_a_cancelled_killer_does_not_stop_the_kill() -> None:
         assert plain.proc.returncode is not None
 
     asyncio.run(main())
+
+
+class Pages:
+    """A session whose tools/list goes on for ever, `per_page` tools of `size` each."""
+
+    def __init__(self, per_page: int, size: int) -> None:
+        self.per_page = per_page
+        self.size = size
+        self.asked = 0
+
+    async def list_tools(self, params: object = None) -> mcp_types.ListToolsResult:
+        self.asked += 1
+        tools = [
+            mcp_types.Tool(
+                name=f"t{self.asked}_{i}",
+                description="d" * self.size,
+                input_schema={"type": "object"},
+            )
+            for i in range(self.per_page)
+        ]
+        return mcp_types.ListToolsResult(tools=tools, next_cursor=str(self.asked))
+
+
+@pytest.mark.parametrize(
+    ("per_page", "size", "why", "pages"),
+    [
+        (10, 10, f"listed more than {MAX_TOOLS} tools", MAX_TOOLS // 10 + 1),
+        (1, 1 << 20, f"came to more than {MAX_LISTING_BYTES >> 20} MiB", 8),
+    ],
+)
+def test_a_listing_stops_at_its_bounds(per_page: int, size: int, why: str, pages: int) -> None:
+    session = Pages(per_page, size)
+    with pytest.raises(ListingTooLong, match=why):
+        asyncio.run(_list_all(session))  # type: ignore[arg-type]
+    assert session.asked == pages
