@@ -58,6 +58,8 @@ and holds this drawing to the code: tests/unit/test_error_trees.py).
     ├── ServerDown                  tools.mcp.server    an MCP server cannot be started now
     │                                                   (name, why; backoff)
     ├── LineTooLong                 tools.mcp.transport  an MCP message over the bound (limit)
+    ├── TooManyRequests             tools.mcp.transport  a server's unanswered requests past
+    │                                                   the bound (limit)
     ├── ApprovalError               pipeline.approve    a Decide that cannot be done (refused,
     │                                                   message)
     ├── NotYours                    pipeline.inflight   a cancel of another's calls (agent,

@@ -223,3 +223,20 @@ def test_a_tools_list_that_never_ends_fails_the_start_at_once(tmp_path: Path) ->
     finally:
         d.stop()
         ms.wait_for(lambda: ms.tagged(tag) == [], 10, "every server gone with the daemon")
+
+
+def test_a_server_flooding_requests_it_never_reads_answers_to_is_ended(
+    live: tuple[Daemon, Client],
+) -> None:
+    """FINDING (medium): each request a server sends the daemon got a handler task that
+    waited to write its answer to a server that reads nothing: the tasks, and each one's
+    params (1 MiB here), piled up for as long as the server kept writing."""
+    d, c = live
+    before = _hwm_kib(d)
+    o = c.run(Call(tool="requests.flood", timeout=60))
+    took_mib = (_hwm_kib(d) - before) / 1024
+    assert (o.status, o.error_class) == (Status.UNKNOWN_OUTCOME, "interrupted"), o
+    assert "requests" in o.message, o.message
+    assert took_mib < 100, f"the daemon's peak memory grew {took_mib:.0f} MiB"
+    assert "requests" in ms.provider(c, "requests").last_error
+    _healthy(c, "requests")

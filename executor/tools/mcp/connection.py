@@ -30,7 +30,7 @@ from execgate.executor.sandbox.ladder import REAP_SECONDS
 
 from ..declguard import cut
 from .answers import Answers
-from .transport import MAX_LINE_BYTES, LineTooLong, open_streams
+from .transport import MAX_LINE_BYTES, Broken, open_streams
 
 CLIENT_INFO = mcp_types.Implementation(name="execgate", version="1")
 # How long a closing connection gives the server to exit once its stdin is closed.
@@ -154,7 +154,7 @@ class Connection:
             if self._on_closed is not None:
                 self._on_closed(self)
 
-    def _stream_ended(self, why: LineTooLong | None) -> None:
+    def _stream_ended(self, why: Broken | None) -> None:
         """The transport's `on_end`: the session cannot go on, whatever the process does."""
         if why is not None:
             self.error = str(why)
