@@ -10,6 +10,8 @@ the raw JSON-RPC fixture server `tests/fixtures/mcp/hostile_server.py` in real b
 - an inputSchema `$ref` to a URL (the daemon fetched it, from the host's network, on the
   event loop, with no timeout);
 - an inputSchema `pattern` that backtracks exponentially (the event loop was blocked);
+- an outputSchema `pattern` that backtracks on the server's own structuredContent (the
+  SDK's check of the result blocked the event loop: no argument of the agent needed);
 - a tools/list that never ends (memory grew until the start timed out);
 - requests to the daemon from a server that never reads the answers (each one's
   handler, and its params, were kept: memory without bound).
@@ -101,6 +103,7 @@ def live(
         _server("ref", "ref", tag, env=[("HOSTILE_REF_URL", url)]),
         _server("redos", "redos", tag),
         _server("requests", "requests", tag),
+        _server("output", "output", tag),
     ]
     d = ms.mcp_daemon(root, servers, POLICY).start(timeout=60)
     try:
@@ -200,6 +203,24 @@ def test_a_pattern_that_backtracks_is_bounded(live: tuple[Daemon, Client]) -> No
     # A match that is quick still works.
     fine = c.run(Call(tool="redos.redos", arguments={"text": "aaaa"}))
     assert fine.status is Status.SUCCESS, fine
+
+
+def test_an_output_pattern_that_backtracks_on_the_servers_result_is_bounded(
+    live: tuple[Daemon, Client],
+) -> None:
+    """FINDING (high): the SDK's call_tool checks structuredContent against the tool's
+    outputSchema with jsonschema (`re`) on the event loop: a server that answers with
+    the text its own pattern backtracks on blocked the whole daemon for 27 s (and
+    longer at will), whatever the agent sent."""
+    _, c = live
+    began = time.monotonic()
+    o = c.run(Call(tool="output.out", arguments={"text": "x"}))
+    took = time.monotonic() - began
+    assert (o.status, o.error_class) == (Status.FAILURE, "tool_error"), o
+    assert "took too long" in o.message, o.message
+    assert took < scaled(3.0), took
+    assert c.run(Call(tool="noop")).status is Status.SUCCESS
+    _healthy(c, "output")
 
 
 # -- floods -------------------------------------------------------------------------------

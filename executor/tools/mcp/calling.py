@@ -56,6 +56,7 @@ from ..base import ToolContext, ToolOutput
 from . import tracecontext
 from .answers import EXPECTED, Expected
 from .connection import Connection
+from .outputs import OutputMismatch
 from .results import to_output
 
 # How long a "connection closed" waits for the connection to see the process end.
@@ -164,6 +165,8 @@ async def _answered(conn: Connection, what: Call, request: asyncio.Future[Any]) 
         return await _crashed(conn, what)
     if isinstance(exc, MCPError):  # a JSON-RPC error: the server refused or failed the call
         return _failed(what, ErrorClass.TOOL_ERROR, f"{what.server}: {exc}")
+    if isinstance(exc, OutputMismatch):  # it answered, but not as its outputSchema says
+        return _failed(what, ErrorClass.TOOL_ERROR, f"{what.server}.{what.tool}: {exc}")
     return _failed(what, ErrorClass.INTERNAL, f"{what.server}: {type(exc).__name__}: {exc}")
 
 

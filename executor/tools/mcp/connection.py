@@ -125,6 +125,7 @@ class Connection:
             ):
                 await session.initialize()
                 self.tools = await _list_all(session)
+                session.know(self.tools)
                 self.session = session
                 self.ready_at = time.monotonic()
                 self.ready.set()

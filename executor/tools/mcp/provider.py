@@ -194,6 +194,7 @@ def _served(server: Server, listed: list[mcp_types.Tool]) -> list[McpTool]:
         refused = (
             name_problem(tool.name)
             or schema_problem(tool.input_schema)
+            or (schema_problem(tool.output_schema, "outputSchema") if tool.output_schema else "")
             or override_problem(tool.name, override, tool.input_schema)
         )
         if refused:
@@ -220,22 +221,23 @@ def shown(name: str) -> str:
     return repr(name if len(name) <= NAME_SHOWN else name[:NAME_SHOWN] + "...")
 
 
-def schema_problem(schema: Any) -> str:
-    """Why a server's inputSchema cannot be used to validate calls ("" if it can): the
-    daemon validates every call against it before the server sees it."""
+def schema_problem(schema: Any, which: str = "inputSchema") -> str:
+    """Why a server's inputSchema (or outputSchema) cannot be used to validate calls (or
+    their results) ("" if it can): the daemon validates every call against it before
+    the server sees it, and every result against the other (outputs.py)."""
     if not isinstance(schema, dict):
-        return "its inputSchema is not an object"
+        return f"its {which} is not an object"
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as exc:
-        return f"its inputSchema is not a valid JSON Schema: {exc.message}"
+        return f"its {which} is not a valid JSON Schema: {exc.message}"
     except RecursionError:  # the check recurses per level; a server chooses the depth
-        return "its inputSchema is nested too deeply to be checked"
+        return f"its {which} is nested too deeply to be checked"
     ref = outside_ref(schema)
     if ref is not None:
-        return f"its inputSchema refers to {ref!r}: only references inside it (#...) are followed"
+        return f"its {which} refers to {ref!r}: only references inside it (#...) are followed"
     unbounded = pattern_problem(schema)
-    return f"its inputSchema's {unbounded}" if unbounded else ""
+    return f"its {which}'s {unbounded}" if unbounded else ""
 
 
 def override_problem(tool: str, override: ToolOverride | None, schema: dict[str, Any]) -> str:
