@@ -54,9 +54,14 @@ and holds this drawing to the code: tests/unit/test_error_trees.py).
     ├── TemplateSyntaxError         tools.template      a tools file's template that does not
     │                                                   parse (also a ValueError)
     ├── StartFailed                 tools.mcp.connection  an MCP server did not come up (why)
+    ├── ListingTooLong              tools.mcp.connection  a server's tools/list past the bounds
+    ├── OutputMismatch              tools.mcp.outputs   a result that does not fit its
+    │                                                   outputSchema
     ├── ServerDown                  tools.mcp.server    an MCP server cannot be started now
     │                                                   (name, why; backoff)
     ├── LineTooLong                 tools.mcp.transport  an MCP message over the bound (limit)
+    ├── TooManyRequests             tools.mcp.transport  a server's unanswered requests past
+    │                                                   the bound (limit)
     ├── ApprovalError               pipeline.approve    a Decide that cannot be done (refused,
     │                                                   message)
     ├── NotYours                    pipeline.inflight   a cancel of another's calls (agent,

@@ -19,7 +19,7 @@ from execgate.executor.core.outcomes import ErrorClass, Status
 from execgate.executor.core.paths import Workspace
 from execgate.executor.core.requests import MAX_ID_CHARS, MAX_JSON_DEPTH, nested_deeper
 from execgate.executor.locks import plan
-from execgate.executor.tools import Limits, ResourceKind, Tool
+from execgate.executor.tools import Limits, ResourceKind, Tool, schemabound
 from execgate.executor.tools.base import CheckedTool, PlacedTool
 from execgate.executor.tools.effects import AnalysedTool, analyse, quick
 from execgate.executor.tools.toolset import ToolSet
@@ -60,10 +60,12 @@ class Validator:
                 status=Status.REJECTED,
             )
         args = parse_arguments(req.arguments_json, self.limits.max_arguments_bytes)
-        try:
-            self._check_schema(toolset.validators[req.tool], args)
-        except RecursionError as exc:  # the error message reprs the offending value
-            raise invalid("arguments_json is nested too deeply", "arguments_json") from exc
+        schema = toolset.validators[req.tool]
+        if req.tool in toolset.patterned:  # its patterns may take their budget: not here
+            size = len(req.arguments_json)
+            await asyncio.to_thread(self._check_bounded, schema, args, size)
+        else:
+            self._check_schema(schema, args)
         if isinstance(tool, CheckedTool):
             tool.check(args)
         paths = self._resolve_paths(tool, args)
@@ -85,11 +87,20 @@ class Validator:
             lock_plan=plan(effects.claims),
         )
 
+    @classmethod
+    def _check_bounded(cls, schema: Any, args: dict[str, Any], size: int) -> None:
+        """`_check_schema` with the schema's patterns under the call's budget."""
+        with schemabound.budget(size):
+            cls._check_schema(schema, args)
+
     @staticmethod
     def _check_schema(schema: Any, args: dict[str, Any]) -> None:
-        if schema.is_valid(args):  # the common case, without building error objects
-            return
-        error = best_match(schema.iter_errors(args))
+        try:
+            if schema.is_valid(args):  # the common case, without building error objects
+                return
+            error = best_match(schema.iter_errors(args))
+        except RecursionError as exc:  # the error message reprs the offending value
+            raise invalid("arguments_json is nested too deeply", "arguments_json") from exc
         if error is not None:
             raise invalid(_describe(error), _field(error))
 

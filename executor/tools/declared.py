@@ -23,7 +23,7 @@ from typing import Any
 from execgate.executor.core.errors import ToolError
 from execgate.executor.core.outcomes import ErrorClass, Status, StopMode
 from execgate.executor.core.paths import Workspace
-from execgate.executor.locks import Claim, Mode, net_key, path_key, workspace_key
+from execgate.executor.locks import Claim, Mode, path_key, workspace_key
 from execgate.executor.sandbox import Launch
 
 from . import confine, template
@@ -33,6 +33,7 @@ from .decl import CommandDecl, OutputMode, SandboxDecl
 from .declguard import (
     field_of,
     masks,
+    net_claim,
     not_an_option,
     path_text,
     redacted,
@@ -104,10 +105,11 @@ class CommandTool:
             *self._tables(effects.write_tables, "write_tables", Mode.WRITE, args, workspace),
         ]
         claims += self._table_dirs(claims, workspace, writes)
-        for host in effects.net:
+        for i, host in enumerate(effects.net):
             value = template.parse(host).expand(args)
-            if value:
-                claims.append(Claim(net_key(value), Mode.READ))
+            claim = net_claim(value or "", field_of(host, f"effects.net[{i}]"))
+            if claim is not None:
+                claims.append(claim)
         checked = prepared.checked + tuple(
             (field, text, found[key]) for key, field, text in self._texts(args)
         )

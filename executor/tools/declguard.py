@@ -16,10 +16,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from execgate.executor.core.errors import ToolError
+from execgate.executor.core.errors import ToolError, invalid
 from execgate.executor.core.outcomes import ErrorClass, Status
 from execgate.executor.core.paths import Workspace, hard_link_refused
-from execgate.executor.locks import Claim, Mode, table_key
+from execgate.executor.locks import Claim, Mode, net_key, table_key
 
 from . import template
 from .base import ToolOutput
@@ -29,6 +29,7 @@ __all__ = [
     "cut_json",
     "field_of",
     "masks",
+    "net_claim",
     "not_an_option",
     "path_text",
     "redacted",
@@ -165,7 +166,21 @@ def table_claim(value: str, field: str, mode: Mode, workspace: Workspace) -> Cla
             field=field,
             status=Status.REJECTED,
         )
-    return Claim(table_key(rel, table), mode)
+    try:
+        return Claim(table_key(rel, table), mode)
+    except ValueError as exc:  # no table name
+        raise invalid(f"{value!r}: {exc}", field) from exc
+
+
+def net_claim(value: str, field: str) -> Claim | None:
+    """The READ claim on an expanded `net:` host (None: the call gave an empty one);
+    REJECTED naming `field` when it names no host (`.`)."""
+    if not value:
+        return None
+    try:
+        return Claim(net_key(value), Mode.READ)
+    except ValueError as exc:
+        raise invalid(f"{value!r} is not a host name: {exc}", field) from exc
 
 
 def unchanged(checked: Checked, workspace: Workspace, hard_links: Callable[[Path], bool]) -> None:

@@ -30,6 +30,7 @@ from .decl import (
     ServerDecl,
     ToolOverride,
 )
+from .schemabound import outside_ref, pattern_problem
 
 FILE_KEYS = {"version", "tools", "servers"}
 COMMAND_KEYS = {
@@ -148,6 +149,14 @@ def input_schema(doc: YamlDoc, node: yaml.Node, where: str) -> dict[str, Any]:
     except jsonschema.SchemaError as exc:
         path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in exc.path)
         raise doc.error(node, f"{where}{path}: not a valid JSON Schema: {exc.message}") from None
+    ref = outside_ref(value)
+    if ref is not None:
+        raise doc.error(
+            node, f"{where}: refers to {ref!r}; only references inside it (#...) are followed"
+        )
+    unbounded = pattern_problem(value)
+    if unbounded is not None:
+        raise doc.error(node, f"{where}: {unbounded}")
     if value.get("type") != "object":
         raise doc.error(node, f"{where}.type: must be object (a call's arguments are one)")
     props = value.get("properties", {})

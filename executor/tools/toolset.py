@@ -25,8 +25,16 @@ from execgate.executor.core.errors import ConfigError
 from .base import Tool
 from .decl import ToolFile
 from .declared import CommandTool
+from .schemabound import NO_RETRIEVAL, bounded_pattern, has_patterns
 
-__all__ = ["SchemaValidator", "ToolProvider", "ToolSet", "provider_of", "trusted_of"]
+__all__ = [
+    "BoundedValidator",
+    "SchemaValidator",
+    "ToolProvider",
+    "ToolSet",
+    "provider_of",
+    "trusted_of",
+]
 
 # JSON Schema counts 2.0 as an integer; the tools index and slice with these values,
 # so an "integer" argument must be a Python int (never a bool).
@@ -36,6 +44,11 @@ SchemaValidator = jsonschema.validators.extend(  # type: ignore[no-untyped-call]
     type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
         "integer", lambda _checker, v: isinstance(v, int) and not isinstance(v, bool)
     ),
+)
+# The validator of a schema the daemon did not write (a declared or served tool's): its
+# patterns are matched under a time budget (schemabound).
+BoundedValidator = jsonschema.validators.extend(  # type: ignore[no-untyped-call]
+    SchemaValidator, validators={"pattern": bounded_pattern}
 )
 
 BUILTIN = "builtin"
@@ -71,10 +84,14 @@ def trusted_of(tool: Tool) -> bool:
 class ToolSet:
     # Invariant: `tools`, `validators` and `providers` have the same keys.
     tools: Mapping[str, Tool]
-    validators: Mapping[str, Any]  # name -> SchemaValidator of its input schema
+    # name -> the validator of its input schema (a built-in's SchemaValidator, any other
+    # tool's BoundedValidator)
+    validators: Mapping[str, Any]
     providers: Mapping[str, str]
     # The tools file's revision ("" when the set is the built-ins alone).
     revision: str = ""
+    # Tools whose schema's patterns are matched under a budget: validated off the loop.
+    patterned: frozenset[str] = frozenset()
 
     @classmethod
     def build(
@@ -88,6 +105,7 @@ class ToolSet:
         """Every tool under its name; a name served twice is a ConfigError naming it."""
         found: dict[str, Tool] = {}
         labels: dict[str, str] = {}
+        builtins = list(builtins)
         groups: list[tuple[str | None, Iterable[Tool]]] = [(None, builtins), (None, commands)]
         groups += [(p.name, p.tools()) for p in providers]
         for label, tools in groups:
@@ -99,12 +117,23 @@ class ToolSet:
                     raise ConfigError(f"tool {name!r} is served by {labels[name]} and {by}")
                 found[name] = tool
                 labels[name] = by
-        validators = {n: SchemaValidator(t.spec.input_schema) for n, t in found.items()}
+        ours = {t.spec.name for t in builtins}
+        # References resolve inside each schema only: nothing is fetched (schemabound).
+        validators = {
+            n: (SchemaValidator if n in ours else BoundedValidator)(
+                t.spec.input_schema, registry=NO_RETRIEVAL
+            )
+            for n, t in found.items()
+        }
+        patterned = frozenset(
+            n for n, t in found.items() if n not in ours and has_patterns(t.spec.input_schema)
+        )
         return cls(
             MappingProxyType(found),
             MappingProxyType(validators),
             MappingProxyType(labels),
             revision,
+            patterned,
         )
 
     @classmethod

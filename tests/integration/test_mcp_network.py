@@ -117,3 +117,28 @@ def test_each_agent_gets_the_network_its_rule_gives(netlab: tuple[Daemon, str]) 
         assert set(ms.tagged(tag)) == bots, "bob now shares bot's process"
         assert running(daemon) == 1
     assert lst.received.count(b"hi\n") >= 3, lst.received
+
+
+def test_pool_agent_gives_each_agent_a_process_of_its_own(tmp_path: Path) -> None:
+    """`pool: agent`: each agent's calls share one process, never another agent's."""
+    tag = ms.new_tag()
+    servers = [ms.entry("mine", ms.fixture_server(), tag, pool="agent")]
+    identities(tmp_path / "identities.yaml", bob_groups=[])
+    policy = "version: 1\ndefault: deny\nrules:\n  - {id: mine, effect: allow, tools: [mine.*]}\n"
+    extra = ("--identities", str(tmp_path / "identities.yaml"))
+    daemon = ms.mcp_daemon(tmp_path, servers, policy, *extra).start(timeout=60)
+    try:
+        ms.wait_for(lambda: ms.tagged(tag) == [], 10, "discovery's process closed")
+        seen: list[int] = []
+        for who in ("bot", "bob", "bot", "bob"):
+            with Client(daemon.address, token=TOKENS[who]) as c:
+                o = c.execute_one("mine.echo", text=who)
+            assert (o.status, o.text) == (Status.SUCCESS, who), o
+            seen.append(len(ms.tagged(tag)))
+        # bob's first call starts a second process (as many pids again), then no more.
+        one = seen[0]
+        assert one > 0
+        assert seen == [one, 2 * one, 2 * one, 2 * one], seen
+    finally:
+        daemon.stop()
+    ms.wait_for(lambda: ms.tagged(tag) == [], 10, "the servers gone with the daemon")

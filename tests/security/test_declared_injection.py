@@ -71,12 +71,23 @@ TOOLS = {
             "argv": ["touch", "{files}"],
             "effects": {"writes": ["{files}"]},
         },
+        {
+            # Effects whose keys an argument names: a host, a table.
+            "name": "reach",
+            "description": "reaches a host, writes a table",
+            "input_schema": {
+                "type": "object",
+                "properties": {"host": {"type": "string"}, "table": {"type": "string"}},
+            },
+            "argv": ["true"],
+            "effects": {"net": ["{host}"], "write_tables": ["app.db:{table}"]},
+        },
     ],
 }
 POLICY = {
     "version": 1,
     "default": "deny",
-    "rules": [{"id": "all", "effect": "allow", "tools": ["argv*", "touch_any"]}],
+    "rules": [{"id": "all", "effect": "allow", "tools": ["argv*", "touch_any", "reach"]}],
 }
 
 
@@ -163,3 +174,24 @@ def test_an_effects_path_given_a_non_scalar_is_rejected(
     ), o.message
     assert o.mark("started") is None
     assert not Path("/tmp/eg-pwned").exists()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        ({"host": "."}, "arguments.host"),
+        ({"host": ".."}, "arguments.host"),
+        ({"table": ""}, "arguments.table"),
+    ],
+)
+def test_a_host_or_table_that_names_nothing_is_rejected_naming_it(
+    client: tuple[Daemon, Client], arguments: dict[str, str], field: str
+) -> None:
+    """FINDING (low): the lock key's ValueError ("host is empty", "table name is
+    empty") escaped the analysis: the call ended REJECTED `internal`, a traceback in
+    the log, instead of a typed error naming the argument."""
+    d, c = client
+    o = c.run(Call(tool="reach", arguments=arguments))
+    assert (o.status, o.error_class, o.field) == (Status.REJECTED, "invalid_argument", field), o
+    assert o.mark("started") is None
+    assert "failed inside the daemon" not in d.log()

@@ -30,12 +30,13 @@ from typing import Any, Self
 
 from anyio import EndOfStream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from mcp import ClientSession
 from mcp.shared.dispatcher import CallOptions
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp.shared.message import SessionMessage
 from mcp.shared.transport_context import TransportContext
 from mcp.types import Implementation, JSONRPCError, JSONRPCResponse, RequestId
+
+from .outputs import CheckedSession
 
 # The request whose id the daemon chose, in the task that sends it (set by `calling`).
 EXPECTED: ContextVar[Expected | None] = ContextVar("execgate_mcp_expected", default=None)
@@ -82,10 +83,11 @@ class Answers:
         read: MemoryObjectReceiveStream[SessionMessage | Exception],
         write: MemoryObjectSendStream[SessionMessage],
         client_info: Implementation,
-    ) -> ClientSession:
-        """The SDK's session over the streams, its `tools/call` requests watched here."""
+    ) -> CheckedSession:
+        """The SDK's session over the streams, its `tools/call` requests watched here
+        (and its results checked within bounds: outputs.py)."""
         dispatcher = CallDispatcher(_Watched(read, self), write)
-        return ClientSession(dispatcher=dispatcher, client_info=client_info)
+        return CheckedSession(dispatcher=dispatcher, client_info=client_info)
 
 
 class CallDispatcher(JSONRPCDispatcher[TransportContext]):

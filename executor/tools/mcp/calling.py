@@ -56,6 +56,7 @@ from ..base import ToolContext, ToolOutput
 from . import tracecontext
 from .answers import EXPECTED, Expected
 from .connection import Connection
+from .outputs import OutputMismatch
 from .results import to_output
 
 # How long a "connection closed" waits for the connection to see the process end.
@@ -81,7 +82,7 @@ async def call(
 ) -> ToolOutput:
     session = conn.session
     if session is None:
-        return _crashed(conn, what, ())
+        return await _crashed(conn, what)
     expected = conn.answers.expect()
     current = tracecontext.current(what.trace)
     sent = session.call_tool(
@@ -103,7 +104,7 @@ async def call(
             return await _answered(conn, what, request)
         if died in done:
             request.cancel()
-            return _crashed(conn, what, ())
+            return await _crashed(conn, what)
         first = _first_mark(ctx, asked in done, started, limit)
         return await _stop(conn, what, (request, expected), ctx, first, force)
     finally:
@@ -161,9 +162,11 @@ async def _answered(conn: Connection, what: Call, request: asyncio.Future[Any]) 
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(conn.closed.wait(), CLOSED_SETTLE_SECONDS)
     if conn.closed.is_set():
-        return _crashed(conn, what, ())
+        return await _crashed(conn, what)
     if isinstance(exc, MCPError):  # a JSON-RPC error: the server refused or failed the call
         return _failed(what, ErrorClass.TOOL_ERROR, f"{what.server}: {exc}")
+    if isinstance(exc, OutputMismatch):  # it answered, but not as its outputSchema says
+        return _failed(what, ErrorClass.TOOL_ERROR, f"{what.server}.{what.tool}: {exc}")
     return _failed(what, ErrorClass.INTERNAL, f"{what.server}: {type(exc).__name__}: {exc}")
 
 
@@ -251,14 +254,19 @@ def _interrupted(
     )
 
 
-def _crashed(conn: Connection, what: Call, marks: tuple[Mark, ...]) -> ToolOutput:
+async def _crashed(conn: Connection, what: Call) -> ToolOutput:
+    """The server ended under the call. Its outcome (and the release of its locks) waits
+    for the server's tree to be killed and reaped: a process of it may still run (the
+    session ended on a message over the bound, a child outlived the server)."""
+    left = await conn.kill()  # the connection's one kill, begun when it closed
     why = conn.error or "the connection closed"
+    detail = f"server {what.server} ended: {why}" + (f"; {left} survived" if left else "")
     return ToolOutput(
-        evidence=Evidence(sandbox=what.where),
+        evidence=Evidence(sandbox=what.where, survivors=left),
         error_class=ErrorClass.INTERRUPTED,
         message=f"MCP server {what.server} ended mid-call: {why}",
         stopped_how=StopMode.INTERRUPTED,
-        marks=(*marks, mark(Phase.STOPPED, f"server {what.server} ended: {why}")),
+        marks=(mark(Phase.STOPPED, detail),),
     )
 
 

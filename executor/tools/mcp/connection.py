@@ -30,13 +30,17 @@ from execgate.executor.sandbox.ladder import REAP_SECONDS
 
 from ..declguard import cut
 from .answers import Answers
-from .transport import MAX_LINE_BYTES, LineTooLong, open_streams
+from .transport import MAX_LINE_BYTES, Broken, open_streams
 
 CLIENT_INFO = mcp_types.Implementation(name="execgate", version="1")
 # How long a closing connection gives the server to exit once its stdin is closed.
 CLOSE_GRACE_SECONDS = 1.0
 # Characters of a server's stderr quoted in a start failure.
 STDERR_IN_ERRORS = 1000
+# What a server's tools/list may come to, over all its pages: a server that lists on
+# and on fails to start instead of filling the daemon's memory (and ListTools' reply).
+MAX_TOOLS = 1024
+MAX_LISTING_BYTES = 8 << 20
 
 
 class StartFailed(ExecgateError):
@@ -45,6 +49,10 @@ class StartFailed(ExecgateError):
     def __init__(self, why: str) -> None:
         super().__init__(why)
         self.why = why
+
+
+class ListingTooLong(ExecgateError):
+    """The server's tools/list went past MAX_TOOLS tools or MAX_LISTING_BYTES."""
 
 
 class Connection:
@@ -117,6 +125,7 @@ class Connection:
             ):
                 await session.initialize()
                 self.tools = await _list_all(session)
+                session.know(self.tools)
                 self.session = session
                 self.ready_at = time.monotonic()
                 self.ready.set()
@@ -146,7 +155,7 @@ class Connection:
             if self._on_closed is not None:
                 self._on_closed(self)
 
-    def _stream_ended(self, why: LineTooLong | None) -> None:
+    def _stream_ended(self, why: Broken | None) -> None:
         """The transport's `on_end`: the session cannot go on, whatever the process does."""
         if why is not None:
             self.error = str(why)
@@ -209,12 +218,21 @@ async def reap(running: Serving) -> list[int]:
 
 
 async def _list_all(session: ClientSession) -> list[mcp_types.Tool]:
+    """Every page of the server's tools; ListingTooLong past the bounds."""
     tools: list[mcp_types.Tool] = []
+    size = 0
     cursor: str | None = None
     while True:
         params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
         page = await session.list_tools(params=params)
         tools += page.tools
+        size += sum(len(t.model_dump_json(by_alias=True)) for t in page.tools)
+        if len(tools) > MAX_TOOLS:
+            raise ListingTooLong(f"the server listed more than {MAX_TOOLS} tools")
+        if size > MAX_LISTING_BYTES:
+            raise ListingTooLong(
+                f"the server's tools came to more than {MAX_LISTING_BYTES >> 20} MiB"
+            )
         cursor = page.next_cursor
         if not cursor:
             return tools

@@ -33,13 +33,13 @@ import mcp.types as mcp_types
 
 from execgate.executor.core.errors import invalid
 from execgate.executor.core.paths import Workspace
-from execgate.executor.locks import Claim, Mode, net_key, workspace_key
+from execgate.executor.locks import Claim, Mode, workspace_key
 from execgate.executor.locks.keys import server_key
 
 from .. import template
 from ..base import ToolSpec
 from ..decl import EffectsDecl, ServerDecl, ToolOverride
-from ..declguard import field_of, path_text, table_claim
+from ..declguard import field_of, net_claim, path_text, table_claim
 from ..effects import CallEffects, file_key
 
 
@@ -141,7 +141,9 @@ def _declared(
         value = template.parse(host).expand(args)
         if value is None:
             raise _absent(host, f"effects.net[{i}]")
-        claims.append(Claim(net_key(value), Mode.READ))
+        claim = net_claim(value, field_of(host, f"effects.net[{i}]"))
+        if claim is not None:
+            claims.append(claim)
     return CallEffects(tuple(claims), not believed.read_only, paths=found)
 
 

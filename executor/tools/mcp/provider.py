@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +40,7 @@ from execgate.executor.sandbox.registry import Sandboxes
 
 from ..base import Tool
 from ..decl import Pool, ServerDecl, ToolOverride
+from ..schemabound import outside_ref, pattern_problem
 from ..toolparts import EFFECT_KINDS, effect_problem
 from .effects import hints
 from .server import Placement, Placer, PoolKey, Server, ServerDown, ServerStatus
@@ -48,6 +50,12 @@ log = logging.getLogger("execgate.mcp")
 
 # Discovery lists a server's tools as this agent: its process is that agent's.
 DISCOVERY_AGENT = "local"
+# MCP's rule for a tool's name (SEP-986, spec 2025-11-25). A name outside it is not
+# served: a `/` would put it beyond a policy glob's `*` (`deny: [NAME.*]`), control
+# characters would reach the log and the operator's terminal.
+TOOL_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
+# Characters of a refused name quoted in the server's last error and the log.
+NAME_SHOWN = 40
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 
@@ -183,11 +191,14 @@ def _served(server: Server, listed: list[mcp_types.Tool]) -> list[McpTool]:
         override = overrides.get(tool.name)
         if override is not None and override.hidden:
             continue
-        refused = schema_problem(tool.input_schema) or override_problem(
-            tool.name, override, tool.input_schema
+        refused = (
+            name_problem(tool.name)
+            or schema_problem(tool.input_schema)
+            or (schema_problem(tool.output_schema, "outputSchema") if tool.output_schema else "")
+            or override_problem(tool.name, override, tool.input_schema)
         )
         if refused:
-            server.last_error = f"tool {tool.name} left out: {refused}"
+            server.last_error = f"tool {shown(tool.name)} left out: {refused}"
             log.error("MCP server %s: %s", decl.name, server.last_error)
             continue
         believed = hints(decl, tool, override)
@@ -195,16 +206,38 @@ def _served(server: Server, listed: list[mcp_types.Tool]) -> list[McpTool]:
     return found
 
 
-def schema_problem(schema: Any) -> str:
-    """Why a server's inputSchema cannot be used to validate calls ("" if it can): the
-    daemon validates every call against it before the server sees it."""
+def name_problem(name: str) -> str:
+    """Why a listed tool's name cannot be served ("" if it can)."""
+    if TOOL_NAME.fullmatch(name):
+        return ""
+    return f"its name is not {TOOL_NAME.pattern} (MCP's rule for tool names)"
+
+
+def shown(name: str) -> str:
+    """A server's tool name as the log and last_error quote it: as it is when it keeps
+    to the rule, else escaped and cut short."""
+    if TOOL_NAME.fullmatch(name):
+        return name
+    return repr(name if len(name) <= NAME_SHOWN else name[:NAME_SHOWN] + "...")
+
+
+def schema_problem(schema: Any, which: str = "inputSchema") -> str:
+    """Why a server's inputSchema (or outputSchema) cannot be used to validate calls (or
+    their results) ("" if it can): the daemon validates every call against it before
+    the server sees it, and every result against the other (outputs.py)."""
     if not isinstance(schema, dict):
-        return "its inputSchema is not an object"
+        return f"its {which} is not an object"
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as exc:
-        return f"its inputSchema is not a valid JSON Schema: {exc.message}"
-    return ""
+        return f"its {which} is not a valid JSON Schema: {exc.message}"
+    except RecursionError:  # the check recurses per level; a server chooses the depth
+        return f"its {which} is nested too deeply to be checked"
+    ref = outside_ref(schema)
+    if ref is not None:
+        return f"its {which} refers to {ref!r}: only references inside it (#...) are followed"
+    unbounded = pattern_problem(schema)
+    return f"its {which}'s {unbounded}" if unbounded else ""
 
 
 def override_problem(tool: str, override: ToolOverride | None, schema: dict[str, Any]) -> str:

@@ -4,9 +4,14 @@
 sandbox; this is the same newline-delimited JSON-RPC framing over streams the
 sandbox gives us (`Serving.stdio`). Reading is bounded: a line longer than
 `max_line` ends the read stream, so a server that floods stdout without a newline
-cannot make the daemon hold it all. `on_end` tells the owner of the streams that
-the server's side ended (its stdout closed, or a line too long): the session is
-over whether or not the process still runs (connection.py then kills it).
+cannot make the daemon hold it all. So are the server's own requests: the SDK
+answers each in a task of its own, which holds the request until its answer is
+written -- to a server that may never read its stdin. More than
+MAX_SERVER_REQUESTS unanswered at once, or more than `max_line` bytes of them, end
+the read stream too (`TooManyRequests`). `on_end` tells the owner of the streams
+that the server's side ended (its stdout closed, a line too long, too many
+requests): the session is over whether or not the process still runs
+(connection.py then kills it).
 
 The server's secrets (`env.secrets`) are cut here, from every message it writes,
 before the SDK sees it: results, structuredContent, errors, progress, tool lists --
@@ -26,6 +31,7 @@ import anyio
 import mcp.types as mcp_types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.shared.message import SessionMessage
+from mcp.types import RequestId
 
 from execgate.executor.core.errors import ExecgateError
 
@@ -37,6 +43,8 @@ log = logging.getLogger("execgate.mcp")
 # Bytes of one JSON-RPC message from a server; more ends the session (the tools
 # file's `max_message_kb` sets it per server).
 MAX_LINE_BYTES = MAX_MESSAGE_BYTES
+# A server's requests to the daemon not answered yet; more ends the session.
+MAX_SERVER_REQUESTS = 16
 
 Streams = tuple[
     MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]
@@ -51,9 +59,51 @@ class LineTooLong(ExecgateError):
         self.limit = limit
 
 
-# Called once when the server's side of the streams ends: with the LineTooLong that
-# ended it, or None when its stdout closed.
-OnEnd = Callable[[LineTooLong | None], None]
+class TooManyRequests(ExecgateError):
+    """The server's requests the daemon had not answered went past `limit` (or past
+    the bytes of one message): it is not reading its stdin, or floods."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"the server sent more than {limit} requests (or one message's bytes of them) "
+            "that the daemon could not answer yet (is it reading its stdin?)"
+        )
+        self.limit = limit
+
+
+# Why the server's side of the streams ended before its stdout closed.
+Broken = LineTooLong | TooManyRequests
+# Called once when the server's side of the streams ends: with what ended it, or None
+# when its stdout closed.
+OnEnd = Callable[[Broken | None], None]
+
+
+class _Owed:
+    """The server's requests not answered yet: their ids and sizes (the reader adds,
+    the writer's answers and the server's own cancels remove)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._sizes: dict[RequestId, int] = {}
+        self._max_bytes = max_bytes
+
+    def asked(self, item: SessionMessage | Exception, size: int) -> TooManyRequests | None:
+        """Note a message from the server; what ends the session, if it is too much."""
+        match item.message if isinstance(item, SessionMessage) else None:
+            case mcp_types.JSONRPCRequest(id=request_id):
+                self._sizes[request_id] = size
+                too_many = len(self._sizes) > MAX_SERVER_REQUESTS
+                if too_many or sum(self._sizes.values()) > self._max_bytes:
+                    return TooManyRequests(MAX_SERVER_REQUESTS)
+            case mcp_types.JSONRPCNotification(method="notifications/cancelled", params=params):
+                self._sizes.pop((params or {}).get("requestId"), None)
+        return None
+
+    def answered(self, message: mcp_types.JSONRPCMessage) -> None:
+        match message:
+            case (
+                mcp_types.JSONRPCResponse(id=request_id) | mcp_types.JSONRPCError(id=request_id)
+            ) if request_id is not None:
+                self._sizes.pop(request_id, None)
 
 
 @contextlib.asynccontextmanager
@@ -73,9 +123,10 @@ async def open_streams(
     """
     to_session, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, from_session = anyio.create_memory_object_stream[SessionMessage](0)
+    owed = _Owed(max_line)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_reader, stdout, to_session, max_line, on_end or _ignore, hidden or {})
-        tg.start_soon(_writer, stdin, from_session)
+        tg.start_soon(_reader, stdout, to_session, max_line, on_end or _ignore, hidden or {}, owed)
+        tg.start_soon(_writer, stdin, from_session, owed)
         try:
             yield read_stream, write_stream
         finally:
@@ -92,6 +143,7 @@ async def _reader(
     max_line: int,
     on_end: OnEnd,
     hidden: Mapping[str, str],
+    owed: _Owed,
 ) -> None:
     async with sink:
         buffer = bytearray()
@@ -99,17 +151,29 @@ async def _reader(
             buffer += chunk
             while (end := buffer.find(b"\n")) >= 0:
                 line, buffer = bytes(buffer[:end]), buffer[end + 1 :]
-                if line.strip() and not await _deliver(sink, _parse(line, hidden)):
-                    return
+                if not line.strip():
+                    continue
+                item = _parse(line, hidden)
+                broken = owed.asked(item, len(line))
+                if broken is not None:
+                    return await _end(sink, on_end, broken)
+                if not await _deliver(sink, item):
+                    return None
             if len(buffer) > max_line:
-                too_long = LineTooLong(max_line)
-                on_end(too_long)
-                await _deliver(sink, too_long)
-                return
+                return await _end(sink, on_end, LineTooLong(max_line))
         on_end(None)
+    return None
 
 
-def _ignore(_why: LineTooLong | None) -> None:
+async def _end(
+    sink: MemoryObjectSendStream[SessionMessage | Exception], on_end: OnEnd, why: Broken
+) -> None:
+    """End the server's side: the owner is told why, the session gets it as an error."""
+    on_end(why)
+    await _deliver(sink, why)
+
+
+def _ignore(_why: Broken | None) -> None:
     pass
 
 
@@ -138,7 +202,7 @@ def _parse(line: bytes, hidden: Mapping[str, str]) -> SessionMessage | Exception
 
 
 async def _writer(
-    stdin: asyncio.StreamWriter, source: MemoryObjectReceiveStream[SessionMessage]
+    stdin: asyncio.StreamWriter, source: MemoryObjectReceiveStream[SessionMessage], owed: _Owed
 ) -> None:
     async with source:
         with contextlib.suppress(ConnectionError, OSError, anyio.ClosedResourceError):
@@ -146,3 +210,4 @@ async def _writer(
                 data = item.message.model_dump_json(by_alias=True, exclude_unset=True)
                 stdin.write(data.encode() + b"\n")
                 await stdin.drain()
+                owed.answered(item.message)

@@ -93,6 +93,8 @@ def test_templates_are_the_command_tools_templates(tmp_path: Path) -> None:
         ({"write_tables": ("{db}:t",)}, {"db": ["../x.db"]}, "arguments.db"),
         ({"writes": ("{dir}/{name}",)}, {"dir": "d"}, "arguments.name"),
         ({"net": ("{host}",)}, {}, "arguments.host"),
+        ({"net": ("{host}",)}, {"host": "."}, "arguments.host"),  # names no host
+        ({"write_tables": ("app.db:{t}",)}, {"t": ""}, "arguments.t"),  # no table
     ],
 )
 def test_an_argument_that_is_no_path_is_rejected_naming_it(

@@ -10,9 +10,16 @@ from pathlib import Path
 
 import mcp.types as mcp_types
 import pytest
+from mcp.shared.message import SessionMessage
 
 from execgate.executor.tools.declguard import masks
-from execgate.executor.tools.mcp.transport import LineTooLong, open_streams
+from execgate.executor.tools.mcp.transport import (
+    MAX_SERVER_REQUESTS,
+    LineTooLong,
+    TooManyRequests,
+    _Owed,
+    open_streams,
+)
 
 SECRET = 'tok"\\é-42'
 HIDDEN = masks([("TOKEN", SECRET)])
@@ -95,3 +102,28 @@ def test_a_secret_is_cut_from_every_message_however_it_is_escaped(
         assert "[secret TOKEN]" in seen[i], seen[i]
     assert isinstance(found[4], ValueError)
     assert "[secret TOKEN]" in str(found[4])
+
+
+def _request(i: int) -> SessionMessage:
+    return SessionMessage(mcp_types.JSONRPCRequest(jsonrpc="2.0", id=f"r{i}", method="ping"))
+
+
+def test_the_servers_unanswered_requests_are_bounded() -> None:
+    owed = _Owed(max_bytes=1000)
+    for i in range(MAX_SERVER_REQUESTS):
+        assert owed.asked(_request(i), 10) is None
+    # An answer the daemon wrote, and a request the server cancelled, are owed no more.
+    owed.answered(mcp_types.JSONRPCResponse(jsonrpc="2.0", id="r0", result={}))
+    cancel = mcp_types.JSONRPCNotification(
+        jsonrpc="2.0", method="notifications/cancelled", params={"requestId": "r1"}
+    )
+    assert owed.asked(SessionMessage(cancel), 10) is None
+    assert owed.asked(_request(100), 10) is None
+    assert owed.asked(_request(101), 10) is None
+    assert isinstance(owed.asked(_request(102), 10), TooManyRequests)
+
+
+def test_the_bytes_of_unanswered_requests_are_bounded() -> None:
+    owed = _Owed(max_bytes=1000)
+    assert owed.asked(_request(0), 600) is None
+    assert isinstance(owed.asked(_request(1), 600), TooManyRequests)

@@ -200,6 +200,25 @@ def test_a_key_twice_inside_an_input_schema_is_an_error() -> None:
     assert "t.yaml:5:67: tools[0].input_schema: 'type' appears twice" in errors_of(text)[0]
 
 
+def test_an_input_schema_referring_outside_itself_is_an_error() -> None:
+    """jsonschema would fetch it (urllib, the daemon's network, no timeout): refused."""
+    inside = "{type: object, $defs: {s: {type: string}}, properties: {p: {$ref: '#/$defs/s'}}}"
+    [command] = parse(tool(input_schema=inside)).commands
+    assert command.input_schema["properties"]["p"] == {"$ref": "#/$defs/s"}
+    outside = "{type: object, properties: {p: {$ref: 'http://10.0.0.1/s.json'}}}"
+    [found] = errors_of(tool(input_schema=outside))
+    assert "tools[0].input_schema: refers to 'http://10.0.0.1/s.json'" in found, found
+
+
+def test_an_input_schema_whose_patterns_cannot_be_bounded_is_an_error() -> None:
+    by_name = "{type: object, patternProperties: {'^x': {type: string}}}"
+    [found] = errors_of(tool(input_schema=by_name))
+    assert "tools[0].input_schema: patternProperties is not supported" in found, found
+    huge = "{type: object, properties: {p: {type: string, pattern: '((a{1000}){1000}){1000}'}}}"
+    [found] = errors_of(tool(input_schema=huge))
+    assert "tools[0].input_schema: pattern '((a{1000}){1000}){1000}': " in found, found
+
+
 def test_every_bad_entry_is_reported_in_file_order() -> None:
     text = tool(bogus="1") + "  - {name: u, description: d, input_schema: {type: object}}\n"
     found = errors_of(text)
