@@ -22,11 +22,12 @@ import jsonschema
 
 from execgate.executor.core.errors import ConfigError
 
-from .base import Tool
-from .decl import ToolFile
+from .base import CheckedTool, PlacedTool, Tool
+from .decl import SandboxDecl, ToolFile
 from .declared import CommandTool
+from .effects import AnalysedTool, quick
 
-__all__ = ["SchemaValidator", "ToolProvider", "ToolSet", "provider_of", "trusted_of"]
+__all__ = ["SchemaValidator", "ToolProvider", "ToolSet", "Traits", "provider_of", "trusted_of"]
 
 # JSON Schema counts 2.0 as an integer; the tools index and slice with these values,
 # so an "integer" argument must be a Python int (never a bool).
@@ -68,10 +69,36 @@ def trusted_of(tool: Tool) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class Traits:
+    """What validation and the runner ask of a tool on every call, answered once when
+    the set is built: a runtime-checkable Protocol's isinstance walks the protocol's
+    members each time (about 10 us a check, several per call)."""
+
+    validator: Any  # SchemaValidator of its input schema
+    checked: bool  # a CheckedTool: `check(args)` after the schema
+    analysed: bool  # an AnalysedTool: `call_effects` answers its claims
+    # Its analysis may block (sql reads a database's schema): a worker thread runs it.
+    blocking: bool
+    # A PlacedTool's declaration of where it runs; None for the others.
+    placement: SandboxDecl | None
+
+    @classmethod
+    def of(cls, tool: Tool) -> Traits:
+        analysed = isinstance(tool, AnalysedTool)
+        return cls(
+            validator=SchemaValidator(tool.spec.input_schema),
+            checked=isinstance(tool, CheckedTool),
+            analysed=analysed,
+            blocking=analysed and not quick(tool),
+            placement=tool.placement if isinstance(tool, PlacedTool) else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class ToolSet:
-    # Invariant: `tools`, `validators` and `providers` have the same keys.
+    # Invariant: `tools`, `traits` and `providers` have the same keys.
     tools: Mapping[str, Tool]
-    validators: Mapping[str, Any]  # name -> SchemaValidator of its input schema
+    traits: Mapping[str, Traits]
     providers: Mapping[str, str]
     # The tools file's revision ("" when the set is the built-ins alone).
     revision: str = ""
@@ -99,10 +126,10 @@ class ToolSet:
                     raise ConfigError(f"tool {name!r} is served by {labels[name]} and {by}")
                 found[name] = tool
                 labels[name] = by
-        validators = {n: SchemaValidator(t.spec.input_schema) for n, t in found.items()}
+        traits = {n: Traits.of(t) for n, t in found.items()}
         return cls(
             MappingProxyType(found),
-            MappingProxyType(validators),
+            MappingProxyType(traits),
             MappingProxyType(labels),
             revision,
         )
