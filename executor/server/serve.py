@@ -49,6 +49,7 @@ from execgate.v1 import runs_pb2_grpc as rpb_grpc
 from . import mcp_wiring, memdebug
 from .auth import AuthInterceptor, server_credentials
 from .config import JOURNAL_NAME, Listener, ServeConfig
+from .generic import GenericOnly
 from .guard import RequestGuard
 from .runs_service import RunsService
 from .services import ApprovalsService, ExecutorService
@@ -341,13 +342,14 @@ def _server(
         ],
     )
     executor = ExecutorService(dispatcher, served.provider.status)
-    pb_grpc.add_ExecutorServicer_to_server(executor, server)
+    generic: Any = GenericOnly(server)  # one pending request for all methods (generic.py)
+    pb_grpc.add_ExecutorServicer_to_server(executor, generic)
     approvals = ApprovalsService(dispatcher.approvals, lambda: dispatcher.policy)
-    pb_grpc.add_ApprovalsServicer_to_server(approvals, server)
-    rpb_grpc.add_RunsServicer_to_server(RunsService(runs, dispatcher), server)
+    pb_grpc.add_ApprovalsServicer_to_server(approvals, generic)
+    rpb_grpc.add_RunsServicer_to_server(RunsService(runs, dispatcher), generic)
     # grpc-stubs type only the sync grpc_health.v1.health, not its `aio` module.
     health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, generic)
     if config.reflection:
         from grpc_reflection.v1alpha import reflection
 
