@@ -46,7 +46,7 @@ from execgate.v1 import executor_pb2_grpc as pb_grpc
 from execgate.v1 import runs_pb2
 from execgate.v1 import runs_pb2_grpc as rpb_grpc
 
-from . import mcp_wiring, memdebug
+from . import heap, mcp_wiring, memdebug
 from .auth import AuthInterceptor, server_credentials
 from .config import JOURNAL_NAME, Listener, ServeConfig
 from .generic import GenericOnly
@@ -199,6 +199,7 @@ async def serve(
     await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
     watchers = _watchers(config, dispatcher, journal, interceptor, served)
     watching = [asyncio.create_task(w.run()) for w in watchers]
+    heap.settle()  # startup's heap out of the collector's walks (heap.py)
     if on_ready is not None:
         on_ready(addresses)
     await _until_signalled(on_second=dispatcher.force)
