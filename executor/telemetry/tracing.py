@@ -31,6 +31,8 @@ client-chosen text), so a queued span's size is bounded too.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import os
 import time
@@ -121,10 +123,13 @@ class BatchSpan:
         return self._tracing is not None
 
     def end(self) -> None:
+        """Ends the span now; on an event loop it is built and handed on just after the
+        current step (the batch's reply is then on its way: never delayed by it)."""
         if self._tracing is None or self._ended:
             return
         self._ended = True
-        self._tracing.emit(
+        emit = functools.partial(
+            self._tracing.emit,
             "execgate.batch",
             self._context,
             self._parent,
@@ -133,6 +138,10 @@ class BatchSpan:
             self._attributes,
             kind=SpanKind.SERVER,
         )
+        try:
+            asyncio.get_running_loop().call_soon(emit)
+        except RuntimeError:  # no running loop: at once
+            emit()
 
 
 class Tracing:
