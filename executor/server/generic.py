@@ -29,7 +29,9 @@ class GenericOnly:
     def __init__(self, server: grpc.aio.Server) -> None:
         self._server = server
 
-    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+    def add_generic_rpc_handlers(
+        self, handlers: Sequence[grpc.GenericRpcHandler[Any, Any]]
+    ) -> None:
         self._server.add_generic_rpc_handlers(handlers)
 
     def add_registered_method_handlers(

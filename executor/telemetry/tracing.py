@@ -45,6 +45,7 @@ from opentelemetry.propagate import extract
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
@@ -165,13 +166,12 @@ class Tracing:
     ) -> BatchSpan:
         """The span of one Execute, child of the caller's span if it sent one."""
         carrier = {k: v for k, v in metadata if isinstance(v, str)}
-        parent_ctx = extract(carrier) if carrier else None
-        parent = trace.get_current_span(parent_ctx).get_span_context()
+        parent_ctx = extract(carrier)  # on an empty context: never the task's own
+        caller = trace.get_current_span(parent_ctx).get_span_context()
         provider = self.provider
         if provider is None:  # tracing off: the caller's context passes through as is
-            return BatchSpan(parent)
-        if not parent.is_valid:
-            parent = None
+            return BatchSpan(caller)
+        parent = caller if caller.is_valid else None
         trace_id = (
             parent.trace_id if parent is not None else provider.id_generator.generate_trace_id()
         )
@@ -187,7 +187,7 @@ class Tracing:
         decided = provider.sampler.should_sample(
             parent_ctx, trace_id, "execgate.batch", SpanKind.SERVER, attributes
         )
-        sampled = decided.decision.is_sampled()
+        sampled = decided.decision is Decision.RECORD_AND_SAMPLE  # the SDK's is_sampled()
         flags = TraceFlags(_flags(sampled, parent, provider.id_generator))
         span_id = provider.id_generator.generate_span_id()
         context = SpanContext(
