@@ -50,7 +50,6 @@ from . import heap, mcp_wiring, memdebug
 from .auth import AuthInterceptor, server_credentials
 from .config import JOURNAL_NAME, Listener, ServeConfig
 from .generic import GenericOnly
-from .guard import RequestGuard
 from .runs_service import RunsService
 from .services import ApprovalsService, ExecutorService
 
@@ -334,8 +333,9 @@ def _server(
     served: mcp_wiring.ServedServers,
 ) -> tuple[grpc.aio.Server, Any]:  # Any: health.aio.HealthServicer, see below
     server = grpc.aio.server(
-        # The guard runs inside authentication: a stranger's garbage stays UNAUTHENTICATED.
-        interceptors=[interceptor, RequestGuard()],
+        # Authentication wraps each method with the request guard too (guard.guarded):
+        # a stranger's garbage stays UNAUTHENTICATED.
+        interceptors=[interceptor],
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE),
             ("grpc.max_send_message_length", MAX_MESSAGE),
