@@ -62,7 +62,7 @@ class Validator:
         traits = toolset.traits[req.tool]
         args = parse_arguments(req.arguments_json, self.limits.max_arguments_bytes)
         try:
-            self._check_schema(traits.validator, args)
+            self._check_schema(traits, args)
         except RecursionError as exc:  # the error message reprs the offending value
             raise invalid("arguments_json is nested too deeply", "arguments_json") from exc
         if traits.checked:
@@ -89,7 +89,10 @@ class Validator:
         )
 
     @staticmethod
-    def _check_schema(schema: Any, args: dict[str, Any]) -> None:
+    def _check_schema(traits: Traits, args: dict[str, Any]) -> None:
+        if traits.fast is not None and traits.fast(args):  # compiled once per tool
+            return
+        schema = traits.validator
         if schema.is_valid(args):  # the common case, without building error objects
             return
         error = best_match(schema.iter_errors(args))

@@ -26,6 +26,7 @@ from .base import CheckedTool, PlacedTool, Tool
 from .decl import SandboxDecl, ToolFile
 from .declared import CommandTool
 from .effects import AnalysedTool, quick
+from .schemacheck import Check, compile_schema
 
 __all__ = ["SchemaValidator", "ToolProvider", "ToolSet", "Traits", "provider_of", "trusted_of"]
 
@@ -75,6 +76,9 @@ class Traits:
     members each time (about 10 us a check, several per call)."""
 
     validator: Any  # SchemaValidator of its input schema
+    # Its schema's fast path (schemacheck.py): True only for arguments the validator
+    # accepts; None when the schema has none.
+    fast: Check | None
     checked: bool  # a CheckedTool: `check(args)` after the schema
     analysed: bool  # an AnalysedTool: `call_effects` answers its claims
     # Its analysis may block (sql reads a database's schema): a worker thread runs it.
@@ -87,6 +91,7 @@ class Traits:
         analysed = isinstance(tool, AnalysedTool)
         return cls(
             validator=SchemaValidator(tool.spec.input_schema),
+            fast=compile_schema(tool.spec.input_schema),
             checked=isinstance(tool, CheckedTool),
             analysed=analysed,
             blocking=analysed and not quick(tool),
