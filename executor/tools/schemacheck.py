@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numbers
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sized
 from typing import Any
 
 from execgate.executor.core.errors import ExecgateError
@@ -157,7 +157,7 @@ def _items(value: Any, _schema: dict[str, Any]) -> Check:
     return lambda v: not isinstance(v, list) or all(sub(item) for item in v)
 
 
-def _count(kind: type, at_least: bool) -> Callable[[Any, dict[str, Any]], Check]:
+def _count(kind: type[Sized], at_least: bool) -> Callable[[Any, dict[str, Any]], Check]:
     def make(value: Any, _schema: dict[str, Any]) -> Check:
         if not isinstance(value, int) or isinstance(value, bool):
             raise _Unsupported
