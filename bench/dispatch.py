@@ -905,7 +905,7 @@ def summarize_profile(raw: Path, *, calls: int, possible: float, top: int = 20) 
         # Charged to the innermost daemon frame (executor/..., but not the cli's
         # asyncio.run at the bottom of every loop stack), library callees included.
         mine = next(
-            (f for f in reversed(frames) if "(executor/" in f and "(executor/cli/main.py" not in f),
+            (f for f in reversed(frames) if "(executor/" in f and "(executor/cli/" not in f),
             None,
         )
         if mine is None:
@@ -914,7 +914,7 @@ def summarize_profile(raw: Path, *, calls: int, possible: float, top: int = 20) 
         else:
             ours[_function(mine)] += count
             module = mine.rpartition("(executor/")[2].partition(":")[0]
-            parts[_COMPONENTS.get(module, module)] += count
+            parts[_component(module)] += count
     if not total:
         print("\nprofile: no samples")
         return {}
@@ -947,19 +947,29 @@ def summarize_profile(raw: Path, *, calls: int, possible: float, top: int = 20) 
     }
 
 
-_COMPONENTS = {
-    "sqlite_writer.py": "journal: writer-thread handoff + SQLite",
-    "journal.py": "journal: writer-thread handoff + SQLite",
-    "codec.py": "journal: outcome JSON (codec.py)",
-    "validate.py": "validation + policy",
-    "policy.py": "validation + policy",
-    "wire.py": "protobuf conversion (wire.py)",
-    "server.py": "servicer (server.py)",
-    "dispatch.py": "dispatcher (tasks, events)",
-    "scheduler.py": "workspace lock (scheduler.py)",
-    "results.py": "outcome building",
-    "outcomes.py": "outcome building",
-}
+# Module of the innermost daemon frame -> what it is part of (first match).
+_COMPONENTS = (
+    ("journal/", "journal (SQLite, writer thread, codec)"),
+    ("telemetry/", "telemetry (spans, metrics, span export)"),
+    ("pipeline/telemetry.py", "telemetry (spans, metrics, span export)"),
+    ("server/wire", "protobuf conversion (server/wire*.py)"),
+    ("server/auth.py", "edge (authentication, request guard)"),
+    ("server/guard.py", "edge (authentication, request guard)"),
+    ("server/", "servicers (server/)"),
+    ("pipeline/validate.py", "validation (schema, paths, effects)"),
+    ("tools/schemacheck.py", "validation (schema, paths, effects)"),
+    ("tools/effects.py", "validation (schema, paths, effects)"),
+    ("policy/", "policy (decide, limits, quotas)"),
+    ("pipeline/authorize.py", "policy (decide, limits, quotas)"),
+    ("locks/", "locks"),
+    ("pipeline/", "dispatcher (pipeline/: tasks, events, scheduling, outcomes)"),
+    ("core/", "dispatcher (pipeline/: tasks, events, scheduling, outcomes)"),
+    ("tools/", "the tool"),
+)
+
+
+def _component(module: str) -> str:
+    return next((name for prefix, name in _COMPONENTS if module.startswith(prefix)), module)
 
 
 def _function(frame: str) -> str:
