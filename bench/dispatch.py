@@ -11,7 +11,13 @@ throughput of:
                  per request (durable journal on, as by default);
   noop-full      the same with outcomes_only=False (QUEUED, STARTED, FINISHED);
   write_file     Execute of write_file, 100 bytes to one file per client (atomic
-                 write + fsync, durable journal).
+                 write + fsync, durable journal);
+  floor          the wire alone: a servicer in the echo's process that decodes the
+                 ExecuteRequest and streams back one canned FINISHED event of a
+                 no-op (no validation, policy, journal, task): the least any grpc.aio
+                 server of this API costs, so what execgate itself adds is
+                 noop - floor;
+  floor-batch    the same as a unary ExecuteBatch.
 
 Every case goes through the same client driver (one asyncio process; 32 tasks over
 a few channels), is warmed up, then measured; the cases are interleaved over
@@ -66,11 +72,21 @@ from tests.daemon import Daemon  # noqa: E402
 
 ECHO_METHOD = "/bench.Echo/Echo"
 ECHO_STREAM_METHOD = "/bench.Echo/EchoStream"
+FLOOR_METHOD = "/bench.Floor/Execute"
+FLOOR_BATCH_METHOD = "/bench.Floor/ExecuteBatch"
 RUN_ID = "bench"
 NOOP_ARGS = json.dumps({"echo": "hello"})
 WRITE_CONTENT = ("execgate bench " * 8)[:99] + "\n"  # 100 bytes
 RPC_TIMEOUT = 60.0
-GOALS = (("noop", 1.5), ("write_file", 2.0))  # case, max p50 ratio vs echo
+# Issue 19's goals: (case, clients, figure, limit). p50: at most `limit` x echo's p50;
+# throughput: at least `limit` x echo's calls/s.
+GOALS = (
+    ("noop-batch", 1, "p50", 1.5),
+    ("noop", 1, "p50", 1.8),
+    ("noop", 32, "throughput", 0.6),
+    ("noop-batch", 32, "throughput", 0.6),
+    ("write_file", 1, "p50", 3.0),
+)
 RESULTS = ROOT / "bench" / "results" / "dispatch.json"
 
 
@@ -106,7 +122,7 @@ async def _serve_echo(address: str) -> None:
         },
     )
     server = grpc.aio.server(options=echo_server_options())
-    server.add_generic_rpc_handlers((handler,))
+    server.add_generic_rpc_handlers((handler, _floor_handler()))
     health_servicer = health.aio.HealthServicer()  # readiness, as the daemon has
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     server.add_insecure_port(address)
@@ -118,6 +134,47 @@ async def _serve_echo(address: str) -> None:
         loop.add_signal_handler(signum, stop.set)
     await stop.wait()
     await server.stop(grace=1)
+
+
+def _floor_handler() -> grpc.GenericRpcHandler:
+    """Execute and ExecuteBatch as the wire alone: the request decoded, one canned
+    FINISHED event of a no-op built with the call's id and the time, and encoded."""
+
+    def finished(request: pb.ExecuteRequest) -> pb.ExecuteEvent:
+        now = time.time()
+        event = pb.ExecuteEvent(call_id=request.calls[0].call_id, batch_id="floor", index=0)
+        event.time.FromNanoseconds(int(now * 1e9))
+        o = event.finished.outcome
+        o.status = pb.OUTCOME_STATUS_SUCCESS
+        o.result.text, o.result.returned_bytes, o.result.total_bytes = "hello", 5, 5
+        o.evidence.sandbox = "none"
+        o.stopped_how = pb.STOP_MODE_COMPLETED
+        for phase in ("QUEUED", "LOCK_GRANTED", "STARTED", "FINISHED"):
+            o.timeline.add(phase=pb.Phase.Value(f"PHASE_{phase}")).at.FromNanoseconds(
+                int(now * 1e9)
+            )
+        return event
+
+    async def execute(request: pb.ExecuteRequest, context: grpc.aio.ServicerContext) -> Any:
+        yield finished(request)
+
+    async def execute_batch(
+        request: pb.ExecuteRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ExecuteResponse:
+        return pb.ExecuteResponse(batch_id="floor", outcomes=[finished(request)])
+
+    decode, event, response = (
+        pb.ExecuteRequest.FromString,
+        pb.ExecuteEvent.SerializeToString,
+        pb.ExecuteResponse.SerializeToString,
+    )
+    return grpc.method_handlers_generic_handler(
+        "bench.Floor",
+        {
+            "Execute": grpc.unary_stream_rpc_method_handler(execute, decode, event),
+            "ExecuteBatch": grpc.unary_unary_rpc_method_handler(execute_batch, decode, response),
+        },
+    )
 
 
 class EchoServer:
@@ -274,6 +331,12 @@ CASES = (
 BATCH_CASE = Case("noop-batch", "daemon", "ExecuteBatch noop (unary), one call")
 if "ExecuteBatch" in pb.DESCRIPTOR.services_by_name["Executor"].methods_by_name:
     CASES = (*CASES[:4], BATCH_CASE, *CASES[4:])
+# The wire alone, served by the echo's process (see the module's docstring).
+CASES = (
+    *CASES,
+    Case("floor", "echo", "the wire alone: Execute decoded, one canned event (stream)"),
+    Case("floor-batch", "echo", "the wire alone: ExecuteBatch decoded, one canned reply"),
+)
 
 
 def noop_request(call_id: str, *, outcomes_only: bool) -> pb.ExecuteRequest:
@@ -289,18 +352,37 @@ def echo_payload() -> bytes:
     return noop_request("noop-r0-c1-m-00-000000", outcomes_only=True).SerializeToString()
 
 
-class Targets:
-    """Addresses and pids of the two servers."""
+# With --baseline REV: the daemon cases again, against a daemon of that revision.
+BASE_CASES = tuple(
+    Case(f"{c.name}@base", "base", f"{c.description}, the --baseline daemon")
+    for c in CASES
+    if c.name in ("noop", "noop-batch", "write_file")
+)
 
-    def __init__(self, echo: EchoServer, daemon: Daemon) -> None:
+
+def active_cases(args: argparse.Namespace) -> tuple[Case, ...]:
+    return CASES + BASE_CASES if args.baseline else CASES
+
+
+class Targets:
+    """Addresses and pids of the servers."""
+
+    def __init__(self, echo: EchoServer, daemon: Daemon, base: Daemon | None = None) -> None:
         self.echo = echo
         self.daemon = daemon
+        self.base = base
+
+    def _server(self, case: Case) -> EchoServer | Daemon:
+        if case.target == "base":
+            assert self.base is not None
+            return self.base
+        return self.echo if case.target == "echo" else self.daemon
 
     def address(self, case: Case) -> str:
-        return self.echo.address if case.target == "echo" else self.daemon.address
+        return self._server(case).address
 
     def pid(self, case: Case) -> int:
-        proc = self.echo.proc if case.target == "echo" else self.daemon.proc
+        proc = self._server(case).proc
         assert proc is not None
         if proc.poll() is not None:
             raise BenchError(f"the {case.target} server died (exit {proc.returncode})")
@@ -310,6 +392,8 @@ class Targets:
 def make_calls(case: Case, channels: Sequence[grpc.aio.Channel], tag: str) -> tuple[Prep, Invoke]:
     """The request builder and the invoker of one case, over the given channels."""
     n = len(channels)
+    if case.name.startswith("floor"):
+        return _floor_calls(case, channels, tag)
     if case.target == "echo":
         payload = echo_payload()
         method = ECHO_METHOD if case.name == "echo" else ECHO_STREAM_METHOD
@@ -345,10 +429,11 @@ def make_calls(case: Case, channels: Sequence[grpc.aio.Channel], tag: str) -> tu
         return prep_echo, invoke_echo_stream
 
     stubs = [pb_grpc.ExecutorStub(ch) for ch in channels]
-    outcomes_only = case.name != "noop-full"
+    kind = case.name.partition("@")[0]  # "noop-batch@base" is a noop-batch
+    outcomes_only = kind != "noop-full"
     expected_events = 1 if outcomes_only else 3
 
-    if case.name == "write_file":
+    if kind == "write_file":
         args = [
             json.dumps({"path": f"bench/w{c:02d}.txt", "content": WRITE_CONTENT}) for c in range(64)
         ]
@@ -371,7 +456,7 @@ def make_calls(case: Case, channels: Sequence[grpc.aio.Channel], tag: str) -> tu
             return noop_request(f"{tag}-{c:02d}-{i:06d}", outcomes_only=outcomes_only)
 
     async def invoke(c: int, request: pb.ExecuteRequest) -> pb.ExecuteEvent:
-        if case is BATCH_CASE:
+        if kind == BATCH_CASE.name:
             reply = await stubs[c % n].ExecuteBatch(request, timeout=RPC_TIMEOUT)
             events = list(reply.outcomes)
         else:
@@ -397,6 +482,28 @@ def make_calls(case: Case, channels: Sequence[grpc.aio.Channel], tag: str) -> tu
     return prep, invoke
 
 
+def _floor_calls(case: Case, channels: Sequence[grpc.aio.Channel], tag: str) -> tuple[Prep, Invoke]:
+    n = len(channels)
+    decode_event, decode_reply = pb.ExecuteEvent.FromString, pb.ExecuteResponse.FromString
+    encode = pb.ExecuteRequest.SerializeToString
+    stream = [ch.unary_stream(FLOOR_METHOD, encode, decode_event) for ch in channels]
+    unary = [ch.unary_unary(FLOOR_BATCH_METHOD, encode, decode_reply) for ch in channels]
+
+    def prep(c: int, i: int) -> pb.ExecuteRequest:
+        return noop_request(f"{tag}-{c:02d}-{i:06d}", outcomes_only=True)
+
+    async def invoke(c: int, request: pb.ExecuteRequest) -> pb.ExecuteEvent:
+        if case.name == "floor-batch":
+            events = list((await unary[c % n](request, timeout=RPC_TIMEOUT)).outcomes)
+        else:
+            events = [e async for e in stream[c % n](request, timeout=RPC_TIMEOUT)]
+        if len(events) != 1 or events[0].call_id != request.calls[0].call_id:
+            raise BenchError(f"{case.name}: unexpected events {events!r}")
+        return events[0]
+
+    return prep, invoke
+
+
 async def run_case(
     case: Case, targets: Targets, *, clients: int, channels: int, warmup: int, count: int, tag: str
 ) -> Sample:
@@ -408,7 +515,7 @@ async def run_case(
     try:
         for ch in chans:
             await asyncio.wait_for(ch.channel_ready(), 20)
-        trace = case.target == "daemon"
+        trace = case.target in ("daemon", "base")
         prep, invoke = make_calls(case, chans, f"{tag}-w")
         await drive(prep, invoke, clients=clients, count=warmup, server_pid=targets.pid(case))
         prep, invoke = make_calls(case, chans, f"{tag}-m")
@@ -492,21 +599,41 @@ def median_of_rounds(rounds: list[dict[str, float]]) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def servers(root: Path) -> Iterator[Targets]:
+def servers(root: Path, baseline: str | None = None) -> Iterator[Targets]:
     echo = EchoServer(root)
     (root / "daemon").mkdir()
-    daemon = Daemon(root / "daemon")
+    daemons = [Daemon(root / "daemon")]
+    if baseline is not None:
+        (root / "base").mkdir()
+        daemons.append(Daemon(root / "base", env={"PYTHONPATH": str(_tree(baseline, root))}))
     try:
         echo.start()
-        daemon.start()
-        yield Targets(echo, daemon)
+        for daemon in daemons:
+            daemon.start()
+        yield Targets(echo, *daemons)
     finally:
         echo.stop()
-        if daemon.proc is not None and daemon.proc.poll() is None:
-            try:
-                daemon.stop()
-            except subprocess.TimeoutExpired:
-                daemon.kill()
+        for daemon in daemons:
+            if daemon.proc is not None and daemon.proc.poll() is None:
+                try:
+                    daemon.stop()
+                except subprocess.TimeoutExpired:
+                    daemon.kill()
+
+
+def _tree(rev: str, root: Path) -> Path:
+    """The daemon and client of revision `rev` as an import tree (`execgate.executor`,
+    `execgate.client`) that PYTHONPATH puts before the work tree's; the generated
+    contract (`execgate.v1`) stays the installed one, so `rev` must share the proto."""
+    tree = root / "baseline"
+    (tree / "execgate").mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "executor", "client", "policies"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree / "execgate")], input=archive, check=True)
+    return tree
 
 
 async def measure(targets: Targets, args: argparse.Namespace) -> dict[str, Any]:
@@ -514,10 +641,11 @@ async def measure(targets: Targets, args: argparse.Namespace) -> dict[str, Any]:
     counts = {1: args.count1, 32: args.count32}
     rounds: dict[str, list[dict[str, float]]] = collections.defaultdict(list)
     phases: dict[str, list[dict[str, float]]] = collections.defaultdict(list)
+    cases = active_cases(args)
     for r in range(args.rounds):
         for clients in concurrencies:
-            shift = r % len(CASES)  # rotate the order: drift does not always hit one case
-            for case in CASES[shift:] + CASES[:shift]:
+            shift = r % len(cases)  # rotate the order: drift does not always hit one case
+            for case in cases[shift:] + cases[:shift]:
                 sample = await run_case(
                     case,
                     targets,
@@ -533,7 +661,7 @@ async def measure(targets: Targets, args: argparse.Namespace) -> dict[str, Any]:
                     phases[key].append(breakdown(sample.traces))
                 s = rounds[key][-1]
                 print(
-                    f"  round {r + 1}/{args.rounds}  {case.name:<12} {clients:>2} clients  "
+                    f"  round {r + 1}/{args.rounds}  {case.name:<16} {clients:>2} clients  "
                     f"p50 {s['p50_ms']:7.3f} ms  p99 {s['p99_ms']:7.3f} ms  "
                     f"{s['calls_per_s']:8.0f} calls/s  others {s['foreign_cores']:4.2f} cores",
                     flush=True,
@@ -541,7 +669,7 @@ async def measure(targets: Targets, args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     for clients in concurrencies:
         echo = median_of_rounds(rounds[f"echo/{clients}"])
-        for case in CASES:
+        for case in cases:
             key = f"{case.name}/{clients}"
             m = median_of_rounds(rounds[key])
             rows.append(
@@ -560,19 +688,29 @@ async def measure(targets: Targets, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each goal with its measured ratio, and the floor's (the wire alone) beside it:
+    a goal the floor itself misses is out of reach for any grpc.aio servicer."""
+    by = {(row["case"], row["clients"]): row for row in rows}
     out = []
-    for case, limit in GOALS:
-        for row in rows:
-            if row["case"] == case:
-                out.append(
-                    {
-                        "case": case,
-                        "clients": row["clients"],
-                        "limit": limit,
-                        "p50_ratio": row["p50_ratio_vs_echo"],
-                        "met": row["p50_ratio_vs_echo"] <= limit,
-                    }
-                )
+    for case, clients, figure, limit in GOALS:
+        row = by.get((case, clients))
+        if row is None:
+            continue
+        key = "p50_ratio_vs_echo" if figure == "p50" else "throughput_ratio_vs_echo"
+        ratio = row[key]
+        floor_case = {"noop": "floor", "noop-batch": "floor-batch"}.get(case, "")
+        floor = by.get((floor_case, clients))
+        out.append(
+            {
+                "case": case,
+                "clients": clients,
+                "figure": figure,
+                "limit": limit,
+                "ratio": ratio,
+                "floor_ratio": floor[key] if floor is not None else None,
+                "met": ratio <= limit if figure == "p50" else ratio >= limit,
+            }
+        )
     return out
 
 
@@ -580,12 +718,12 @@ def print_report(result: dict[str, Any]) -> None:
     rows = result["rows"]
     print()
     print(
-        f"{'case':<12} {'clients':>7} {'p50 ms':>8} {'p99 ms':>8} {'calls/s':>9} "
+        f"{'case':<16} {'clients':>7} {'p50 ms':>8} {'p99 ms':>8} {'calls/s':>9} "
         f"{'p50 x echo':>10} {'tput x echo':>11}"
     )
     for row in rows:
         print(
-            f"{row['case']:<12} {row['clients']:>7} {row['p50_ms']:>8.3f} {row['p99_ms']:>8.3f} "
+            f"{row['case']:<16} {row['clients']:>7} {row['p50_ms']:>8.3f} {row['p99_ms']:>8.3f} "
             f"{row['calls_per_s']:>9.0f} {row['p50_ratio_vs_echo']:>10.2f} "
             f"{row['throughput_ratio_vs_echo']:>11.2f}"
         )
@@ -596,7 +734,7 @@ def print_report(result: dict[str, Any]) -> None:
     )
     for row in rows:
         print(
-            f"  {row['case']:<12} {row['clients']:>2} clients  "
+            f"  {row['case']:<16} {row['clients']:>2} clients  "
             f"client {row['client_cpu_us_per_call']:6.0f}   "
             f"server {row['server_cpu_us_per_call']:6.0f} "
             f"(sys {row['server_sys_us_per_call']:4.0f})"
@@ -613,24 +751,26 @@ def print_report(result: dict[str, Any]) -> None:
         "medians need not add up):"
     )
     names = [n for n, _ in SEGMENTS]
-    print(f"  {'case':<12} {'clients':>7} " + " ".join(f"{n:>8}" for n in names) + f" {'total':>8}")
+    print(f"  {'case':<16} {'clients':>7} " + " ".join(f"{n:>8}" for n in names) + f" {'total':>8}")
     for row in rows:
         ph = row["phases_ms"]
         if ph:
             print(
-                f"  {row['case']:<12} {row['clients']:>7} "
+                f"  {row['case']:<16} {row['clients']:>7} "
                 + " ".join(f"{ph[n]:>8.3f}" for n in names)
                 + f" {ph['total']:>8.3f}"
             )
     for name, text in SEGMENTS:
         print(f"    {name:<8} {text}")
     print()
-    print("Goals (p50, same concurrency):")
+    print("Goals (against echo at the same concurrency; floor: the wire alone, same figure):")
     for g in result["goals"]:
         verdict = "MET" if g["met"] else "NOT MET"
+        bound = "<=" if g["figure"] == "p50" else ">="
+        floor = f"  (floor {g['floor_ratio']:.2f}x)" if g["floor_ratio"] is not None else ""
         print(
-            f"  {g['case']:<10} {g['clients']:>2} clients: p50 {g['p50_ratio']:.2f}x echo "
-            f"(goal <= {g['limit']}x)  {verdict}"
+            f"  {g['case']:<10} {g['clients']:>2} clients: {g['figure']} {g['ratio']:.2f}x echo "
+            f"(goal {bound} {g['limit']}x)  {verdict}{floor}"
         )
 
 
@@ -765,7 +905,7 @@ def summarize_profile(raw: Path, *, calls: int, possible: float, top: int = 20) 
         # Charged to the innermost daemon frame (executor/..., but not the cli's
         # asyncio.run at the bottom of every loop stack), library callees included.
         mine = next(
-            (f for f in reversed(frames) if "(executor/" in f and "(executor/cli/main.py" not in f),
+            (f for f in reversed(frames) if "(executor/" in f and "(executor/cli/" not in f),
             None,
         )
         if mine is None:
@@ -774,7 +914,7 @@ def summarize_profile(raw: Path, *, calls: int, possible: float, top: int = 20) 
         else:
             ours[_function(mine)] += count
             module = mine.rpartition("(executor/")[2].partition(":")[0]
-            parts[_COMPONENTS.get(module, module)] += count
+            parts[_component(module)] += count
     if not total:
         print("\nprofile: no samples")
         return {}
@@ -807,19 +947,29 @@ def summarize_profile(raw: Path, *, calls: int, possible: float, top: int = 20) 
     }
 
 
-_COMPONENTS = {
-    "sqlite_writer.py": "journal: writer-thread handoff + SQLite",
-    "journal.py": "journal: writer-thread handoff + SQLite",
-    "codec.py": "journal: outcome JSON (codec.py)",
-    "validate.py": "validation + policy",
-    "policy.py": "validation + policy",
-    "wire.py": "protobuf conversion (wire.py)",
-    "server.py": "servicer (server.py)",
-    "dispatch.py": "dispatcher (tasks, events)",
-    "scheduler.py": "workspace lock (scheduler.py)",
-    "results.py": "outcome building",
-    "outcomes.py": "outcome building",
-}
+# Module of the innermost daemon frame -> what it is part of (first match).
+_COMPONENTS = (
+    ("journal/", "journal (SQLite, writer thread, codec)"),
+    ("telemetry/", "telemetry (spans, metrics, span export)"),
+    ("pipeline/telemetry.py", "telemetry (spans, metrics, span export)"),
+    ("server/wire", "protobuf conversion (server/wire*.py)"),
+    ("server/auth.py", "edge (authentication, request guard)"),
+    ("server/guard.py", "edge (authentication, request guard)"),
+    ("server/", "servicers (server/)"),
+    ("pipeline/validate.py", "validation (schema, paths, effects)"),
+    ("tools/schemacheck.py", "validation (schema, paths, effects)"),
+    ("tools/effects.py", "validation (schema, paths, effects)"),
+    ("policy/", "policy (decide, limits, quotas)"),
+    ("pipeline/authorize.py", "policy (decide, limits, quotas)"),
+    ("locks/", "locks"),
+    ("pipeline/", "dispatcher (pipeline/: tasks, events, scheduling, outcomes)"),
+    ("core/", "dispatcher (pipeline/: tasks, events, scheduling, outcomes)"),
+    ("tools/", "the tool"),
+)
+
+
+def _component(module: str) -> str:
+    return next((name for prefix, name in _COMPONENTS if module.startswith(prefix)), module)
 
 
 def _function(frame: str) -> str:
@@ -856,6 +1006,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help="where the servers' sockets, journal and workspace go (a temp dir)",
     )
+    p.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also measure noop, noop-batch and write_file against a daemon of git "
+        "revision REV, interleaved in the same rounds (before/after)",
+    )
     p.add_argument("--serve-echo", metavar="ADDRESS", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     quick = {"warmup": 50, "count1": 200, "count32": 400, "rounds": 1}
@@ -883,7 +1039,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"echo payload {len(echo_payload())} bytes"
     )
     try:
-        with servers(tmp) as targets:
+        with servers(tmp, args.baseline) as targets:
             result = asyncio.run(run_all(targets, args))
             result["environment"] = env
     except BenchError as exc:

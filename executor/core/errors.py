@@ -45,6 +45,7 @@ and holds this drawing to the code: tests/unit/test_error_trees.py).
     │   └── ContainerGone           sandbox.dockerd     dockerd forgot the container
     │                                                   (explanation)
     ├── WriteAbandoned              tools.fileio        a write stopped before its rename (path)
+    ├── _Unsupported                tools.schemacheck   a schema with no fast path, mid-compile
     ├── _Cancelled                  tools.search        a search's cancel, inside its thread
     ├── NoStatements                tools.sqlanalysis   SQL text without a statement (also a
     │                                                   ValueError)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 
@@ -29,20 +30,24 @@ class PolicyRecord:
     shadow: tuple[str, ...] = ()
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "effect": self.effect,
-                "rules": self.rule_ids,
-                "revision": self.revision,
-                "shadow": self.shadow,
-            },
-            separators=(",", ":"),
-        )
+        return _policy_json(self.effect, self.rule_ids, self.revision, self.shadow)
 
     @staticmethod
     def from_json(text: str) -> PolicyRecord:
         d = json.loads(text)
         return PolicyRecord(d["effect"], tuple(d["rules"]), d["revision"], tuple(d["shadow"]))
+
+
+# Every call's record carries its decision; a policy makes few distinct ones, so
+# each is encoded once (bounded: a policy reload brings new revisions).
+@functools.lru_cache(maxsize=512)
+def _policy_json(
+    effect: str, rules: tuple[str, ...], revision: str, shadow: tuple[str, ...]
+) -> str:
+    return json.dumps(
+        {"effect": effect, "rules": rules, "revision": revision, "shadow": shadow},
+        separators=(",", ":"),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -21,6 +21,7 @@ from execgate.executor.journal.store import PolicyRecord
 from execgate.executor.locks import Key, LockMode, plan
 from execgate.executor.policy import Decision, PolicyInput
 from execgate.executor.tools import Tool
+from execgate.executor.tools.decl import SandboxDecl
 from execgate.executor.tools.effects import CallEffects, unconfined
 
 __all__ = ["Approved", "Authorized", "CallRequest", "Reached", "ValidCall"]
@@ -43,6 +44,9 @@ class ValidCall:
     effects: CallEffects
     # The locks that implies (intention locks on ancestors included).
     lock_plan: Mapping[Key, LockMode]
+    # Where the tool's declaration says it runs (a declared command's, an MCP
+    # server's `sandbox:`); None for the built-ins.
+    placement: SandboxDecl | None = None
 
     @property
     def may_write(self) -> bool:

@@ -51,7 +51,7 @@ from .telemetry import CallTelemetry
 from .validate import Validator
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span
+    from execgate.executor.telemetry.tracing import BatchSpan
 
 log = logging.getLogger("execgate.dispatch")
 
@@ -161,7 +161,9 @@ class Dispatcher:
             self._spawn(self._resumed(req, batch, approval, span), req)
         return len(pending)
 
-    async def _resumed(self, req: CallRequest, batch: Batch, parked: Approval, span: Span) -> None:
+    async def _resumed(
+        self, req: CallRequest, batch: Batch, parked: Approval, span: BatchSpan
+    ) -> None:
         try:
             await self._call(req, batch, parked=parked)
         finally:

@@ -143,21 +143,22 @@ class Batch:
         reached: Reached = None,
         progress: tuple[float, float, str] | None = None,
     ) -> None:
+        if self.progress or kind in ENDS:
+            at = clock.now()
+            event = Event(
+                kind,
+                req.call_id,
+                self.batch_id,
+                at,
+                req.index,
+                outcome,
+                replay_of,
+                waiting,
+                approval,
+                progress,
+            )
+            self.events.put_nowait(event)
+        # After the event is queued: the stream's task is woken first, so what
+        # on_finished schedules (the call's spans) runs after the reply is sent.
         if kind is EventKind.FINISHED and outcome is not None and self.on_finished is not None:
             self.on_finished(req, outcome, reached)
-        if not self.progress and kind not in ENDS:
-            return
-        at = clock.now()
-        event = Event(
-            kind,
-            req.call_id,
-            self.batch_id,
-            at,
-            req.index,
-            outcome,
-            replay_of,
-            waiting,
-            approval,
-            progress,
-        )
-        self.events.put_nowait(event)

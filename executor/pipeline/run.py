@@ -19,7 +19,6 @@ from execgate.executor.policy import CallLimits, PolicyInput
 from execgate.executor.sandbox import SandboxError
 from execgate.executor.sandbox.registry import Placement, Sandboxes
 from execgate.executor.tools import CancelScope, Limits, ToolContext
-from execgate.executor.tools.base import PlacedTool
 
 from . import results
 from .authorize import Authorizer
@@ -147,8 +146,8 @@ async def run_tool(
 
 def _declared_placement(call: ValidCall) -> Placement | None:
     """What the tool's declaration says about where it runs (backend, limits)."""
-    if isinstance(call.tool, PlacedTool):
-        return (call.tool.placement.backend, call.tool.placement.limits)
+    if call.placement is not None:
+        return (call.placement.backend, call.placement.limits)
     return None
 
 

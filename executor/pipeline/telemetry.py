@@ -8,11 +8,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from opentelemetry.trace import Span
-
 from execgate.executor.core.outcomes import Outcome
 from execgate.executor.telemetry.metrics import Metrics
-from execgate.executor.telemetry.tracing import CallFacts, Tracing
+from execgate.executor.telemetry.tracing import BatchSpan, CallFacts, Tracing
 
 from .calls import Approved, Authorized, CallRequest, Reached
 from .events import Batch
@@ -27,7 +25,7 @@ class CallTelemetry:
         self.tracing = Tracing(None)
         self.metrics = Metrics(None)
 
-    def attach(self, batch: Batch, metadata: Sequence[tuple[str, Any]], n: int) -> Span:
+    def attach(self, batch: Batch, metadata: Sequence[tuple[str, Any]], n: int) -> BatchSpan:
         """The batch's span (a child of the caller's, from `metadata`); its calls'
         spans follow from `batch.on_finished`. The caller ends the span."""
         span = self.tracing.batch_span(metadata, batch.run_id, batch.batch_id, batch.agent, n)
@@ -47,7 +45,7 @@ class CallTelemetry:
         self.metrics.shutdown()
 
     def _record(
-        self, span: Span, req: CallRequest, outcome: Outcome, agent: str, reached: Reached
+        self, span: BatchSpan, req: CallRequest, outcome: Outcome, agent: str, reached: Reached
     ) -> None:
         try:
             facts = CallFacts(tool=req.tool, agent=agent, index=req.index)

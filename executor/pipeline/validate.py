@@ -20,9 +20,9 @@ from execgate.executor.core.paths import Workspace
 from execgate.executor.core.requests import MAX_ID_CHARS, MAX_JSON_DEPTH, nested_deeper
 from execgate.executor.locks import plan
 from execgate.executor.tools import Limits, ResourceKind, Tool, schemabound
-from execgate.executor.tools.base import CheckedTool, PlacedTool
-from execgate.executor.tools.effects import AnalysedTool, analyse, quick
-from execgate.executor.tools.toolset import ToolSet
+from execgate.executor.tools.base import CheckedTool
+from execgate.executor.tools.effects import analyse
+from execgate.executor.tools.toolset import ToolSet, Traits
 
 from .calls import CallRequest, ValidCall
 
@@ -59,20 +59,21 @@ class Validator:
                 field="tool",
                 status=Status.REJECTED,
             )
+        traits = toolset.traits[req.tool]
         args = parse_arguments(req.arguments_json, self.limits.max_arguments_bytes)
-        schema = toolset.validators[req.tool]
-        if req.tool in toolset.patterned:  # its patterns may take their budget: not here
+        if traits.patterned:  # its patterns may take their budget: not here
             size = len(req.arguments_json)
-            await asyncio.to_thread(self._check_bounded, schema, args, size)
+            await asyncio.to_thread(self._check_bounded, traits, args, size)
         else:
-            self._check_schema(schema, args)
-        if isinstance(tool, CheckedTool):
-            tool.check(args)
+            self._check_schema(traits, args)
+        if traits.checked:
+            cast(CheckedTool, tool).check(args)
         paths = self._resolve_paths(tool, args)
-        if isinstance(tool, AnalysedTool) and not quick(tool):
-            effects = await asyncio.to_thread(analyse, tool, args, paths, self.workspace)
+        analysed = traits.analysed
+        if traits.blocking:
+            effects = await asyncio.to_thread(analyse, tool, args, paths, self.workspace, analysed)
         else:
-            effects = analyse(tool, args, paths, self.workspace)
+            effects = analyse(tool, args, paths, self.workspace, analysed)
         if effects.paths:
             paths = {**paths, **effects.paths}
         return ValidCall(
@@ -81,21 +82,25 @@ class Validator:
             args=args,
             # Only idempotency compares hashes; skip the work on the common path.
             request_hash=_hash_or_reject(req.tool, args) if req.idempotency_key else "",
-            timeout=self._timeout(req.timeout, tool),
+            timeout=self._timeout(req.timeout, traits),
             paths=paths,
             effects=effects,
             lock_plan=plan(effects.claims),
+            placement=traits.placement,
         )
 
     @classmethod
-    def _check_bounded(cls, schema: Any, args: dict[str, Any], size: int) -> None:
+    def _check_bounded(cls, traits: Traits, args: dict[str, Any], size: int) -> None:
         """`_check_schema` with the schema's patterns under the call's budget."""
         with schemabound.budget(size):
-            cls._check_schema(schema, args)
+            cls._check_schema(traits, args)
 
     @staticmethod
-    def _check_schema(schema: Any, args: dict[str, Any]) -> None:
+    def _check_schema(traits: Traits, args: dict[str, Any]) -> None:
+        schema = traits.validator
         try:
+            if traits.fast is not None and traits.fast(args):  # compiled once per tool
+                return
             if schema.is_valid(args):  # the common case, without building error objects
                 return
             error = best_match(schema.iter_errors(args))
@@ -104,10 +109,10 @@ class Validator:
         if error is not None:
             raise invalid(_describe(error), _field(error))
 
-    def _timeout(self, asked: float | None, tool: Tool) -> float:
+    def _timeout(self, asked: float | None, traits: Traits) -> float:
         """The call's ask, capped by the daemon's max; a declared tool's `timeout_s` is
         its default and its ceiling (still under the daemon's max)."""
-        declared = tool.placement.timeout if isinstance(tool, PlacedTool) else None
+        declared = traits.placement.timeout if traits.placement is not None else None
         cap = (
             self.limits.max_timeout if declared is None else min(declared, self.limits.max_timeout)
         )

@@ -6,9 +6,10 @@ in `model`. A `Policy` is immutable: a reload builds a new one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any, cast
 
 from execgate.executor.core.errors import PolicyError, ToolError
 from execgate.executor.core.outcomes import ErrorClass, Status
@@ -39,6 +40,10 @@ __all__ = [
 ]
 
 
+# At most this many (tool, agent) answers kept per policy (Policy._memo).
+MEMO_ENTRIES = 4096
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     default: Effect
@@ -55,8 +60,20 @@ class Policy:
     # `quotas:`: how much of the daemon one agent may take at once.
     quotas: tuple[QuotaRule, ...] = ()
 
+    # What depends only on the tool, the agent and its memberships (the rules that may
+    # concern a call, its limits, its quotas), worked out at a call's first decision
+    # and kept for this policy's life: a reload builds a new Policy, with a new memo.
+    _memo: dict[tuple[Any, ...], Any] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
     def decide(self, call: PolicyInput) -> Decision:
-        return decide(self.rules, self.default, self.revision, call)
+        key = ("rules", call.tool, call.agent, call.memberships)
+        rules = self._memo.get(key)
+        if rules is None:
+            concern = (call.tool, call.agent, call.memberships)
+            rules = self._remember(key, tuple(r for r in self.rules if r.concerns(*concern)))
+        return decide(rules, self.default, self.revision, call, concerned=True)
 
     def require(self, call: PolicyInput) -> Decision:
         """The decision unless it denies the call; else the REJECTED ToolError to answer with."""
@@ -79,13 +96,29 @@ class Policy:
 
     def limits_for(self, call: PolicyInput) -> CallLimits:
         """The timeout, grace and output cap the `limits:` section sets for `call`."""
-        return limits_for(self.limits, call.tool, call.agent, call.memberships)
+        key = ("limits", call.tool, call.agent, call.memberships)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._remember(
+                key, limits_for(self.limits, call.tool, call.agent, call.memberships)
+            )
+        return cast(CallLimits, found)
 
     def quota_for(self, agent: str, memberships: frozenset[str] = frozenset()) -> Quota:
         """The `quotas:` limits on this agent's calls (NO_QUOTA: none)."""
         if not self.quotas:
             return NO_QUOTA
-        return quota_for(self.quotas, agent, memberships)
+        key = ("quota", agent, memberships)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._remember(key, quota_for(self.quotas, agent, memberships))
+        return cast(Quota, found)
+
+    def _remember(self, key: tuple[Any, ...], value: Any) -> Any:
+        if len(self._memo) >= MEMO_ENTRIES:  # a bound, however many tools and agents
+            self._memo.clear()
+        self._memo[key] = value
+        return value
 
     def hard_links_allowed(self, rel: str) -> bool:
         """May a regular file with more than one hard link at `rel` (canonical,

@@ -116,6 +116,23 @@ class Rule:
     def matches(self, call: PolicyInput) -> bool:
         return all(ok for _, ok in self._checks(call))
 
+    def concerns(self, tool: str, agent: str, memberships: frozenset[str]) -> bool:
+        """Its `agents` and `tools` matchers: what depends on who calls which tool only
+        (Policy.decide works it out once per policy for each tool and agent)."""
+        return agent_matches(self.agents, agent, memberships) and _names(self.tools, tool)
+
+    def matches_rest(self, call: PolicyInput) -> bool:
+        """Its other matchers, in `_checks`' order (a `when` regex runs last): with
+        `concerns`, the same verdict as `matches`."""
+        every = self.effect is Effect.ALLOW
+        return (
+            _touches(self.paths, call.paths, every=every, glob=path_glob)
+            and _touches(self.tables, call.tables, every=every, glob=glob_match)
+            and _touches(self.hosts, call.hosts, every=every, glob=glob_match)
+            and self._argv_matches(call.argv)
+            and all(c.holds(call.args) for c in self.when)
+        )
+
     def mismatches(self, call: PolicyInput) -> tuple[str, ...]:
         """The matchers that do not match `call` (empty: the rule matches)."""
         return tuple(name for name, ok in self._checks(call) if not ok)
@@ -189,8 +206,16 @@ class Decision:
     ask: Rule | None = None
 
 
-def decide(rules: tuple[Rule, ...], default: Effect, revision: str, call: PolicyInput) -> Decision:
-    matched = [r for r in rules if r.matches(call)]
+def decide(
+    rules: tuple[Rule, ...],
+    default: Effect,
+    revision: str,
+    call: PolicyInput,
+    *,
+    concerned: bool = False,
+) -> Decision:
+    """`concerned`: `rules` are those whose `concerns` holds for the call already."""
+    matched = [r for r in rules if (r.matches_rest(call) if concerned else r.matches(call))]
     shadow = tuple((r.id, r.effect) for r in matched if r.shadow)
     live = [r for r in matched if not r.shadow]
     for effect in PRECEDENCE:

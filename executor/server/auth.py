@@ -20,8 +20,6 @@ is served in its own asyncio task, hence its own copy of the context.
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextvars import ContextVar
@@ -33,6 +31,7 @@ from execgate.executor.core.errors import ConfigError
 from execgate.executor.policy.identity import LOCAL, Identities, Identity, Role
 
 from .config import TlsFiles
+from .guard import guarded
 from .status import AccessRefused, PermissionDenied, Unauthenticated, abort_for
 
 log = logging.getLogger("execgate.auth")
@@ -174,18 +173,22 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any]:
         method = handler_call_details.method
-        if method in PUBLIC:
-            return await continuation(handler_call_details)
-        guarded = self._guarded.get(method)
-        if guarded is None:
+        wrapped = self._guarded.get(method)
+        if wrapped is None:
             handler = await continuation(handler_call_details)
             if handler is None:  # no such method: grpc answers UNIMPLEMENTED
                 return handler
-            guarded = self._guarded[method] = _guard(handler, self._admitter(method))
-        return guarded
+            # One wrapper per method: admission (none for PUBLIC), then the request
+            # guard's tolerant decoding and typed refusals (guard.py).
+            admit = None if method in PUBLIC else self._admitter(method)
+            wrapped = self._guarded[method] = guarded(handler, method, admit)
+        return wrapped
 
     def _admitter(self, method: str) -> Admit:
         async def admit(context: Context) -> None:
+            if self.identities is None:  # only the owner-only Unix socket listens
+                _caller.set(LOCAL)  # every role (authorize would admit it anyway)
+                return
             found = authenticate(
                 self.identities, context.invocation_metadata() or (), context.auth_context()
             )
@@ -197,39 +200,6 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             _caller.set(found)
 
         return admit
-
-
-def _guard(handler: grpc.RpcMethodHandler[Any, Any], admit: Admit) -> Any:
-    """The same handler, with `admit(context)` run before its behaviour."""
-    kind = ("stream" if handler.request_streaming else "unary") + "_"
-    kind += "stream" if handler.response_streaming else "unary"
-    make = getattr(grpc, f"{kind}_rpc_method_handler")
-    return make(
-        _admitting(getattr(handler, kind), admit),
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
-
-
-def _admitting(behaviour: Any, admit: Admit) -> Any:
-    if inspect.isasyncgenfunction(behaviour):
-
-        async def streaming(request: Any, context: Context) -> Any:
-            await admit(context)
-            async with contextlib.aclosing(behaviour(request, context)) as responses:
-                async for response in responses:
-                    yield response
-
-        return streaming
-    if not inspect.iscoroutinefunction(behaviour):
-        # A plain function would run in a worker thread, outside the RPC's context.
-        raise TypeError(f"{behaviour!r}: execgate serves async handlers only")
-
-    async def unary(request: Any, context: Context) -> Any:
-        await admit(context)
-        return await behaviour(request, context)
-
-    return unary
 
 
 def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:

@@ -46,10 +46,10 @@ from execgate.v1 import executor_pb2_grpc as pb_grpc
 from execgate.v1 import runs_pb2
 from execgate.v1 import runs_pb2_grpc as rpb_grpc
 
-from . import mcp_wiring, memdebug
+from . import heap, mcp_wiring, memdebug
 from .auth import AuthInterceptor, server_credentials
 from .config import JOURNAL_NAME, Listener, ServeConfig
-from .guard import RequestGuard
+from .generic import GenericOnly
 from .runs_service import RunsService
 from .services import ApprovalsService, ExecutorService
 
@@ -198,6 +198,7 @@ async def serve(
     await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
     watchers = _watchers(config, dispatcher, journal, interceptor, served)
     watching = [asyncio.create_task(w.run()) for w in watchers]
+    heap.settle()  # startup's heap out of the collector's walks (heap.py)
     if on_ready is not None:
         on_ready(addresses)
     await _until_signalled(on_second=dispatcher.force)
@@ -332,8 +333,9 @@ def _server(
     served: mcp_wiring.ServedServers,
 ) -> tuple[grpc.aio.Server, Any]:  # Any: health.aio.HealthServicer, see below
     server = grpc.aio.server(
-        # The guard runs inside authentication: a stranger's garbage stays UNAUTHENTICATED.
-        interceptors=[interceptor, RequestGuard()],
+        # Authentication wraps each method with the request guard too (guard.guarded):
+        # a stranger's garbage stays UNAUTHENTICATED.
+        interceptors=[interceptor],
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE),
             ("grpc.max_send_message_length", MAX_MESSAGE),
@@ -341,13 +343,14 @@ def _server(
         ],
     )
     executor = ExecutorService(dispatcher, served.provider.status)
-    pb_grpc.add_ExecutorServicer_to_server(executor, server)
+    generic: Any = GenericOnly(server)  # one pending request for all methods (generic.py)
+    pb_grpc.add_ExecutorServicer_to_server(executor, generic)
     approvals = ApprovalsService(dispatcher.approvals, lambda: dispatcher.policy)
-    pb_grpc.add_ApprovalsServicer_to_server(approvals, server)
-    rpb_grpc.add_RunsServicer_to_server(RunsService(runs, dispatcher), server)
+    pb_grpc.add_ApprovalsServicer_to_server(approvals, generic)
+    rpb_grpc.add_RunsServicer_to_server(RunsService(runs, dispatcher), generic)
     # grpc-stubs type only the sync grpc_health.v1.health, not its `aio` module.
     health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, generic)
     if config.reflection:
         from grpc_reflection.v1alpha import reflection
 

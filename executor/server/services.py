@@ -100,10 +100,16 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         context: grpc.aio.ServicerContext[pb.ExecuteRequest, pb.ExecuteEvent],
     ) -> AsyncIterator[pb.ExecuteEvent]:
         batch = self._batch(request)
-        progress = not batch.outcomes_only
-        async with contextlib.aclosing(self._execute(batch, context, progress)) as events:
+        unsent: list[Event] = []
+        events = self._events(batch, context, progress=not batch.outcomes_only)
+        async with contextlib.aclosing(events):
             async for event in events:
-                yield wire.event(event)
+                if event.kind in _UNSENT:
+                    unsent.append(event)
+                else:
+                    yield wire.event(event)
+        if unsent:
+            await _abort_unsent(context, unsent)
 
     async def ExecuteBatch(
         self,
@@ -112,21 +118,29 @@ class ExecutorService(pb_grpc.ExecutorServicer):
     ) -> pb.ExecuteResponse:
         batch = self._batch(request)
         finished: list[Event | None] = [None] * len(batch.calls)
-        async with contextlib.aclosing(self._execute(batch, context, False)) as events:
+        unsent: list[Event] = []
+        events = self._events(batch, context, progress=False)
+        async with contextlib.aclosing(events):
             async for event in events:
-                finished[event.index] = event
+                if event.kind in _UNSENT:
+                    unsent.append(event)
+                else:
+                    finished[event.index] = event
+        if unsent:
+            await _abort_unsent(context, unsent)
         return wire.batch_response(batch.batch_id, finished)
 
-    async def _execute(
+    def _events(
         self,
         batch: BatchRequest,
         context: grpc.aio.ServicerContext[pb.ExecuteRequest, Any],
         progress: bool,
     ) -> AsyncGenerator[Event, None]:
-        """Execute and ExecuteBatch: the batch's events as they happen. Those that end a
-        call without an outcome (DETACHED, UNRECORDED) are held back: once every call
-        has ended, the RPC ends with an error naming them."""
-        events = self.dispatcher.execute(
+        """Execute and ExecuteBatch: the batch's events as they happen, straight from the
+        dispatcher (no generator of its own between: each layer costs every call). Those
+        that end a call without an outcome (DETACHED, UNRECORDED) are held back by the
+        caller: once every call has ended, the RPC ends with an error naming them."""
+        return self.dispatcher.execute(
             batch.run_id,
             batch.batch_id,
             batch.calls,
@@ -135,15 +149,6 @@ class ExecutorService(pb_grpc.ExecutorServicer):
             deadline=batch.deadline,
             metadata=tuple(context.invocation_metadata() or ()),
         )
-        unsent: list[Event] = []
-        async with contextlib.aclosing(events):
-            async for event in events:
-                if event.kind in _UNSENT:
-                    unsent.append(event)
-                else:
-                    yield event
-        if unsent:
-            await _abort_unsent(context, unsent)
 
     async def Explain(
         self,

@@ -10,16 +10,12 @@ batches differ by their batch span's random id. Nothing is kept between the two
 moments, and a call whose tool passes nothing on costs nothing until its spans are
 built (where the mix replaces a random draw).
 
-`CallSpanIds` is the daemon's TracerProvider id generator: random ids, except the
-one span id `reserve`d for the very next span started. Spans of that provider are
-started only on the event loop's thread (the batch span, and a call's spans in one
-synchronous `Tracing.call_spans`), so a reservation is consumed by the span it was
-made for.
+tracing.py builds each span whole when the call's outcome is recorded, so it simply
+gives the `execgate.sandbox.run` span this id; every other id is drawn at random.
 """
 
 from __future__ import annotations
 
-from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import SpanContext
 
 _MASK = (1 << 64) - 1
@@ -54,17 +50,3 @@ def parent_for(batch: SpanContext, index: int) -> SpanContext | None:
         trace_flags=batch.trace_flags,
         trace_state=batch.trace_state,
     )
-
-
-class CallSpanIds(RandomIdGenerator):
-    """Random ids, except a span id reserved for the next span started (module doc)."""
-
-    def __init__(self) -> None:
-        self._reserved = 0
-
-    def reserve(self, span_id: int) -> None:
-        self._reserved = span_id
-
-    def generate_span_id(self) -> int:
-        reserved, self._reserved = self._reserved, 0
-        return reserved or super().generate_span_id()

@@ -88,6 +88,10 @@ class CommandTool:
                     status=Status.REJECTED,
                 )
 
+    # Its analysis expands templates and resolves paths: validation runs it on the
+    # event loop, as run_command's.
+    quick_analysis = True
+
     def call_effects(
         self, args: dict[str, Any], paths: Mapping[str, Path], workspace: Workspace
     ) -> CallEffects:

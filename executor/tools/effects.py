@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from execgate.executor.core.paths import Workspace
 from execgate.executor.locks import Claim, Key, Mode, path_key, workspace_key
@@ -60,7 +60,9 @@ class AnalysedTool(Protocol):
 
     Validation runs `call_effects` in a worker thread (`sql` reads its database's
     schema), unless the tool says `quick_analysis = True`: no more than resolving
-    paths, which validation does on the event loop for every path argument anyway.
+    paths and reading its arguments, which validation does on the event loop for
+    every call anyway (run_command, declared commands, MCP tools: the thread hop
+    would cost more than the analysis).
     """
 
     def call_effects(
@@ -74,11 +76,16 @@ def quick(tool: Tool) -> bool:
 
 
 def analyse(
-    tool: Tool, args: dict[str, Any], paths: Mapping[str, Path], workspace: Workspace
+    tool: Tool,
+    args: dict[str, Any],
+    paths: Mapping[str, Path],
+    workspace: Workspace,
+    analysed: bool | None = None,
 ) -> CallEffects:
-    """The call's claims: the tool's own analysis if it has one, else its templates."""
-    if isinstance(tool, AnalysedTool):
-        return tool.call_effects(args, paths, workspace)
+    """The call's claims: the tool's own analysis if it has one, else its templates.
+    `analysed`: whether it is an AnalysedTool, when the caller knows (toolset.Traits)."""
+    if analysed if analysed is not None else isinstance(tool, AnalysedTool):
+        return cast(AnalysedTool, tool).call_effects(args, paths, workspace)
     claims = []
     for template in tool.spec.resources:
         if template.kind is ResourceKind.WORKSPACE:

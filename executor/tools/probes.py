@@ -60,6 +60,8 @@ class Work:
         resources=(ResourceTemplate(ResourceKind.FILE, "path", Mode.WRITE),),
     )
 
+    quick_analysis = True  # its claims come from its arguments alone
+
     def call_effects(
         self, args: dict[str, Any], paths: Mapping[str, Path], workspace: Workspace
     ) -> CallEffects:

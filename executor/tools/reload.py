@@ -19,7 +19,7 @@ from execgate.executor.core.errors import ToolFileError
 from execgate.executor.journal.base import ReloadStore
 from execgate.executor.policy.watch import FileWatcher
 
-from .base import PlacedTool, Tool
+from .base import Tool
 from .decl import ToolFile
 from .toolfile import bundle, load_tools, parse_bundle, read_sources
 from .toolset import ToolProvider, ToolSet
@@ -90,8 +90,8 @@ def tools_watcher(
         return ToolSet.declared(builtins, file, contribute(file))
 
     def refusal(new: ToolSet) -> str:
-        for name, tool in new.tools.items():
-            backend = tool.placement.backend if isinstance(tool, PlacedTool) else "default"
+        for name, traits in new.traits.items():
+            backend = traits.placement.backend if traits.placement is not None else "default"
             if backend not in ("default", *running):
                 return f"tool {name!r}: sandbox backend {backend} is not running; restart to use it"
         return ""

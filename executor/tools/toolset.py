@@ -22,16 +22,19 @@ import jsonschema
 
 from execgate.executor.core.errors import ConfigError
 
-from .base import Tool
-from .decl import ToolFile
+from .base import CheckedTool, PlacedTool, Tool
+from .decl import SandboxDecl, ToolFile
 from .declared import CommandTool
+from .effects import AnalysedTool, quick
 from .schemabound import NO_RETRIEVAL, bounded_pattern, has_patterns
+from .schemacheck import Check, compile_schema
 
 __all__ = [
     "BoundedValidator",
     "SchemaValidator",
     "ToolProvider",
     "ToolSet",
+    "Traits",
     "provider_of",
     "trusted_of",
 ]
@@ -81,12 +84,49 @@ def trusted_of(tool: Tool) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class Traits:
+    """What validation and the runner ask of a tool on every call, answered once when
+    the set is built: a runtime-checkable Protocol's isinstance walks the protocol's
+    members each time (about 10 us a check, several per call)."""
+
+    validator: Any  # SchemaValidator of its input schema
+    # Its schema's fast path (schemacheck.py): True only for arguments the validator
+    # accepts; None when the schema has none.
+    fast: Check | None
+    checked: bool  # a CheckedTool: `check(args)` after the schema
+    analysed: bool  # an AnalysedTool: `call_effects` answers its claims
+    # Its analysis may block (sql reads a database's schema): a worker thread runs it.
+    blocking: bool
+    # A PlacedTool's declaration of where it runs; None for the others.
+    placement: SandboxDecl | None
+    # Its schema's patterns are matched under a budget: validated off the event loop.
+    patterned: bool = False
+
+    @classmethod
+    def of(cls, tool: Tool, *, builtin: bool = True) -> Traits:
+        """A built-in's schema is the daemon's own; any other tool's (declared, served)
+        has its references resolved inside it only (nothing fetched) and its patterns
+        matched under a time budget (schemabound), so it gets no unbounded fast path."""
+        schema = tool.spec.input_schema
+        analysed = isinstance(tool, AnalysedTool)
+        patterned = not builtin and has_patterns(schema)
+        make = SchemaValidator if builtin else BoundedValidator
+        return cls(
+            validator=make(schema, registry=NO_RETRIEVAL),
+            fast=None if patterned else compile_schema(schema),
+            checked=isinstance(tool, CheckedTool),
+            analysed=analysed,
+            blocking=analysed and not quick(tool),
+            placement=tool.placement if isinstance(tool, PlacedTool) else None,
+            patterned=patterned,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class ToolSet:
-    # Invariant: `tools`, `validators` and `providers` have the same keys.
+    # Invariant: `tools`, `traits` and `providers` have the same keys.
     tools: Mapping[str, Tool]
-    # name -> the validator of its input schema (a built-in's SchemaValidator, any other
-    # tool's BoundedValidator)
-    validators: Mapping[str, Any]
+    traits: Mapping[str, Traits]
     providers: Mapping[str, str]
     # The tools file's revision ("" when the set is the built-ins alone).
     revision: str = ""
@@ -118,22 +158,12 @@ class ToolSet:
                 found[name] = tool
                 labels[name] = by
         ours = {t.spec.name for t in builtins}
-        # References resolve inside each schema only: nothing is fetched (schemabound).
-        validators = {
-            n: (SchemaValidator if n in ours else BoundedValidator)(
-                t.spec.input_schema, registry=NO_RETRIEVAL
-            )
-            for n, t in found.items()
-        }
-        patterned = frozenset(
-            n for n, t in found.items() if n not in ours and has_patterns(t.spec.input_schema)
-        )
+        traits = {n: Traits.of(t, builtin=n in ours) for n, t in found.items()}
         return cls(
             MappingProxyType(found),
-            MappingProxyType(validators),
+            MappingProxyType(traits),
             MappingProxyType(labels),
             revision,
-            patterned,
         )
 
     @classmethod

@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from execgate.client.loop.states import State, Transition
 from execgate.executor.core.fanout import Closed, Fanout, Lagging
-from execgate.executor.core.outcomes import ErrorClass, Outcome, Status
+from execgate.executor.core.outcomes import ErrorClass, Mark, Outcome, Phase, Status
 from execgate.executor.core.run import Run
+from execgate.executor.journal.records import SpanRecord
 from execgate.executor.journal.store import Journal
 from execgate.executor.runs.registry import RunStore
 from execgate.executor.telemetry import metrics, tracing
@@ -72,13 +74,30 @@ def test_tool_labels_past_the_cap_share_the_other_bucket() -> None:
 def test_span_attribute_values_are_cut(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", raising=False)
     monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
-    t = tracing.setup(journal=None, instance="test")
-    span = t.tracer.start_span("x", attributes={"long": "a" * 100_000})
-    span.add_event("e", {"detail": "b" * 100_000})
-    assert len(span.attributes["long"]) == tracing.MAX_ATTRIBUTE_CHARS  # type: ignore[attr-defined]
-    assert len(span.events[0].attributes["detail"]) == tracing.MAX_ATTRIBUTE_CHARS  # type: ignore[attr-defined]
-    # Never ended, so never exported (there is no journal here).
-    t.shutdown()
+    journal = _Spans()
+    t = tracing.setup(journal=journal, instance="test")
+    batch = t.batch_span((), "run", "b", "agent", 1)
+    cancelled = Mark(Phase.CANCEL_REQUESTED, 2.0, "b" * 100_000)
+    outcome = Outcome(
+        Status.FAILURE, ErrorClass.CANCELLED, timeline=(Mark(Phase.QUEUED, 1.0), cancelled)
+    )
+    t.call_spans(batch, "run", "c", outcome, tracing.CallFacts(tool="a" * 100_000))
+    batch.end()
+    t.shutdown()  # flushes into the journal
+    call = next(r for r in journal.rows if r.name == "execgate.call")
+    assert len(json.loads(call.attributes_json)["execgate.tool"]) == tracing.MAX_ATTRIBUTE_CHARS
+    detail = json.loads(call.events_json)[0]["attributes"]["detail"]
+    assert len(detail) == tracing.MAX_ATTRIBUTE_CHARS
+
+
+class _Spans:
+    """A SpanStore that keeps the rows it is given."""
+
+    def __init__(self) -> None:
+        self.rows: list[SpanRecord] = []
+
+    def add(self, spans: Sequence[SpanRecord]) -> None:
+        self.rows.extend(spans)
 
 
 # ---------------------------------------------------------------- fanout

@@ -59,6 +59,10 @@ class McpTool:
         # A PlacedTool: where its calls run, and their default and ceiling timeout.
         self.placement: SandboxDecl = server.decl.sandbox
 
+    # Its analysis reads only its hints and resolves declared paths: validation runs
+    # it on the event loop (a thread hop costs more than the analysis).
+    quick_analysis = True
+
     def call_effects(
         self, args: dict[str, Any], paths: Mapping[str, Path], workspace: Workspace
     ) -> CallEffects:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import Sampler
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
 from execgate.executor.core.outcomes import Mark, Outcome, Phase, Status
-from execgate.executor.telemetry.callspan import CallSpanIds, parent_for, run_span_id
+from execgate.executor.telemetry.callspan import parent_for, run_span_id
 from execgate.executor.telemetry.tracing import CallFacts, Tracing
 
 SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -46,20 +47,9 @@ def test_otherwise_the_batch_context_is_passed_on_as_it_is() -> None:
     assert parent_for(invalid, 1) is None
 
 
-def test_a_reserved_id_goes_to_the_next_span_only() -> None:
-    ids = CallSpanIds()
-    ids.reserve(42)
-    assert ids.generate_span_id() == 42
-    assert ids.generate_span_id() != 42
-
-
 def test_the_recorded_run_span_has_the_derived_id() -> None:
-    ids = CallSpanIds()
-    provider = TracerProvider(id_generator=ids)
-    exported = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exported))
-    tracing = Tracing(provider, ids)
-    batch = tracing.tracer.start_span("execgate.batch")
+    exported, tracing = _tracing()
+    batch = tracing.batch_span((), "run", "b", "agent", 1)
     timeline = (Mark(Phase.QUEUED, 1.0), Mark(Phase.STARTED, 2.0), Mark(Phase.FINISHED, 3.0))
     outcome = Outcome(status=Status.SUCCESS, timeline=timeline)
     tracing.call_spans(batch, "run", "c", outcome, CallFacts(tool="t", index=2))
@@ -68,5 +58,16 @@ def test_the_recorded_run_span_has_the_derived_id() -> None:
     run = spans["execgate.sandbox.run"].get_span_context()
     expected = parent_for(batch.get_span_context(), 2)
     assert expected is not None
+    assert run is not None
     assert (run.trace_id, run.span_id) == (expected.trace_id, expected.span_id)
-    assert spans["execgate.call"].get_span_context().span_id != run.span_id
+    call = spans["execgate.call"].get_span_context()
+    assert call is not None
+    assert call.span_id != run.span_id
+
+
+def _tracing(sampler: Sampler | None = None) -> tuple[InMemorySpanExporter, Tracing]:
+    provider = TracerProvider(sampler=sampler)
+    exported = InMemorySpanExporter()
+    processor = SimpleSpanProcessor(exported)
+    provider.add_span_processor(processor)
+    return exported, Tracing(provider, [processor], value_chars=16)
