@@ -63,11 +63,13 @@ _REF_KEYWORDS = ("$ref", "$dynamicRef")
 
 
 def _retrieve_nothing(uri: str) -> referencing.Resource[Any]:
-    raise referencing.exceptions.NoSuchResource(ref=uri)
+    # referencing's classes are attrs classes behind its own decorator: mypy cannot see
+    # their __init__.
+    raise referencing.exceptions.NoSuchResource(ref=uri)  # type: ignore[call-arg]
 
 
 # A registry that resolves references inside the schema only.
-NO_RETRIEVAL: referencing.Registry[Any] = referencing.Registry(retrieve=_retrieve_nothing)
+NO_RETRIEVAL: referencing.Registry[Any] = referencing.Registry(retrieve=_retrieve_nothing)  # type: ignore[call-arg]
 
 
 def outside_ref(schema: Any) -> str | None:
@@ -108,8 +110,7 @@ def pattern_problem(schema: Any) -> str | None:
                 "without a time bound)"
             )
         pattern = node.get("pattern")
-        why = _unbounded(pattern) if isinstance(pattern, str) else None
-        if why is not None:
+        if isinstance(pattern, str) and (why := _unbounded(pattern)) is not None:
             return f"pattern {pattern[:80]!r}: {why}"
     return None
 

@@ -95,7 +95,9 @@ class _Owed:
                 if too_many or sum(self._sizes.values()) > self._max_bytes:
                     return TooManyRequests(MAX_SERVER_REQUESTS)
             case mcp_types.JSONRPCNotification(method="notifications/cancelled", params=params):
-                self._sizes.pop((params or {}).get("requestId"), None)
+                answered = (params or {}).get("requestId")
+                if isinstance(answered, int | str):
+                    self._sizes.pop(answered, None)
         return None
 
     def answered(self, message: mcp_types.JSONRPCMessage) -> None:
