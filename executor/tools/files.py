@@ -109,6 +109,7 @@ class WriteFile:
         destructive=True,
         idempotent=True,
         resources=(ResourceTemplate(ResourceKind.FILE, "path", Mode.WRITE),),
+        gated=True,  # fileio.atomic_write: nothing visible before ctx.before_effect()
     )
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
@@ -128,6 +129,7 @@ def _replace(ctx: ToolContext, path: Path, data: bytes, make_dirs: bool) -> Tool
             make_dirs=make_dirs,
             hard_links_ok=ctx.hard_links(path),
             stop=ctx.cancel.requested.is_set,
+            before_effect=ctx.before_effect,
         )
     except fileio.WriteAbandoned:
         return _abandoned(ctx)
@@ -176,6 +178,7 @@ class EditFile:
         read_only=False,
         destructive=True,
         resources=(ResourceTemplate(ResourceKind.FILE, "path", Mode.WRITE),),
+        gated=True,  # fileio.atomic_write: nothing visible before ctx.before_effect()
     )
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
