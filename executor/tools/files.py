@@ -116,7 +116,7 @@ class WriteFile:
         path = ctx.workspace.resolve(args["path"], "arguments.path")
         data = args["content"].encode("utf-8")
         make_dirs = args.get("create_dirs", True)
-        return await asyncio.to_thread(_replace, ctx, path, data, make_dirs)
+        return await fileio.in_writer_thread(_replace, ctx, path, data, make_dirs)
 
 
 def _replace(ctx: ToolContext, path: Path, data: bytes, make_dirs: bool) -> ToolOutput:
@@ -183,7 +183,7 @@ class EditFile:
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         path = ctx.workspace.resolve(args["path"], "arguments.path")
-        return await asyncio.to_thread(self._edit, path, args, ctx)
+        return await fileio.in_writer_thread(self._edit, path, args, ctx)
 
     def _edit(self, path: Path, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         cap = ctx.limits.file_cap_bytes
