@@ -473,7 +473,8 @@ def summarize(sample: Sample) -> dict[str, float]:
 SEGMENTS = (
     ("in", "client send -> QUEUED mark (gRPC in, servicer, call task starts)"),
     ("admit", "QUEUED -> LOCK_GRANTED (validation, policy, workspace lock wait)"),
-    ("intent", "LOCK_GRANTED -> STARTED (journal intent, where dispatch.py writes it there)"),
+    # write_file's intent overlaps its staging (docs/architecture.md): inside `tool`.
+    ("intent", "LOCK_GRANTED -> STARTED (journal intent; write_file's is inside `tool`)"),
     ("tool", "STARTED -> FINISHED mark (the tool itself)"),
     ("outcome", "FINISHED mark -> FINISHED event (journal outcome)"),
     ("out", "FINISHED event -> client has it (wire.event, gRPC out, client)"),
