@@ -25,6 +25,8 @@ from execgate.executor.core.errors import ExecgateError, ToolError
 from execgate.executor.core.outcomes import ErrorClass
 from execgate.executor.core.paths import Workspace, hard_link_refused
 
+from . import dirsync
+
 T = TypeVar("T")
 
 
@@ -148,7 +150,8 @@ def _parent(
 
 
 def _replace_with(dir_fd: int, tmp: str, name: str, path: Path, stop: Callable[[], bool]) -> None:
-    """Rename the temp file over the target (unless `stop()`), then fsync the directory."""
+    """Rename the temp file over the target (unless `stop()`), then fsync the directory
+    (one fsync begun after the rename, maybe another writer's: dirsync)."""
     if stop():
         os.unlink(tmp, dir_fd=dir_fd)
         raise WriteAbandoned(path)
@@ -158,7 +161,7 @@ def _replace_with(dir_fd: int, tmp: str, name: str, path: Path, stop: Callable[[
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dir_fd)
         raise
-    os.fsync(dir_fd)
+    dirsync.sync(dir_fd)  # shared with concurrent writes in the same directory
 
 
 def _stage(dir_fd: int, data: bytes, mode: int, owner: tuple[int, int] | None) -> int | None:
