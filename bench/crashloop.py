@@ -59,11 +59,17 @@ class Client:
     index: int
     sent: list[str] = field(default_factory=list)
     told: dict[str, pb.Outcome] = field(default_factory=dict)
+    # Temp files beside its file before the round (an earlier round's interrupted call).
+    litter_before: set[str] = field(default_factory=set)
 
     def path(self, call_id: str) -> str:
         if _in_new_dir(call_id):
             return f"crash/new-{call_id}/f.txt"
         return f"crash/c{self.index:02d}.txt"
+
+
+def temp_files(workspace: Path, index: int) -> set[str]:
+    return {p.name for p in (workspace / "crash").glob(f".c{index:02d}.txt.execgate-*.tmp")}
 
 
 def _in_new_dir(call_id: str) -> bool:
@@ -99,7 +105,7 @@ async def send(stub: pb_grpc.ExecutorStub, run_id: str, client: Client, stop: fl
 
 
 async def round_(daemon: Daemon, run_id: str, clients: int, kill_after: float) -> list[Client]:
-    group = [Client(c) for c in range(clients)]
+    group = [Client(c, litter_before=temp_files(daemon.workspace, c)) for c in range(clients)]
     async with grpc.aio.insecure_channel(daemon.address) as channel:
         stub = pb_grpc.ExecutorStub(channel)
         senders = [send(stub, run_id, c, time.monotonic() + 60) for c in group]
@@ -185,9 +191,9 @@ def _check_files(workspace: Path, client: Client, rows: dict[str, pb.CallRecord]
         if made and call_id not in rows:
             t.problems.append(f"{call_id}'s new directory exists without a journal row")
     interrupted = any(r.outcome.error_class == pb.ERROR_CLASS_INTERRUPTED for r in rows.values())
-    litter = list((workspace / "crash").glob(f".c{client.index:02d}.txt.execgate-*.tmp"))
+    litter = temp_files(workspace, client.index) - client.litter_before
     if litter and not interrupted:
-        t.problems.append(f"temp files {[p.name for p in litter]} without an interrupted call")
+        t.problems.append(f"temp files {sorted(litter)} without an interrupted call")
 
 
 def _succeeded(outcome: pb.Outcome | None) -> bool:
