@@ -734,7 +734,27 @@ def environment(tmp: Path) -> dict[str, Any]:
         "tmp": str(tmp),
         "tmp_fs": fs,
         "hostname": socket.gethostname(),
+        "fsync_ms": fsync_probe(tmp),
     }
+
+
+def fsync_probe(where: Path, count: int = 30) -> dict[str, float]:
+    """What one fsync of a small write costs on the disk under `where` now (p50, p90 ms):
+    a durable write_file waits for three of them in a row, so this says how far its
+    latency is the disk's (other machines' load on a shared disk shows here first)."""
+    times = []
+    fd, name = tempfile.mkstemp(dir=where)
+    try:
+        for _ in range(count):
+            os.write(fd, b"x" * 100)
+            t0 = time.perf_counter()
+            os.fsync(fd)
+            times.append((time.perf_counter() - t0) * 1e3)
+    finally:
+        os.close(fd)
+        os.unlink(name)
+    times.sort()
+    return {"p50": percentile(times, 0.5), "p90": percentile(times, 0.9)}
 
 
 # ------------------------------------------------------------------ profiling (optional)
@@ -947,7 +967,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         env["base"] = baseline.describe(args.base)
     print(
         f"execgate dispatch bench: {env['cpus']} cpus, load {env['loadavg_at_start']}, "
-        f"python {env['python']}, grpcio {env['grpcio']}, tmp on {env['tmp_fs']}"
+        f"python {env['python']}, grpcio {env['grpcio']}, tmp on {env['tmp_fs']}, "
+        f"fsync p50 {env['fsync_ms']['p50']:.2f} ms p90 {env['fsync_ms']['p90']:.2f} ms"
     )
     print(
         f"warmup {args.warmup}, measured {args.count1} (1 client) / {args.count32} "

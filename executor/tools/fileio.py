@@ -120,6 +120,8 @@ def atomic_write(
         tmp = f".{name}.execgate-{secrets.token_hex(6)}.tmp"
         staged = _stage(dir_fd, data, before.mode, owner)
         try:
+            if stop():  # nothing visible yet: the staged file goes with its descriptor
+                raise WriteAbandoned(path)
             if not gated:
                 before_effect()
             if staged is None or not _link(staged, dir_fd, tmp):
