@@ -74,11 +74,12 @@ RPC_TIMEOUT = 60.0
 GOALS = (("noop", 1.5),)  # case, max p50 ratio vs echo
 # Issue 19, the durable write path: write_file p50 at 1 client at most 3x echo, and its
 # calls/s at 32 clients (32 files) at least 2x what it was before. "Before" is the
-# daemon at --base when given; otherwise write_file's 32-client throughput as a share
-# of echo's at ecaf499 (the median of 4 runs, bench/README.md), times echo now.
+# daemon at --base when given (what to trust on a busy machine); otherwise write_file's
+# 32-client throughput as a share of echo's before the change, on a quiet machine (the
+# README's table: 473 calls/s against echo's 3545), times echo now.
 WRITE_P50_LIMIT = 3.0
 WRITE_THROUGHPUT_FACTOR = 2.0
-WRITE_THROUGHPUT_BEFORE_X_ECHO = 0.12
+WRITE_THROUGHPUT_BEFORE_X_ECHO = 0.13
 RESULTS = ROOT / "bench" / "results" / "dispatch.json"
 
 
@@ -625,7 +626,7 @@ def write_throughput_goal(row: dict[str, Any], base: dict[str, Any] | None) -> d
         ratio, before = row["calls_per_s"] / base["calls_per_s"], "the --base daemon's"
     else:
         ratio = row["throughput_ratio_vs_echo"] / WRITE_THROUGHPUT_BEFORE_X_ECHO
-        before = f"{WRITE_THROUGHPUT_BEFORE_X_ECHO}x echo's, ecaf499's share"
+        before = f"before ({WRITE_THROUGHPUT_BEFORE_X_ECHO}x echo's, quiet machine)"
     return {
         "goal": f"write_file 32 clients: calls/s {ratio:.2f}x {before} "
         f"(goal >= {WRITE_THROUGHPUT_FACTOR}x)",
