@@ -91,6 +91,7 @@ fuzz: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/dispatch.py
+	$(BIN)/python bench/crashloop.py
 	$(BIN)/python bench/schedule.py
 	$(BIN)/python bench/cancel.py
 	$(BIN)/python bench/loop.py

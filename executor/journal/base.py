@@ -29,6 +29,7 @@ from .records import (
     CallFilter,
     CallRecord,
     CancelRecord,
+    Durable,
     PolicyRecord,
     RunClaim,
     RunConflict,
@@ -56,6 +57,14 @@ class CallStore(Protocol):
 
     async def record_intent(self, rec: CallRecord) -> None:
         """The call is about to start (a running row), durably."""
+        ...
+
+    def begin_intent(self, rec: CallRecord) -> Durable:
+        """Start recording that the call is about to start (a running row), durably,
+        without waiting. The caller lets nothing of the call become visible before
+        the returned write is committed (`Durable.wait` / `done`); until then the
+        call may only prepare what nobody can see (docs/architecture.md, "The
+        durable write path")."""
         ...
 
     def record_intent_nowait(self, rec: CallRecord) -> None:

@@ -18,6 +18,7 @@ from .codec import outcome_from_json, outcome_to_json
 from .db import SqliteDb
 from .records import CallFilter, CallRecord, DuplicateCall, PolicyRecord
 from .schema import RECORD_COLUMNS
+from .writer import Started
 
 
 class SqliteCalls:
@@ -31,6 +32,10 @@ class SqliteCalls:
     async def record_intent(self, rec: CallRecord) -> None:
         """Durably record that a call that may write is about to start."""
         await self._db.write(lambda c: _insert(c, rec, None, ""), durable=True)
+
+    def begin_intent(self, rec: CallRecord) -> Started[None]:
+        """Start recording a writing call's intent durably, without waiting for it."""
+        return self._db.write_started(lambda c: _insert(c, rec, None, ""), durable=True)
 
     def record_intent_nowait(self, rec: CallRecord) -> None:
         """Record a read-only call's start without waiting (nothing to reconcile).

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .schema import migrate
-from .writer import SqliteWriter
+from .writer import SqliteWriter, Started
 
 log = logging.getLogger("execgate.journal")
 
@@ -57,6 +57,11 @@ class SqliteDb:
     ) -> None:
         """Run `fn` in the writer's transaction without waiting; a failure is logged."""
         self._writer.submit_nowait(fn, durable=durable, expected=expected)
+
+    def write_started(self, fn: Job[T], *, durable: bool) -> Started[T]:
+        """Queue `fn` for the writer's next transaction and return at once; the result
+        is waited for from a worker thread (`wait`) or awaited (`done`)."""
+        return self._writer.start(fn, durable=durable)
 
     def write_sync(self, fn: Job[T], *, durable: bool) -> T:
         """Run `fn` in the writer's transaction and block until it is committed (at

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
+from typing import Protocol
 
 from execgate.executor.core.errors import ExecgateError
 from execgate.executor.core.outcomes import Outcome, Status
@@ -17,6 +18,20 @@ class DuplicateCall(ExecgateError):
         super().__init__(f"call_id {call_id!r} is already used in run {run_id!r}")
         self.run_id = run_id
         self.call_id = call_id
+
+
+class Durable(Protocol):
+    """A durable write under way (`CallStore.begin_intent`). Either wait raises the
+    write's error (`records.DuplicateCall` for a taken call id)."""
+
+    def wait(self) -> None:
+        """Block until it is committed with fsync (from a worker thread: never the
+        event loop's). Safe to call from several threads, and more than once."""
+        ...
+
+    async def done(self) -> None:
+        """Await the same on the event loop."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

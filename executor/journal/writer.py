@@ -13,6 +13,12 @@ survives a crash of the daemon (the WAL is in the OS) but not of the machine.
 Results go back to asyncio callers through `loop.call_soon_threadsafe`, with no
 intermediate concurrent.futures.Future: this sits on every call's path.
 
+A write can also be started without waiting (`start`): its `Started` is waited for
+from a worker thread (`wait`, woken by the writer thread directly, never through
+the event loop) or awaited on the loop (`done`). A writing tool that stages its
+effect invisibly uses it to overlap its own fsyncs with the intent's
+(docs/architecture.md, "The durable write path").
+
 Fast path: a write that needs no fsync, submitted while nothing else is queued or
 being written, runs on the caller's thread at once (an uncontended WAL commit
 without fsync takes tens of microseconds, less than the two thread hand-offs it
@@ -36,7 +42,7 @@ import sqlite3
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 MAX_GROUP = 512
@@ -114,6 +120,12 @@ class SqliteWriter:
                 self._conn_lock.release()
             return
         self._put(job)
+
+    def start(self, fn: Callable[[sqlite3.Connection], T], *, durable: bool) -> Started[T]:
+        """Queue `fn` for the next group commit and return at once (event loop only)."""
+        started: Started[T] = Started(asyncio.get_running_loop())
+        self._put(_Job(fn, durable, started.reply))
+        return started
 
     def submit_sync(self, fn: Callable[[sqlite3.Connection], T], *, durable: bool) -> T:
         done = threading.Event()
@@ -240,6 +252,36 @@ class SqliteWriter:
         if level != self._sync:
             self._conn.execute(f"PRAGMA synchronous={level}")
             self._sync = level
+
+
+class Started(Generic[T]):
+    """A write queued by `SqliteWriter.start`: its result once committed."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._future: asyncio.Future[T] = loop.create_future()
+        self._committed = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def reply(self, value: Any, error: BaseException | None) -> None:
+        """On the writer thread: wake a waiting worker thread first (it is the one
+        on the critical path), then the event loop."""
+        self._value, self._error = value, error
+        self._committed.set()
+        with contextlib.suppress(RuntimeError):  # a closed loop: only a thread can wait
+            self._loop.call_soon_threadsafe(_settle, self._future, value, error)
+
+    def wait(self) -> T:
+        """Block until committed (a worker thread; never the event loop's)."""
+        self._committed.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[no-any-return]
+
+    async def done(self) -> T:
+        """Await the commit on the event loop."""
+        return await asyncio.shield(self._future)
 
 
 def _settle(waiter: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:

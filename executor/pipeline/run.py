@@ -62,9 +62,11 @@ class Runner:
         marks: tuple[Mark, ...],
         progress: Progress | None = None,
         trace: SpanContext | None = None,
+        before_effect: Callable[[], None] | None = None,
     ) -> tuple[Outcome, str]:
         """The call's outcome (FINISHED marked) and raw result; `deadline`: its run's;
-        `trace`: its batch span's context."""
+        `trace`: its batch span's context; `before_effect`: ToolContext's, when the
+        call's intent is still being written."""
         authorized = approved.authorized
         set_by = self._authorizer.policy.limits_for(authorized.policy_input)
         limits, timeout = call_limits(self._limits, set_by, approved.valid, deadline)
@@ -81,6 +83,7 @@ class Runner:
             marks=marks,
             progress=progress,
             trace=trace,
+            before_effect=before_effect,
         )
 
 
@@ -98,6 +101,7 @@ async def run_tool(
     marks: tuple[Mark, ...],
     progress: Progress | None = None,
     trace: SpanContext | None = None,
+    before_effect: Callable[[], None] | None = None,
 ) -> tuple[Outcome, str]:
     """The tool's outcome (FINISHED marked) and its raw result for the journal.
     `allowed_s`: the call's timeout (its own, the policy's and the run's deadline)."""
@@ -130,6 +134,8 @@ async def run_tool(
     )
     if progress is not None:
         ctx.progress = progress
+    if before_effect is not None:
+        ctx.before_effect = before_effect
     try:
         out = await call.tool.run(call.args, ctx)
     except ToolError as err:

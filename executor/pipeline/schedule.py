@@ -10,13 +10,15 @@ concurrent-call cap; the policy's other quotas are applied before it (quota.py).
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from execgate.executor.core.errors import ToolError
 from execgate.executor.core.outcomes import ErrorClass, Mark, Outcome, Phase, mark, rejected
 from execgate.executor.journal.base import CallStore
-from execgate.executor.journal.store import DuplicateCall
+from execgate.executor.journal.records import CallRecord, DuplicateCall, Durable
 from execgate.executor.locks import Abandoned, LockBackend, WaitInfo
 from execgate.executor.policy import Quota
 from execgate.executor.tools import CancelScope
@@ -99,8 +101,11 @@ class Scheduler:
                 marks = (queued, *waited, mark(Phase.LOCK_GRANTED, admitted.granted))
                 if scope.requested.is_set():
                     raise Abandoned(owner(req))
-                await self._intent(approved, queued, active)
-                outcome, raw = await self._started(approved, batch, scope, marks)
+                if _gated(approved):
+                    outcome, raw = await self._overlapped(approved, batch, active, queued, marks)
+                else:
+                    await self._intent(approved, queued, active)
+                    outcome, raw = await self._started(approved, batch, scope, marks)
         except Abandoned:
             return await self._abandoned(approved, batch, scope, (queued, *waited))
         except DuplicateCall:
@@ -146,10 +151,8 @@ class Scheduler:
 
     async def _intent(self, approved: Approved, queued: Mark, active: Active) -> None:
         """Journal that the call starts (a writer's durably), then mark it started."""
-        call, req = approved.valid, approved.request
-        rec = record(req, active.batch.agent, call.request_hash, call.may_write, queued.at)
-        rec = replace(rec, decision=approved.authorized.record)
-        if call.may_write:
+        rec = _intent_record(approved, active, queued)
+        if approved.valid.may_write:
             await self.journal.record_intent(rec)
         else:
             self.journal.record_intent_nowait(rec)
@@ -173,6 +176,44 @@ class Scheduler:
             approved, batch.deadline, scope, (*marks, started), progress, batch.trace
         )
 
+    async def _overlapped(
+        self,
+        approved: Approved,
+        batch: Batch,
+        active: Active,
+        queued: Mark,
+        marks: tuple[Mark, ...],
+    ) -> tuple[Outcome, str]:
+        """A gated tool, started while its durable intent is written: the tool prepares
+        what nobody can see, and its `before_effect` waits for the intent (in its
+        worker thread, woken by the journal's writer) before anything becomes
+        visible. STARTED is sent once the intent is journaled, as on the other path.
+        Raises DuplicateCall when the intent could not land (the tool then changed
+        nothing, and its outcome is not the call's)."""
+        req = approved.request
+        intent = self.journal.begin_intent(_intent_record(approved, active, queued))
+        active.started = True
+
+        async def journaled() -> None:
+            await intent.done()
+            batch.emit(EventKind.STARTED, req)
+
+        run = self._runner.run(
+            approved,
+            batch.deadline,
+            active.scope,
+            (*marks, mark(Phase.STARTED)),
+            batch.progress_of(req),
+            batch.trace,
+            before_effect=functools.partial(_wait_intent, intent),
+        )
+        landed, ran = await asyncio.gather(journaled(), run, return_exceptions=True)
+        for result in (landed, ran):  # the intent's failure first: it decides
+            if isinstance(result, BaseException):
+                raise result
+        assert not isinstance(ran, BaseException)
+        return ran
+
     async def _abandoned(
         self, approved: Approved, batch: Batch, scope: CancelScope, marks: tuple[Mark, ...]
     ) -> Outcome:
@@ -182,6 +223,28 @@ class Scheduler:
         outcome = outcome.with_marks(*marks, mark(Phase.CANCEL_REQUESTED, scope.reason))
         await self._endings.reject(approved.request, batch, outcome, reached=approved)
         return outcome
+
+
+def _gated(approved: Approved) -> bool:
+    """May this call start before its durable intent is committed? Only a writing call
+    of a tool that shows nothing before `before_effect` (ToolSpec.gated)."""
+    return approved.valid.may_write and approved.valid.tool.spec.gated
+
+
+def _intent_record(approved: Approved, active: Active, queued: Mark) -> CallRecord:
+    call, req = approved.valid, approved.request
+    rec = record(req, active.batch.agent, call.request_hash, call.may_write, queued.at)
+    return replace(rec, decision=approved.authorized.record)
+
+
+def _wait_intent(intent: Durable) -> None:
+    """ToolContext.before_effect of a call started while its intent is written."""
+    try:
+        intent.wait()
+    except Exception as exc:  # DuplicateCall or a journal failure: the scheduler reports it
+        raise ToolError(
+            ErrorClass.INTERNAL, f"the call's intent could not be journaled: {exc}"
+        ) from exc
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,6 +65,10 @@ class ToolSpec:
     destructive: bool = False
     idempotent: bool = False
     resources: tuple[ResourceTemplate, ...] = ()
+    # The tool makes nothing visible before it calls `ToolContext.before_effect`: the
+    # dispatcher may start it while its durable intent is still being written, and
+    # overlap the two (docs/architecture.md, "The durable write path").
+    gated: bool = False
 
     @property
     def may_write(self) -> bool:
@@ -147,6 +151,10 @@ class ToolContext:
     # MCP tools do). None: not traced.
     trace: SpanContext | None = None
     call_index: int = 0
+    # Blocks (in a worker thread) until the call's intent is durable, or raises
+    # ToolError if it could not be recorded; a `gated` tool calls it before anything
+    # it does becomes visible. A no-op when the intent was written before the start.
+    before_effect: Callable[[], None] = field(default=lambda: None)
 
     def remaining(self) -> float:
         """Seconds left until the call's deadline."""

@@ -109,13 +109,14 @@ class WriteFile:
         destructive=True,
         idempotent=True,
         resources=(ResourceTemplate(ResourceKind.FILE, "path", Mode.WRITE),),
+        gated=True,  # fileio.atomic_write: nothing visible before ctx.before_effect()
     )
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         path = ctx.workspace.resolve(args["path"], "arguments.path")
         data = args["content"].encode("utf-8")
         make_dirs = args.get("create_dirs", True)
-        return await asyncio.to_thread(_replace, ctx, path, data, make_dirs)
+        return await fileio.in_writer_thread(_replace, ctx, path, data, make_dirs)
 
 
 def _replace(ctx: ToolContext, path: Path, data: bytes, make_dirs: bool) -> ToolOutput:
@@ -128,6 +129,7 @@ def _replace(ctx: ToolContext, path: Path, data: bytes, make_dirs: bool) -> Tool
             make_dirs=make_dirs,
             hard_links_ok=ctx.hard_links(path),
             stop=ctx.cancel.requested.is_set,
+            before_effect=ctx.before_effect,
         )
     except fileio.WriteAbandoned:
         return _abandoned(ctx)
@@ -176,11 +178,12 @@ class EditFile:
         read_only=False,
         destructive=True,
         resources=(ResourceTemplate(ResourceKind.FILE, "path", Mode.WRITE),),
+        gated=True,  # fileio.atomic_write: nothing visible before ctx.before_effect()
     )
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         path = ctx.workspace.resolve(args["path"], "arguments.path")
-        return await asyncio.to_thread(self._edit, path, args, ctx)
+        return await fileio.in_writer_thread(self._edit, path, args, ctx)
 
     def _edit(self, path: Path, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         cap = ctx.limits.file_cap_bytes

@@ -203,3 +203,23 @@ def test_recovery_settles_running_calls_by_whether_they_may_write(path: Path) ->
 
 async def _gets(j: Journal, *call_ids: str) -> list[CallRecord | None]:
     return [await j.get("r", c) for c in call_ids]
+
+
+def test_a_begun_intent_is_waited_for_from_a_thread_and_awaited(journal: Journal) -> None:
+    seen: list[CallRecord | None] = []
+
+    async def go() -> None:
+        intent = journal.begin_intent(_rec("c1"))
+        # A tool's worker thread waits for it; the writer wakes it, not the event loop.
+        await asyncio.to_thread(intent.wait)
+        seen.append(await journal.get("r", "c1"))
+        await intent.done()
+        taken = journal.begin_intent(_rec("c1"))
+        with pytest.raises(DuplicateCall):
+            await asyncio.to_thread(taken.wait)
+        with pytest.raises(DuplicateCall):
+            await taken.done()
+
+    asyncio.run(go())
+    assert seen[0] is not None
+    assert seen[0].outcome is None  # a running row
