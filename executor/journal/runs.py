@@ -1,7 +1,7 @@
 """The `runs` and `run_events` tables: rows in and out (executor/runs/registry.py decides).
 
-`SqliteRuns` implements `base.RunRecordStore`. Every write is durable, and a run's
-row and its events change in one transaction.
+`SqliteRuns` implements `base.RunRecordStore`. Every write is durable (but an append
+told otherwise), and a run's row and its events change in one transaction.
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ class SqliteRuns:
 
         return await self._db.write(write, durable=True)
 
-    async def append(self, run_id: str, events: list[Transition]) -> Run:
-        """Append `events` and move the run's row to the last one, in one durable
-        transaction; the run as it now is."""
-        return await self._db.write(lambda c: _insert_events(c, run_id, events), durable=True)
+    async def append(self, run_id: str, events: list[Transition], *, durable: bool = True) -> Run:
+        """Append `events` and move the run's row to the last one, in one transaction
+        (fsync'd if `durable`); the run as it now is."""
+        return await self._db.write(lambda c: _insert_events(c, run_id, events), durable=durable)
 
     async def request_cancel(self, run_id: str, ask: CancelAsk) -> Run:
         """Record `ask` on the run unless one is recorded already (the first stands),
