@@ -68,6 +68,35 @@ async def _abort_unsent(context: grpc.aio.ServicerContext[Any, Any], unsent: lis
     await abort_for(context, OutcomesDetached(parked))
 
 
+async def batch_events(
+    dispatcher: Dispatcher,
+    batch: BatchRequest,
+    context: grpc.aio.ServicerContext[Any, Any],
+    progress: bool,
+) -> AsyncGenerator[Event, None]:
+    """Execute, ExecuteBatch and the Runs service's Step: the batch's events as they
+    happen. Those that end a call without an outcome (DETACHED, UNRECORDED) are held
+    back: once every call has ended, the RPC ends with an error naming them."""
+    events = dispatcher.execute(
+        batch.run_id,
+        batch.batch_id,
+        batch.calls,
+        agent=caller().name,
+        progress=progress,
+        deadline=batch.deadline,
+        metadata=tuple(context.invocation_metadata() or ()),
+    )
+    unsent: list[Event] = []
+    async with contextlib.aclosing(events):
+        async for event in events:
+            if event.kind in _UNSENT:
+                unsent.append(event)
+            else:
+                yield event
+    if unsent:
+        await _abort_unsent(context, unsent)
+
+
 class ExecutorService(pb_grpc.ExecutorServicer):
     def __init__(
         self, dispatcher: Dispatcher, statuses: Callable[[], Sequence[ServerStatus]]
@@ -101,7 +130,8 @@ class ExecutorService(pb_grpc.ExecutorServicer):
     ) -> AsyncIterator[pb.ExecuteEvent]:
         batch = self._batch(request)
         progress = not batch.outcomes_only
-        async with contextlib.aclosing(self._execute(batch, context, progress)) as events:
+        events = batch_events(self.dispatcher, batch, context, progress)
+        async with contextlib.aclosing(events):
             async for event in events:
                 yield wire.event(event)
 
@@ -112,38 +142,11 @@ class ExecutorService(pb_grpc.ExecutorServicer):
     ) -> pb.ExecuteResponse:
         batch = self._batch(request)
         finished: list[Event | None] = [None] * len(batch.calls)
-        async with contextlib.aclosing(self._execute(batch, context, False)) as events:
+        events = batch_events(self.dispatcher, batch, context, False)
+        async with contextlib.aclosing(events):
             async for event in events:
                 finished[event.index] = event
         return wire.batch_response(batch.batch_id, finished)
-
-    async def _execute(
-        self,
-        batch: BatchRequest,
-        context: grpc.aio.ServicerContext[pb.ExecuteRequest, Any],
-        progress: bool,
-    ) -> AsyncGenerator[Event, None]:
-        """Execute and ExecuteBatch: the batch's events as they happen. Those that end a
-        call without an outcome (DETACHED, UNRECORDED) are held back: once every call
-        has ended, the RPC ends with an error naming them."""
-        events = self.dispatcher.execute(
-            batch.run_id,
-            batch.batch_id,
-            batch.calls,
-            agent=caller().name,
-            progress=progress,
-            deadline=batch.deadline,
-            metadata=tuple(context.invocation_metadata() or ()),
-        )
-        unsent: list[Event] = []
-        async with contextlib.aclosing(events):
-            async for event in events:
-                if event.kind in _UNSENT:
-                    unsent.append(event)
-                else:
-                    yield event
-        if unsent:
-            await _abort_unsent(context, unsent)
 
     async def Explain(
         self,
