@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import grpc
 import pytest
@@ -169,6 +170,36 @@ def test_the_client_hands_each_batch_event_to_on_event(bot: Client) -> None:
     assert [e.kind for e in got] == [EventKind.QUEUED, EventKind.STARTED, EventKind.FINISHED]
     assert done.outcomes[0] == got[-1].outcome
     assert the_end(done).seq == 4
+
+
+def test_each_tool_batch_of_a_loop_is_one_step_rpc(daemon: Daemon) -> None:
+    """No append or Execute around a batch: the loop's transitions into and out of
+    running_tools travel with it. (The real methods run; they are only counted.)"""
+    with as_(daemon, "bot") as c:
+        counted = {
+            name: mock.patch.object(owner, name, wraps=getattr(owner, name))
+            for owner, name in ((c.runs, "step"), (c.runs, "append"), (c, "stream"), (c, "execute"))
+        }
+        spies = {name: patcher.start() for name, patcher in counted.items()}
+        try:
+            model = S(
+                [
+                    S.calls(("list_dir", {"path": "."})),
+                    S.calls(("list_dir", {"path": "."}), ("read_file", {"path": "none.txt"})),
+                    S.answer("looked"),
+                ]
+            )
+            result = Loop(c, model).run("look around")
+        finally:
+            mock.patch.stopall()
+    assert result.state is State.COMPLETED, result
+    # Two steps; appends: the start, and the final answer's two moves.
+    assert {name: spy.call_count for name, spy in spies.items()} == {
+        "step": 2,
+        "append": 3,
+        "stream": 0,
+        "execute": 0,
+    }
 
 
 # ---------------------------------------------------------------- a retried step
