@@ -154,6 +154,12 @@ class RunRecordStore(Protocol):
         stands); the run as it now is."""
         ...
 
+    async def sync(self, run_id: str) -> None:
+        """Make every write committed so far durable (an append told `durable=False`
+        among them) before returning: a durable write of the run's row (it may move the
+        row's `updated_at` on, never back)."""
+        ...
+
     async def get(self, run_id: str) -> Run | None: ...
 
     async def events(self, run_id: str, after_seq: int = 0) -> list[Transition]:

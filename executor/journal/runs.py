@@ -54,6 +54,19 @@ class SqliteRuns:
         durably; the run as it now is."""
         return await self._db.write(lambda c: _set_cancel(c, run_id, ask), durable=True)
 
+    async def sync(self, run_id: str) -> None:
+        """A durable write of the run's row: its fsync makes every write committed
+        before it durable too (the WAL is one file, synced whole). The row must change --
+        SQLite writes nothing, and syncs nothing, for an UPDATE to the same value."""
+
+        def touch(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE runs SET updated_at = MAX(?, updated_at + 0.000001) WHERE run_id = ?",
+                (clock.now(), run_id),
+            )
+
+        await self._db.write(touch, durable=True)
+
     async def get(self, run_id: str) -> Run | None:
         found = await self._db.read(lambda c: _run_rows(c, "WHERE run_id = ?", (run_id,)))
         return found[0] if found else None

@@ -7,8 +7,9 @@ through the dispatcher, and the moves the daemon records for it.
     batch     Dispatcher.execute, as for Execute; a retried step's calls join their
               calls in flight or are answered from the journal (ids and keys required)
     moves     while the batch runs: awaiting_approval and back (runs/steps.py), durably
-    end       once every call has its outcome: the batch's end, durably, before the step
-              answers -- so the whole step is recorded before the loop's next one starts
+    end       once every call has its outcome: the batch's end, committed before the step
+              answers, fsync'd right after; nothing more of the run is recorded before
+              that fsync -- so the whole step is on disk before the loop's next one starts
 
 Nothing is recorded after a batch that did not end (the client went away, the daemon
 stopped while a call awaited approval): the run stays where a resumed loop reconciles
@@ -24,7 +25,7 @@ from execgate.executor.core.outcomes import Outcome
 from execgate.executor.core.run import Run
 from execgate.executor.core.runstate import Transition
 from execgate.executor.runs import steps
-from execgate.executor.runs.registry import Compose, RunStore
+from execgate.executor.runs.registry import Compose, Durability, RunStore
 
 from .calls import CallRequest
 from .events import Event, EventKind
@@ -78,19 +79,25 @@ class StepMoves:
 
     async def end(self) -> list[Transition]:
         """Every call has its outcome: the batch's end (and "approvals settled" first if
-        the run still waits), recorded durably; the moves returned."""
+        the run still waits), committed before the step answers and fsync'd right after,
+        before anything more of the run is recorded (Durability.SOON: the fsync runs
+        while the loop asks its model); the moves returned."""
         results = [self._result(i, c) for i, c in enumerate(self.calls)]
         self._parked.clear()
-        return await self._move(lambda state, seq: steps.closed(self.run_id, state, seq, results))
+        return await self._move(
+            lambda state, seq: steps.closed(self.run_id, state, seq, results), Durability.SOON
+        )
 
     def _result(self, i: int, call: CallRequest) -> steps.Result:
         outcome = self._outcomes[i]  # the batch ended: every call has one
         return steps.Result(call.call_id, outcome.status.value, outcome.error_class.value)
 
-    async def _move(self, compose: Compose) -> list[Transition]:
+    async def _move(
+        self, compose: Compose, durability: Durability = Durability.NOW
+    ) -> list[Transition]:
         if self.ended:
             return []
-        found = await self.store.step_move(self.run_id, self.seen, compose)
+        found = await self.store.step_move(self.run_id, self.seen, compose, durability)
         self.run, self.ended = found.run, found.ended
         if found.events:
             self.seen = found.events[-1].seq

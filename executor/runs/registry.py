@@ -20,6 +20,7 @@ import contextlib
 import copy
 import enum
 import json
+import logging
 import secrets
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
@@ -35,11 +36,25 @@ from execgate.executor.journal.base import RunRecordStore
 
 from .steps import IN_BATCH
 
+log = logging.getLogger("execgate.runs")
+
 MAX_DATA_BYTES = 1 << 20
 MAX_GOAL_BYTES = 64 * 1024
 # Runs whose state machine stays in memory between appends (least recently
 # appended dropped first; replayed from the journal when next needed).
 MAX_MACHINES = 4096
+
+
+class Durability(enum.Enum):
+    """When a write of a run's record is on disk (a machine crash keeps it). Every write
+    is committed before its await returns (a crash of the daemon keeps it)."""
+
+    # fsync'd before the await returns.
+    NOW = "now"
+    # fsync'd right after, in the background; the run's next write waits for it.
+    SOON = "soon"
+    # fsync'd by the next durable write: the journal syncs in commit order (journal/base).
+    FOLLOWING = "following"
 
 
 class Refusal(enum.StrEnum):
@@ -115,6 +130,9 @@ class RunStore:
         # Invariant: a run id is here exactly while an append or cancel of it holds or
         # waits for its lock.
         self._locks: dict[str, _RunLock] = {}
+        # The fsync of a run's last write told Durability.SOON: here from that write
+        # until it succeeded (a failed one stays until the run's next write raises it).
+        self._syncing: dict[str, asyncio.Task[None]] = {}
 
     async def start(self, run: Run) -> Run:
         _check_text(run.goal, MAX_GOAL_BYTES, "goal")
@@ -173,22 +191,21 @@ class RunStore:
                     "complete (end it cancelled)",
                     "events",
                 )
-            updated = await self._store(run_id, events, durable=True)
+            updated = await self._store(run_id, events, Durability.NOW)
         self._appended(run_id, events)
         return updated
 
     async def open_step(self, run_id: str, events: list[Transition], who: str) -> Run:
         """A loop step's opening (Runs.Step): check `events` as `append` does and store
-        them, committed but not fsync'd (see below) -- or, when they are recorded already
+        them, committed before the batch is sent -- or, when they are recorded already
         exactly so (a retried step), store nothing. The last one must enter
         running_tools: the batch follows.
 
-        Not fsync'd: everything that depends on the opening comes after it in the
-        journal's commit order -- the intents of the batch's writing calls (durable,
-        before they start) and the step's end (durable, before the step answers) -- and
-        a durable write makes every write committed before it durable too (journal/base).
-        So a step costs one fsync, not two, and no effect is ever recorded without the
-        transition that sent it."""
+        Not fsync'd of its own (Durability.FOLLOWING): everything that depends on the
+        opening comes after it in the journal's commit order -- the intents of the
+        batch's writing calls (fsync'd before they start) and the step's end -- and a
+        durable write makes every write committed before it durable too (journal/base).
+        No effect is ever on disk without the transition that sent it."""
         if not events or events[-1].to_state is not State.RUNNING_TOOLS:
             why = "events: a step's transitions end by entering running_tools"
             raise RunRefused(Refusal.MALFORMED, why, "events")
@@ -206,16 +223,18 @@ class RunStore:
                 raise RunRefused(Refusal.ENDED, why, "events")
             if events[0].seq < machine.next_seq and await self._recorded(run_id, events):
                 return await self.get(run_id)
-            opened = await self._store(run_id, events, durable=False)
+            opened = await self._store(run_id, events, Durability.FOLLOWING)
         self._appended(run_id, events)
         return opened
 
-    async def step_move(self, run_id: str, seen: int, compose: Compose) -> StepMoves:
+    async def step_move(
+        self, run_id: str, seen: int, compose: Compose, durability: Durability
+    ) -> StepMoves:
         """Record the daemon's own moves of an open step, decided by `compose` from the
-        state the run is in now (runs/steps.py), durably; `seen` is the last seq this
-        step's handler knows of. Moves recorded since by another handler of the same
-        step (a client's retry racing the original) are taken as they are; once a move
-        has ended the step (left running_tools and awaiting_approval), nothing more is
+        state the run is in now (runs/steps.py); `seen` is the last seq this step's
+        handler knows of. Moves recorded since by another handler of the same step (a
+        client's retry racing the original) are taken as they are; once a move has
+        ended the step (left running_tools and awaiting_approval), nothing more is
         recorded for it -- a step never ends twice."""
         async with self._lock(run_id):
             machine = await self._machine(run_id)
@@ -226,7 +245,7 @@ class RunStore:
             moves = compose(machine.state, machine.next_seq)
             if not moves:
                 return StepMoves(await self.get(run_id), tuple(others), ended=False)
-            updated = await self._store(run_id, moves, durable=True)
+            updated = await self._store(run_id, moves, durability)
         self._appended(run_id, moves)
         ended = moves[-1].to_state not in IN_BATCH
         return StepMoves(updated, (*others, *moves), ended=ended)
@@ -241,7 +260,7 @@ class RunStore:
             for s, e in zip(stored, events, strict=True)
         )
 
-    async def _store(self, run_id: str, events: list[Transition], *, durable: bool) -> Run:
+    async def _store(self, run_id: str, events: list[Transition], durability: Durability) -> Run:
         """Check `events` against the run's machine, append them, keep the machine
         moved. Under the run's lock."""
         machine = copy.copy(await self._machine(run_id))
@@ -251,9 +270,46 @@ class RunStore:
                 machine.record(moved)
             except BrokenHistory as exc:
                 raise RunRefused(Refusal(exc.kind.value), str(exc), "events") from None
+        durable = durability is Durability.NOW
         updated = await self.records.append(run_id, events, durable=durable)
         self._keep(run_id, machine)
+        if durability is Durability.SOON:
+            self._sync_soon(run_id)
         return updated
+
+    def _sync_soon(self, run_id: str) -> None:
+        """Start the fsync of what the run's record holds now; the run's next write
+        waits for it (`_lock`). Under the run's lock."""
+        task = asyncio.create_task(self.records.sync(run_id), name=f"sync {run_id}")
+        self._syncing[run_id] = task
+
+        def settled(done: asyncio.Task[None]) -> None:
+            if self._syncing.get(run_id) is done and not done.cancelled():
+                if done.exception() is None:
+                    del self._syncing[run_id]
+                else:  # kept: the run's next write raises it
+                    log.error("journal: run %s not synced: %s", run_id, done.exception())
+
+        task.add_done_callback(settled)
+
+    async def _synced(self, run_id: str) -> None:
+        """Wait for the fsync of the run's last write told Durability.SOON, if any;
+        raise its failure. Under the run's lock."""
+        pending = self._syncing.get(run_id)
+        if pending is None:
+            return
+        try:
+            # Shielded: a caller that goes away must not cancel the sync (the journal
+            # skips a write whose waiter was cancelled).
+            await asyncio.shield(pending)
+        finally:
+            if pending.done() and self._syncing.get(run_id) is pending:
+                del self._syncing[run_id]
+
+    async def drain(self) -> None:
+        """Wait for every fsync started (at shutdown, once no RPC is served)."""
+        await asyncio.gather(*self._syncing.values(), return_exceptions=True)
+        self._syncing.clear()
 
     def _appended(self, run_id: str, events: list[Transition]) -> None:
         """Tell who listens: the dispatcher and `on_ended` of an end, watchers of each move."""
@@ -333,13 +389,16 @@ class RunStore:
 
     @contextlib.asynccontextmanager
     async def _lock(self, run_id: str) -> AsyncIterator[None]:
-        """One append or cancel of `run_id` at a time; the lock lives while used."""
+        """One append or cancel of `run_id` at a time; the lock lives while used. Taken,
+        it first waits for the fsync of the run's last write told Durability.SOON."""
         held = self._locks.get(run_id)
         if held is None:
             held = self._locks[run_id] = _RunLock()
         held.users += 1
         try:
             async with held.lock:
+                # Nothing more of a run is recorded before its last write is on disk.
+                await self._synced(run_id)
                 yield
         finally:
             held.users -= 1

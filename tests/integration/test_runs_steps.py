@@ -24,6 +24,7 @@ from execgate.executor.journal.store import Journal
 from execgate.executor.pipeline.events import Event, EventKind
 from execgate.executor.pipeline.runstep import StepMoves
 from execgate.executor.runs.registry import Refusal, RunRefused, RunStore
+from tests.daemon import scaled
 
 
 def _calls(n: int) -> list[CallRequest]:
@@ -156,3 +157,59 @@ def test_a_step_records_nothing_once_the_run_moved_on(tmp_path: Path) -> None:
     recorded, history = asyncio.run(main())
     assert [(e.to_state, e.reason) for e in recorded] == [(State.CANCELLED, "stopped elsewhere")]
     assert len(history) == 4
+
+
+class _GatedSync:
+    """The real SQLite run records, with each `sync` held until `release` is set and
+    every write noted in order (a spy: the writes themselves are the journal's)."""
+
+    def __init__(self, journal: Journal) -> None:
+        self._real = journal.runs
+        self.release = asyncio.Event()
+        self.writes: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    async def append(self, run_id: str, events: list[Any], *, durable: bool = True) -> Run:
+        self.writes.append(f"append {events[-1].to_state.value} durable={durable}")
+        return await self._real.append(run_id, events, durable=durable)
+
+    async def sync(self, run_id: str) -> None:
+        self.writes.append("sync")
+        await self.release.wait()
+        await self._real.sync(run_id)
+
+
+def test_nothing_more_of_a_run_is_recorded_before_a_steps_end_is_on_disk(
+    tmp_path: Path,
+) -> None:
+    """The step's end is committed (the step answers at once) and fsync'd after; the
+    run's next write -- here the next step's opening -- waits for that fsync."""
+
+    async def main() -> tuple[list[str], bool]:
+        gated = _GatedSync(Journal(tmp_path / "j.db"))
+        store = RunStore(gated)  # type: ignore[arg-type]
+        m, opening = await _opened(store)
+        await store.open_step("r", opening, "bot")
+        step = StepMoves(store, "r", _calls(1), seen=3)
+        await step.on_event(_event(EventKind.FINISHED, 0, DONE))
+        [end] = await step.end()  # answered while its fsync is held
+        m.record(end)
+        nxt = [m.advance(State.VALIDATING, "model replied"), m.advance(State.RUNNING_TOOLS, "s")]
+        opening2 = asyncio.create_task(store.open_step("r", nxt, "bot"))
+        done, _ = await asyncio.wait({opening2}, timeout=scaled(0.3))
+        waited = not done
+        gated.release.set()
+        await opening2
+        return gated.writes, waited
+
+    writes, waited = asyncio.run(main())
+    assert waited, "the next opening should wait for the end's fsync"
+    assert writes == [
+        "append requesting_model durable=True",  # run started (AppendEvents)
+        "append running_tools durable=False",  # the opening
+        "append requesting_model durable=False",  # the end: committed...
+        "sync",  # ...then fsync'd, before
+        "append running_tools durable=False",  # the next opening
+    ]
