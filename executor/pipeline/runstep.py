@@ -25,7 +25,8 @@ from execgate.executor.core.outcomes import Outcome
 from execgate.executor.core.run import Run
 from execgate.executor.core.runstate import Transition
 from execgate.executor.runs import steps
-from execgate.executor.runs.registry import Compose, Durability, RunStore
+from execgate.executor.runs.registry import Compose, RunStore
+from execgate.executor.runs.syncs import Durability
 
 from .calls import CallRequest
 from .events import Event, EventKind

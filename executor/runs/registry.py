@@ -20,7 +20,6 @@ import contextlib
 import copy
 import enum
 import json
-import logging
 import secrets
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
@@ -35,26 +34,13 @@ from execgate.executor.core.runstate import TERMINAL, BrokenHistory, History, St
 from execgate.executor.journal.base import RunRecordStore
 
 from .steps import IN_BATCH
-
-log = logging.getLogger("execgate.runs")
+from .syncs import Durability, Syncs
 
 MAX_DATA_BYTES = 1 << 20
 MAX_GOAL_BYTES = 64 * 1024
 # Runs whose state machine stays in memory between appends (least recently
 # appended dropped first; replayed from the journal when next needed).
 MAX_MACHINES = 4096
-
-
-class Durability(enum.Enum):
-    """When a write of a run's record is on disk (a machine crash keeps it). Every write
-    is committed before its await returns (a crash of the daemon keeps it)."""
-
-    # fsync'd before the await returns.
-    NOW = "now"
-    # fsync'd right after, in the background; the run's next write waits for it.
-    SOON = "soon"
-    # fsync'd by the next durable write: the journal syncs in commit order (journal/base).
-    FOLLOWING = "following"
 
 
 class Refusal(enum.StrEnum):
@@ -130,9 +116,8 @@ class RunStore:
         # Invariant: a run id is here exactly while an append or cancel of it holds or
         # waits for its lock.
         self._locks: dict[str, _RunLock] = {}
-        # The fsync of a run's last write told Durability.SOON: here from that write
-        # until it succeeded (a failed one stays until the run's next write raises it).
-        self._syncing: dict[str, asyncio.Task[None]] = {}
+        # The background fsyncs of Durability.SOON writes (a step's end).
+        self.syncs = Syncs(records.sync)
 
     async def start(self, run: Run) -> Run:
         _check_text(run.goal, MAX_GOAL_BYTES, "goal")
@@ -274,42 +259,12 @@ class RunStore:
         updated = await self.records.append(run_id, events, durable=durable)
         self._keep(run_id, machine)
         if durability is Durability.SOON:
-            self._sync_soon(run_id)
+            self.syncs.start(run_id)
         return updated
 
-    def _sync_soon(self, run_id: str) -> None:
-        """Start the fsync of what the run's record holds now; the run's next write
-        waits for it (`_lock`). Under the run's lock."""
-        task = asyncio.create_task(self.records.sync(run_id), name=f"sync {run_id}")
-        self._syncing[run_id] = task
-
-        def settled(done: asyncio.Task[None]) -> None:
-            if self._syncing.get(run_id) is done and not done.cancelled():
-                if done.exception() is None:
-                    del self._syncing[run_id]
-                else:  # kept: the run's next write raises it
-                    log.error("journal: run %s not synced: %s", run_id, done.exception())
-
-        task.add_done_callback(settled)
-
-    async def _synced(self, run_id: str) -> None:
-        """Wait for the fsync of the run's last write told Durability.SOON, if any;
-        raise its failure. Under the run's lock."""
-        pending = self._syncing.get(run_id)
-        if pending is None:
-            return
-        try:
-            # Shielded: a caller that goes away must not cancel the sync (the journal
-            # skips a write whose waiter was cancelled).
-            await asyncio.shield(pending)
-        finally:
-            if pending.done() and self._syncing.get(run_id) is pending:
-                del self._syncing[run_id]
-
     async def drain(self) -> None:
-        """Wait for every fsync started (at shutdown, once no RPC is served)."""
-        await asyncio.gather(*self._syncing.values(), return_exceptions=True)
-        self._syncing.clear()
+        """Wait for every fsync started in the background (at shutdown)."""
+        await self.syncs.drain()
 
     def _appended(self, run_id: str, events: list[Transition]) -> None:
         """Tell who listens: the dispatcher and `on_ended` of an end, watchers of each move."""
@@ -398,7 +353,7 @@ class RunStore:
         try:
             async with held.lock:
                 # Nothing more of a run is recorded before its last write is on disk.
-                await self._synced(run_id)
+                await self.syncs.settled(run_id)
                 yield
         finally:
             held.users -= 1

@@ -27,7 +27,8 @@ from execgate.executor.core.fanout import Closed, Fanout, Lagging
 from execgate.executor.core.outcomes import ErrorClass, Outcome, Status
 from execgate.executor.core.run import Run
 from execgate.executor.journal.store import Journal
-from execgate.executor.runs.registry import Durability, RunStore
+from execgate.executor.runs.registry import RunStore
+from execgate.executor.runs.syncs import Durability
 from execgate.executor.telemetry import metrics, tracing
 
 # ---------------------------------------------------------------- metrics
@@ -164,7 +165,7 @@ def test_a_steps_sync_lives_until_its_fsync_is_done(tmp_path: Path) -> None:
             await store.open_step(run.run_id, moves, "bot")
             await store.step_move(run.run_id, 3, _closing(run.run_id), Durability.SOON)
         await store.drain()
-        assert store._syncing == {}
+        assert len(store.syncs) == 0
         journal.close()
 
     asyncio.run(go())
