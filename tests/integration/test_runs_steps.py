@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -213,3 +214,34 @@ def test_nothing_more_of_a_run_is_recorded_before_a_steps_end_is_on_disk(
         "sync",  # ...then fsync'd, before
         "append running_tools durable=False",  # the next opening
     ]
+
+
+class _FailingSync(_GatedSync):
+    """The first `sync` fails (a disk error, as the journal would raise it)."""
+
+    async def sync(self, run_id: str) -> None:
+        self.writes.append("sync")
+        if self.writes.count("sync") == 1:
+            raise sqlite3.OperationalError("disk I/O error")
+        await self._real.sync(run_id)
+
+
+def test_a_failed_fsync_fails_the_runs_next_write_once(tmp_path: Path) -> None:
+    async def main() -> tuple[str, int]:
+        failing = _FailingSync(Journal(tmp_path / "j.db"))
+        store = RunStore(failing)  # type: ignore[arg-type]
+        m, opening = await _opened(store)
+        await store.open_step("r", opening, "bot")
+        step = StepMoves(store, "r", _calls(1), seen=3)
+        await step.on_event(_event(EventKind.FINISHED, 0, DONE))
+        [end] = await step.end()
+        m.record(end)
+        nxt = [m.advance(State.VALIDATING, "model replied"), m.advance(State.RUNNING_TOOLS, "s")]
+        with pytest.raises(sqlite3.OperationalError) as failed:
+            await store.open_step("r", nxt, "bot")  # the end may not be on disk: refused
+        again = await store.open_step("r", nxt, "bot")  # the journal works again
+        return str(failed.value), again.last_seq
+
+    error, last_seq = asyncio.run(main())
+    assert error == "disk I/O error"
+    assert last_seq == 6
