@@ -24,7 +24,7 @@ from .errors import (
 )
 from .loop.driver import Loop
 from .loop.results import LoopResult, SoFar, Verdict
-from .runs import CancelNotice, RunDetail, RunInfo, Runs
+from .runs import CancelNotice, RunDetail, RunInfo, Runs, StepResult
 from .types import (
     Approval,
     ApprovalState,
@@ -78,6 +78,7 @@ __all__ = [
     "Runs",
     "SoFar",
     "Status",
+    "StepResult",
     "StopMode",
     "TlsConfig",
     "ToolSpec",

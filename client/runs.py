@@ -7,7 +7,7 @@ record whichever language wrote them.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,8 +19,9 @@ from execgate.v1 import runs_pb2_grpc as rpb_grpc
 from execgate.v1.runstates import LIMIT_KEYS
 
 from . import wire
+from .errors import RequestError
 from .loop.states import State, Transition
-from .types import CallRecord
+from .types import Call, CallRecord, Event, Outcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,20 @@ class RunInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class StepResult:
+    """What a loop step (`Runs.step`) ended with."""
+
+    batch_id: str
+    # The calls' outcomes, in the order they were given.
+    outcomes: tuple[Outcome, ...]
+    # The transitions the daemon recorded for the step after the ones sent, in order:
+    # awaiting_approval and back while calls waited for an approval, then the batch's end.
+    events: tuple[Transition, ...]
+    # The run after the step (with any cancel request).
+    run: RunInfo
+
+
+@dataclass(frozen=True, slots=True)
 class RunDetail:
     run: RunInfo
     events: tuple[Transition, ...]
@@ -59,7 +74,7 @@ class RunDetail:
 
 
 class Runs:
-    """StartRun, AppendEvents, GetRun, ListRuns, CancelRun, WatchRun."""
+    """StartRun, AppendEvents, Step, GetRun, ListRuns, CancelRun, WatchRun."""
 
     def __init__(self, channel: grpc.Channel, metadata: Sequence[tuple[str, str]], address: str):
         self._stub = rpb_grpc.RunsStub(channel)
@@ -91,6 +106,61 @@ class Runs:
         """Persist transitions (all or none); RunRefused if they do not continue the run."""
         request = rpb.AppendEventsRequest(run_id=run_id, events=[event_msg(e) for e in events])
         return run_info(self._call("AppendEvents", request, run_id))
+
+    def step(
+        self,
+        run_id: str,
+        events: Sequence[Transition],
+        calls: Sequence[Call],
+        *,
+        deadline: float | None = None,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> StepResult:
+        """One loop step in one round trip (Runs.Step): persist `events` (the last one
+        enters running_tools), run `calls` (each with its call id and idempotency key),
+        and get the batch's end the daemon recorded. Sent again after a lost answer,
+        it is recognised: nothing is appended or run twice, the answer is the same.
+
+        `on_event`: each event of the batch as it happens (the streaming Step); without
+        it, one answer at the end (StepBatch, cheaper). RunRefused if `events` do not
+        continue the run."""
+        request = rpb.StepRequest(
+            run_id=run_id,
+            events=[event_msg(e) for e in events],
+            calls=[wire.tool_call(c) for c in calls],
+            outcomes_only=on_event is None,
+        )
+        if deadline is not None:
+            request.deadline.FromNanoseconds(int(deadline * 1e9))
+        if on_event is None:
+            return step_result(run_id, self._call("StepBatch", request, run_id))
+        return self._streamed(request, on_event)
+
+    def _streamed(self, request: rpb.StepRequest, on_event: Callable[[Event], None]) -> StepResult:
+        run_id = request.run_id
+        finished: dict[int, Outcome] = {}
+        moved: list[Transition] = []
+        run: RunInfo | None = None
+        batch_id = ""
+        try:
+            for update in self._stub.Step(request, metadata=self._metadata):
+                match update.WhichOneof("update"):
+                    case "call":
+                        event = wire.event(update.call)
+                        batch_id = event.batch_id
+                        on_event(event)
+                        if event.outcome is not None:
+                            finished[event.index] = event.outcome
+                    case "event":
+                        moved.append(transition(run_id, update.event))
+                    case "run":
+                        run = run_info(update.run)
+        except grpc.RpcError as exc:
+            raise wire.translate(exc, self._address, run_id=run_id, run_op=True) from exc
+        if run is None or len(finished) != len(request.calls):
+            raise RequestError("UNKNOWN", f"Step {run_id}: the stream ended before the step")
+        outcomes = tuple(finished[i] for i in range(len(request.calls)))
+        return StepResult(batch_id, outcomes, tuple(moved), run)
 
     def get(self, run_id: str) -> RunDetail:
         msg = self._call("GetRun", rpb.GetRunRequest(run_id=run_id), run_id)
@@ -130,6 +200,15 @@ class Runs:
             return getattr(self._stub, method)(request, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise wire.translate(exc, self._address, run_id=run_id, run_op=True) from exc
+
+
+def step_result(run_id: str, msg: rpb.StepResponse) -> StepResult:
+    return StepResult(
+        batch_id=msg.batch_id,
+        outcomes=tuple(wire.outcomes(msg)),
+        events=tuple(transition(run_id, e) for e in msg.events),
+        run=run_info(msg.run),
+    )
 
 
 def run_info(msg: rpb.Run) -> RunInfo:

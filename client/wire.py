@@ -11,6 +11,7 @@ import grpc
 from google.protobuf.duration_pb2 import Duration
 
 from execgate.v1 import executor_pb2 as pb
+from execgate.v1 import runs_pb2 as rpb
 
 from .errors import (
     ApprovalNotPending,
@@ -171,8 +172,8 @@ def call_plans(response: pb.ExplainResponse) -> list[CallPlan]:
     ]
 
 
-def outcomes(response: pb.ExecuteResponse) -> list[Outcome]:
-    """The outcomes of an ExecuteBatch, in proposal order."""
+def outcomes(response: pb.ExecuteResponse | rpb.StepResponse) -> list[Outcome]:
+    """The outcomes of an ExecuteBatch (or a StepBatch), in proposal order."""
     return [
         outcome(e.finished.outcome, e.call_id, e.finished.replay_of_call_id)
         for e in response.outcomes

@@ -1,7 +1,8 @@
 """`Loop`: the agent loop, run against the daemon as an explicit state machine.
 
-Each step is a transition persisted to the daemon (Runs.AppendEvents) before the
-next one begins; the stop rules are checked before every model request and
+Each step is a transition persisted to the daemon (Runs.AppendEvents; a tool batch
+and the transitions around it in one round trip, Runs.Step) before the next one begins;
+the stop rules are checked before every model request and
 before and after every tool batch; the first rule to fire ends the run, exactly
 once, with its figures. The model's final answer is a proposal: it completes the
 run only if the verifier (if any) accepts it and no call of the run is pending.
@@ -60,7 +61,10 @@ class Loop:
         reconcile_wait_s: on resume, how long to wait for a call still running.
         retry: how transient model errors (429, 5xx, connection) are retried.
         on_transition, on_event: called with each transition once it is persisted, and
-            with each event of the run's tool calls (for transcripts and UIs).
+            with each event of the run's tool calls as it happens (for transcripts and
+            UIs; with `on_event` set a batch is streamed, Runs.Step, else answered once,
+            Runs.StepBatch). The daemon's moves of a step reach `on_transition` when
+            the step ends.
     """
 
     def __init__(

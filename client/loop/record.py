@@ -14,6 +14,11 @@ The loop writes every fact it needs to continue into its transitions' `data`:
     validating -> requesting_model   {"refused": [...]}, {"finding": verifier's finding} or
                                       {"paused": true} (a pause_turn, continued)
     running_tools -> requesting_model {"results": [{call_id, status, error_class}]}
+    running_tools <-> awaiting_approval  while calls of the batch wait for an approval
+
+The daemon records the last two itself in a live step (Runs.Step, executor/runs/steps.py,
+with the same reasons and data); the loop appends them only for a batch it reconciled on
+resume.
 
 Raw tool results stay in the daemon's journal (the run's calls): a rebuilt
 conversation takes them from there, through the same `observe` the live loop
@@ -32,6 +37,10 @@ from ..types import Outcome, Status
 from .observe import Observation, not_run, observe
 from .states import State, Transition
 from .tally import Tally, canonical_arguments, fingerprint
+
+# The reasons of a batch's end, as the daemon records them too (executor/runs/steps.py).
+BATCH_FINISHED = "batch finished"
+APPROVALS_SETTLED = "approvals settled"
 
 
 @dataclass(frozen=True, slots=True)

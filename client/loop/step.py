@@ -13,12 +13,14 @@ from opentelemetry.trace import StatusCode
 
 from ..errors import RunRefused
 from ..models.base import Turn
-from ..types import Event, EventKind, Outcome
+from ..types import Outcome
 from .backing import FAIL_RULES as ENDING_RULES
 from .backing import UNVERIFIED, Path, Verification, caveats, fail_reason, path_of, verifier_name
-from .batch import pending_calls, reconcile, run_batch
+from .batch import pending_calls, reconcile, to_call
 from .gate import check_calls
 from .record import (
+    APPROVALS_SETTLED,
+    BATCH_FINISHED,
     Conversation,
     Planned,
     Rebuilt,
@@ -71,8 +73,6 @@ class Step:
         self._synced = copy.copy(machine)
         self.conv = conv
         self.stops = stops
-        # Calls of the batch parked for approval, until they start or end.
-        self._parked: set[str] = set()
         deadline_s = limits.get("deadline_seconds")
         self.deadline = info.created_at + deadline_s if deadline_s else None
 
@@ -151,14 +151,32 @@ class Step:
             self.conv.add_results(turn, refused, {}, self.loop.result_cap)
             return None
         data = {"calls": [p.to_json() for p in planned], "refused": [r.to_json() for r in refused]}
-        self._move(State.RUNNING_TOOLS, f"{len(planned)} call(s) sent", data)
         with TRACER.start_as_current_span("execgate.tool_batch") as span:
             span.set_attribute("execgate.batch.calls", len(planned))
-            outcomes = run_batch(
-                self.client, self.run_id, planned, deadline=self.deadline, on_event=self._on_event
-            )
-        self._batch_done(turn, planned, refused, outcomes)
+            outcomes = self._step(f"{len(planned)} call(s) sent", data, planned)
+        self.conv.add_results(turn, refused, sent(planned, outcomes), self.loop.result_cap)
         return None  # the stop rules look at the batch before the next model request
+
+    def _step(
+        self, reason: str, data: Mapping[str, Any], planned: Sequence[Planned]
+    ) -> dict[str, Outcome]:
+        """`validating -> running_tools` (with the turn's move held for it) and the batch,
+        in one round trip (Runs.Step): the daemon records the moves, the batch's end and
+        any approval waits, before it answers, as `_batch_done` and `_move` would."""
+        self._held.append(self.machine.advance(State.RUNNING_TOOLS, reason, data))
+        opening, self._held = self._held, []
+        calls = [to_call(self.run_id, p) for p in planned]
+        try:
+            done = self.client.runs.step(
+                self.run_id, opening, calls, deadline=self.deadline, on_event=self.loop.on_event
+            )
+        except RunRefused:
+            self.machine = copy.copy(self._synced)  # back to what the daemon has
+            raise
+        for moved in done.events:
+            self.machine.record(moved)  # checked: the daemon's moves continue ours
+        self._persisted([*opening, *done.events], done.run)
+        return {p.call_id: o for p, o in zip(planned, done.outcomes, strict=True)}
 
     def _turn_failed(self, turn: Turn) -> LoopResult:
         """A truncated, refused or unreadable turn: the run ends `failed` with its rule;
@@ -175,32 +193,17 @@ class Step:
         refused: Sequence[Refused],
         outcomes: Mapping[str, Outcome],
     ) -> None:
+        """A resumed batch's end, appended by the loop: the record the daemon writes at
+        the end of a live step (executor/runs/steps.py), with the reconciled outcomes."""
         ran = sent(planned, outcomes)
         self.conv.add_results(turn, refused, ran, self.loop.result_cap)
-        self._parked.clear()
         if self.machine.state is State.AWAITING_APPROVAL:
-            self._move(State.RUNNING_TOOLS, "approvals settled")
+            self._move(State.RUNNING_TOOLS, APPROVALS_SETTLED)
         results = [
             {"call_id": p.call_id, "status": o.status.value, "error_class": o.error_class}
             for p, o in ran.values()
         ]
-        self._move(State.REQUESTING_MODEL, "batch finished", {"results": results})
-
-    def _on_event(self, event: Event) -> None:
-        """Approval parking moves the machine (running_tools <-> awaiting_approval)."""
-        if self.loop.on_event is not None:
-            self.loop.on_event(event)
-        if event.kind is EventKind.AWAITING_APPROVAL:
-            self._parked.add(event.call_id)
-            if self.machine.state is State.RUNNING_TOOLS:
-                data = {"call_id": event.call_id, "approval_id": event.approval_id}
-                self._move(State.AWAITING_APPROVAL, f"rule {event.rule_id}: {event.reason}", data)
-        elif (
-            event.kind in (EventKind.STARTED, EventKind.FINISHED) and event.call_id in self._parked
-        ):
-            self._parked.discard(event.call_id)
-            if not self._parked and self.machine.state is State.AWAITING_APPROVAL:
-                self._move(State.RUNNING_TOOLS, f"{event.call_id} {event.kind.value}")
+        self._move(State.REQUESTING_MODEL, BATCH_FINISHED, {"results": results})
 
     def _answer(self, answer: str, overrun: Stop | None = None) -> LoopResult | None:
         verdict = self._verify(answer)
@@ -283,10 +286,15 @@ class Step:
             return
         moved, self._held = self._held, []
         try:
-            self.info = self.client.runs.append(self.run_id, moved)
+            info = self.client.runs.append(self.run_id, moved)
         except RunRefused:
             self.machine = copy.copy(self._synced)  # back to what the daemon has
             raise
+        self._persisted(moved, info)
+
+    def _persisted(self, moved: Sequence[Transition], info: RunInfo) -> None:
+        """The daemon holds `moved` now: tell the watchers; note any cancel request."""
+        self.info = info
         self._synced = copy.copy(self.machine)
         for each in moved:
             if self.loop.on_transition is not None:

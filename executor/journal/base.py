@@ -9,6 +9,10 @@ implements it; a PostgreSQL store implements the same (docs/architecture.md,
 What every backend must keep (the outcome and recovery guarantees rest on it):
 - a write marked or documented durable is committed, surviving a machine crash,
   before its await returns; nothing is reported before its record is committed;
+- durability follows commit order: a write committed without it (`durable=False`)
+  is made durable no later than the next durable write that returns (one log, written
+  in commit order: SQLite's WAL, PostgreSQL's WAL). A loop step's opening
+  transitions rely on it (`RunRecordStore.append`);
 - a method documented as one transaction is atomic (a run's row with its events;
   a run's insert with the check that its id is free; an approval's conditional
   transition with the read of its new row);
@@ -136,8 +140,8 @@ class ApprovalStore(Protocol):
 
 class RunRecordStore(Protocol):
     """Agent runs (`runs`) and their events (`run_events`, seq 1, 2, ... per run).
-    Every write is durable. (Not `RunStore`: that is executor/runs/registry.py, the
-    run rules above this.)"""
+    Every write is durable, but an `append` told otherwise. (Not `RunStore`: that is
+    executor/runs/registry.py, the run rules above this.)"""
 
     async def insert(self, run: Run) -> RunConflict | None:
         """Insert the run unless its id is taken (None: inserted). Taken: the run
@@ -145,14 +149,24 @@ class RunRecordStore(Protocol):
         approval) under its id. The check and the insert are one transaction."""
         ...
 
-    async def append(self, run_id: str, events: list[Transition]) -> Run:
+    async def append(self, run_id: str, events: list[Transition], *, durable: bool = True) -> Run:
         """Append the events and move the run's state, reason, last_seq to the last
-        one, in one transaction; the run as it now is. The caller checked them."""
+        one, in one transaction; the run as it now is. The caller checked them.
+        `durable=False`: committed (it survives the daemon's crash) without waiting for
+        the disk; the next durable write makes it durable (see the module's rules). A
+        loop step's opening uses it: its batch's writing calls fsync their intents, and
+        its end is durable, so the opening is durable before anything depends on it."""
         ...
 
     async def request_cancel(self, run_id: str, ask: CancelAsk) -> Run:
         """Record who asked the run to stop, unless someone did already (the first
         stands); the run as it now is."""
+        ...
+
+    async def sync(self, run_id: str) -> None:
+        """Make every write committed so far durable (an append told `durable=False`
+        among them) before returning: a durable write of the run's row (it may move the
+        row's `updated_at` on, never back)."""
         ...
 
     async def get(self, run_id: str) -> Run | None: ...

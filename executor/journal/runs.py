@@ -1,7 +1,7 @@
 """The `runs` and `run_events` tables: rows in and out (executor/runs/registry.py decides).
 
-`SqliteRuns` implements `base.RunRecordStore`. Every write is durable, and a run's
-row and its events change in one transaction.
+`SqliteRuns` implements `base.RunRecordStore`. Every write is durable (but an append
+told otherwise), and a run's row and its events change in one transaction.
 """
 
 from __future__ import annotations
@@ -44,15 +44,28 @@ class SqliteRuns:
 
         return await self._db.write(write, durable=True)
 
-    async def append(self, run_id: str, events: list[Transition]) -> Run:
-        """Append `events` and move the run's row to the last one, in one durable
-        transaction; the run as it now is."""
-        return await self._db.write(lambda c: _insert_events(c, run_id, events), durable=True)
+    async def append(self, run_id: str, events: list[Transition], *, durable: bool = True) -> Run:
+        """Append `events` and move the run's row to the last one, in one transaction
+        (fsync'd if `durable`); the run as it now is."""
+        return await self._db.write(lambda c: _insert_events(c, run_id, events), durable=durable)
 
     async def request_cancel(self, run_id: str, ask: CancelAsk) -> Run:
         """Record `ask` on the run unless one is recorded already (the first stands),
         durably; the run as it now is."""
         return await self._db.write(lambda c: _set_cancel(c, run_id, ask), durable=True)
+
+    async def sync(self, run_id: str) -> None:
+        """A durable write of the run's row: its fsync makes every write committed
+        before it durable too (the WAL is one file, synced whole). The row must change --
+        SQLite writes nothing, and syncs nothing, for an UPDATE to the same value."""
+
+        def touch(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE runs SET updated_at = MAX(?, updated_at + 0.000001) WHERE run_id = ?",
+                (clock.now(), run_id),
+            )
+
+        await self._db.write(touch, durable=True)
 
     async def get(self, run_id: str) -> Run | None:
         found = await self._db.read(lambda c: _run_rows(c, "WHERE run_id = ?", (run_id,)))

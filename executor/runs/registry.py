@@ -33,6 +33,9 @@ from execgate.executor.core.run import CancelAsk, Run
 from execgate.executor.core.runstate import TERMINAL, BrokenHistory, History, State, Transition
 from execgate.executor.journal.base import RunRecordStore
 
+from .steps import IN_BATCH
+from .syncs import Durability, Syncs
+
 MAX_DATA_BYTES = 1 << 20
 MAX_GOAL_BYTES = 64 * 1024
 # Runs whose state machine stays in memory between appends (least recently
@@ -71,6 +74,23 @@ class RunRefused(ExecgateError):
         self.field = field
 
 
+# Decides a step's moves from the run's state and next seq (runs/steps.py).
+Compose = Callable[[State, int], list[Transition]]
+
+
+@dataclass(frozen=True, slots=True)
+class StepMoves:
+    """What `step_move` found and recorded."""
+
+    # The run as it now is.
+    run: Run
+    # The step's moves recorded after the handler's `seen`, in order: another
+    # handler's, then its own.
+    events: tuple[Transition, ...]
+    # The step has ended (its last move left the batch's states).
+    ended: bool
+
+
 @dataclass(frozen=True, slots=True)
 class Update:
     """What a WatchRun stream carries: a new event, or a cancel request."""
@@ -96,6 +116,8 @@ class RunStore:
         # Invariant: a run id is here exactly while an append or cancel of it holds or
         # waits for its lock.
         self._locks: dict[str, _RunLock] = {}
+        # The background fsyncs of Durability.SOON writes (a step's end).
+        self.syncs = Syncs(records.sync)
 
     async def start(self, run: Run) -> Run:
         _check_text(run.goal, MAX_GOAL_BYTES, "goal")
@@ -154,22 +176,103 @@ class RunStore:
                     "complete (end it cancelled)",
                     "events",
                 )
-            machine = copy.copy(await self._machine(run_id))
-            for moved in events:
-                _check_text(json.dumps(moved.data), MAX_DATA_BYTES, "events.data_json")
-                try:
-                    machine.record(moved)
-                except BrokenHistory as exc:
-                    raise RunRefused(Refusal(exc.kind.value), str(exc), "events") from None
-            last = events[-1] if events else None
-            updated = await self.records.append(run_id, events)
-            self._keep(run_id, machine)
-        if last is not None and last.to_state in TERMINAL:
-            self.ended[run_id] = last.to_state.value
+            updated = await self._store(run_id, events, Durability.NOW)
+        self._appended(run_id, events)
+        return updated
+
+    async def open_step(self, run_id: str, events: list[Transition], who: str) -> Run:
+        """A loop step's opening (Runs.Step): check `events` as `append` does and store
+        them, committed before the batch is sent -- or, when they are recorded already
+        exactly so (a retried step), store nothing. The last one must enter
+        running_tools: the batch follows.
+
+        Not fsync'd of its own (Durability.FOLLOWING): everything that depends on the
+        opening comes after it in the journal's commit order -- the intents of the
+        batch's writing calls (fsync'd before they start) and the step's end -- and a
+        durable write makes every write committed before it durable too (journal/base).
+        No effect is ever on disk without the transition that sent it."""
+        if not events or events[-1].to_state is not State.RUNNING_TOOLS:
+            why = "events: a step's transitions end by entering running_tools"
+            raise RunRefused(Refusal.MALFORMED, why, "events")
+        async with self._lock(run_id):
+            # The owner and the state come from memory (both kept exactly: `owners` by
+            # start, the machine by every append under this lock): no read on the way.
+            owner = self.owners.get(run_id)
+            if owner is None:
+                raise RunRefused(Refusal.NOT_FOUND, f"no run {run_id!r}", "run_id")
+            if who != owner:
+                raise RunRefused(Refusal.FORBIDDEN, f"run {run_id!r} belongs to {owner}")
+            machine = await self._machine(run_id)
+            if machine.state in TERMINAL:
+                why = f"run {run_id!r} ended ({machine.state.value})"
+                raise RunRefused(Refusal.ENDED, why, "events")
+            if events[0].seq < machine.next_seq and await self._recorded(run_id, events):
+                return await self.get(run_id)
+            opened = await self._store(run_id, events, Durability.FOLLOWING)
+        self._appended(run_id, events)
+        return opened
+
+    async def step_move(
+        self, run_id: str, seen: int, compose: Compose, durability: Durability
+    ) -> StepMoves:
+        """Record the daemon's own moves of an open step, decided by `compose` from the
+        state the run is in now (runs/steps.py); `seen` is the last seq this step's
+        handler knows of. Moves recorded since by another handler of the same step (a
+        client's retry racing the original) are taken as they are; once a move has
+        ended the step (left running_tools and awaiting_approval), nothing more is
+        recorded for it -- a step never ends twice."""
+        async with self._lock(run_id):
+            machine = await self._machine(run_id)
+            others = await self.events(run_id, seen) if machine.next_seq - 1 > seen else []
+            for i, moved in enumerate(others):
+                if moved.to_state not in IN_BATCH:
+                    return StepMoves(await self.get(run_id), tuple(others[: i + 1]), ended=True)
+            moves = compose(machine.state, machine.next_seq)
+            if not moves:
+                return StepMoves(await self.get(run_id), tuple(others), ended=False)
+            updated = await self._store(run_id, moves, durability)
+        self._appended(run_id, moves)
+        ended = moves[-1].to_state not in IN_BATCH
+        return StepMoves(updated, (*others, *moves), ended=ended)
+
+    async def _recorded(self, run_id: str, events: list[Transition]) -> bool:
+        """Whether `events` are in the run's history as they are (the time aside): a
+        retried step's opening. False lets the history check refuse them (duplicate)."""
+        stored = (await self.events(run_id, events[0].seq - 1))[: len(events)]
+        return len(stored) == len(events) and all(
+            (s.seq, s.from_state, s.to_state, s.reason, s.data)
+            == (e.seq, e.from_state, e.to_state, e.reason, e.data)
+            for s, e in zip(stored, events, strict=True)
+        )
+
+    async def _store(self, run_id: str, events: list[Transition], durability: Durability) -> Run:
+        """Check `events` against the run's machine, append them, keep the machine
+        moved. Under the run's lock."""
+        machine = copy.copy(await self._machine(run_id))
+        for moved in events:
+            _check_text(json.dumps(moved.data), MAX_DATA_BYTES, "events.data_json")
+            try:
+                machine.record(moved)
+            except BrokenHistory as exc:
+                raise RunRefused(Refusal(exc.kind.value), str(exc), "events") from None
+        durable = durability is Durability.NOW
+        updated = await self.records.append(run_id, events, durable=durable)
+        self._keep(run_id, machine)
+        if durability is Durability.SOON:
+            self.syncs.start(run_id)
+        return updated
+
+    async def drain(self) -> None:
+        """Wait for every fsync started in the background (at shutdown)."""
+        await self.syncs.drain()
+
+    def _appended(self, run_id: str, events: list[Transition]) -> None:
+        """Tell who listens: the dispatcher and `on_ended` of an end, watchers of each move."""
+        if events and events[-1].to_state in TERMINAL:
+            self.ended[run_id] = events[-1].to_state.value
             self.on_ended(run_id)
         for moved in events:
             self._publish(run_id, Update(event=moved))
-        return updated
 
     async def request_cancel(self, run_id: str, ask: CancelAsk) -> Run:
         """Record who asked the run to stop (the first request stands). Under the run's
@@ -241,13 +344,16 @@ class RunStore:
 
     @contextlib.asynccontextmanager
     async def _lock(self, run_id: str) -> AsyncIterator[None]:
-        """One append or cancel of `run_id` at a time; the lock lives while used."""
+        """One append or cancel of `run_id` at a time; the lock lives while used. Taken,
+        it first waits for the fsync of the run's last write told Durability.SOON."""
         held = self._locks.get(run_id)
         if held is None:
             held = self._locks[run_id] = _RunLock()
         held.users += 1
         try:
             async with held.lock:
+                # Nothing more of a run is recorded before its last write is on disk.
+                await self.syncs.settled(run_id)
                 yield
         finally:
             held.users -= 1

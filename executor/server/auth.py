@@ -74,6 +74,9 @@ ACCESS: Mapping[str, frozenset[Role]] = {
     # operator or admin (services_runs.py checks both).
     _RUNS_SERVICE + "StartRun": _RUNS,
     _RUNS_SERVICE + "AppendEvents": _RUNS,
+    # A step appends (the owner only, as AppendEvents) and executes (as Execute).
+    _RUNS_SERVICE + "Step": _RUNS,
+    _RUNS_SERVICE + "StepBatch": _RUNS,
     _RUNS_SERVICE + "GetRun": _READS,
     _RUNS_SERVICE + "ListRuns": _READS,
     _RUNS_SERVICE + "WatchRun": _READS,

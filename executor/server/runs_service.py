@@ -21,7 +21,9 @@ from execgate.executor.core.run import CancelAsk, Run
 from execgate.executor.core.runstate import State
 from execgate.executor.journal.store import CallFilter
 from execgate.executor.pipeline.dispatch import Dispatcher
+from execgate.executor.pipeline.events import Event, EventKind
 from execgate.executor.pipeline.inflight import CancelOrder, NotYours
+from execgate.executor.pipeline.runstep import StepMoves
 from execgate.executor.policy.scope import scope_of
 from execgate.executor.runs.registry import Closing, Refusal, RunRefused, RunStore
 from execgate.v1 import runs_pb2 as rpb
@@ -29,8 +31,9 @@ from execgate.v1 import runs_pb2_grpc as rpb_grpc
 
 from . import wire_runs, wirecheck
 from .auth import caller
-from .services import CANCELS_ANY
+from .services import CANCELS_ANY, batch_events
 from .status import abort_for
+from .wire import BatchRequest
 
 MAX_CALLS_SHOWN = 1000
 # What ListRuns `states` may hold: the loop's states, and "active" (every non-terminal one).
@@ -57,6 +60,57 @@ class RunsService(rpb_grpc.RunsServicer):
             return wire_runs.run_msg(await self.store.append(request.run_id, events, caller().name))
         except RunRefused as exc:
             await abort_for(context, exc)
+
+    async def Step(
+        self, request: rpb.StepRequest, context: Context
+    ) -> AsyncIterator[rpb.StepUpdate]:
+        step, batch = await self._open_step(request, context)
+        # The daemon's moves need the approval events, whatever the client asked to see.
+        events = batch_events(self.dispatcher, batch, context, True)
+        try:
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    moves = await step.on_event(event)
+                    if not batch.outcomes_only or event.kind is EventKind.FINISHED:
+                        yield wire_runs.step_update(call=event)
+                    for moved in moves:
+                        yield wire_runs.step_update(moved=moved)
+            for moved in await step.end():
+                yield wire_runs.step_update(moved=moved)
+        except RunRefused as exc:
+            await abort_for(context, exc)
+        yield wire_runs.step_update(run=await self._after(step))
+
+    async def StepBatch(self, request: rpb.StepRequest, context: Context) -> rpb.StepResponse:
+        step, batch = await self._open_step(request, context)
+        finished: list[Event | None] = [None] * len(batch.calls)
+        events = batch_events(self.dispatcher, batch, context, True)
+        try:
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    await step.on_event(event)
+                    if event.kind is EventKind.FINISHED:
+                        finished[event.index] = event
+            await step.end()
+        except RunRefused as exc:
+            await abort_for(context, exc)
+        run = await self._after(step)
+        return wire_runs.step_response(batch.batch_id, finished, step.recorded, run)
+
+    async def _open_step(
+        self, request: rpb.StepRequest, context: Context
+    ) -> tuple[StepMoves, BatchRequest]:
+        """The step's transitions recorded (or found: a retry), its batch to send."""
+        try:
+            opening, batch = wire_runs.step_request(request, self.dispatcher.new_id)
+            run = await self.store.open_step(request.run_id, opening, caller().name)
+        except RunRefused as exc:
+            await abort_for(context, exc)
+        step = StepMoves(self.store, run.run_id, batch.calls, seen=opening[-1].seq, run=run)
+        return step, batch
+
+    async def _after(self, step: StepMoves) -> Run:
+        return step.run if step.run is not None else await self.store.get(step.run_id)
 
     async def GetRun(self, request: rpb.GetRunRequest, context: Context) -> rpb.RunDetail:
         try:

@@ -224,6 +224,7 @@ async def _shut_down(
     runs.close()
     await dispatcher.close()
     await stopping
+    await runs.drain()  # the last steps' fsyncs
     await served.provider.close()
     await dispatcher.sandboxes.close()
     dispatcher.telemetry.shutdown()

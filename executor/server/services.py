@@ -68,6 +68,47 @@ async def _abort_unsent(context: grpc.aio.ServicerContext[Any, Any], unsent: lis
     await abort_for(context, OutcomesDetached(parked))
 
 
+def dispatch(
+    dispatcher: Dispatcher,
+    batch: BatchRequest,
+    context: grpc.aio.ServicerContext[Any, Any],
+    progress: bool,
+) -> AsyncGenerator[Event, None]:
+    """A batch's events as they happen, straight from the dispatcher: Execute and
+    ExecuteBatch read it with no generator of their own between (each layer costs every
+    call) and hold back what `_UNSENT` names themselves."""
+    return dispatcher.execute(
+        batch.run_id,
+        batch.batch_id,
+        batch.calls,
+        agent=caller().name,
+        progress=progress,
+        deadline=batch.deadline,
+        metadata=tuple(context.invocation_metadata() or ()),
+    )
+
+
+async def batch_events(
+    dispatcher: Dispatcher,
+    batch: BatchRequest,
+    context: grpc.aio.ServicerContext[Any, Any],
+    progress: bool,
+) -> AsyncGenerator[Event, None]:
+    """The Runs service's Step: the batch's events as they happen. Those that end a call
+    without an outcome (DETACHED, UNRECORDED) are held back: once every call has ended,
+    the RPC ends with an error naming them."""
+    events = dispatch(dispatcher, batch, context, progress)
+    unsent: list[Event] = []
+    async with contextlib.aclosing(events):
+        async for event in events:
+            if event.kind in _UNSENT:
+                unsent.append(event)
+            else:
+                yield event
+    if unsent:
+        await _abort_unsent(context, unsent)
+
+
 class ExecutorService(pb_grpc.ExecutorServicer):
     def __init__(
         self, dispatcher: Dispatcher, statuses: Callable[[], Sequence[ServerStatus]]
@@ -101,7 +142,7 @@ class ExecutorService(pb_grpc.ExecutorServicer):
     ) -> AsyncIterator[pb.ExecuteEvent]:
         batch = self._batch(request)
         unsent: list[Event] = []
-        events = self._events(batch, context, progress=not batch.outcomes_only)
+        events = dispatch(self.dispatcher, batch, context, not batch.outcomes_only)
         async with contextlib.aclosing(events):
             async for event in events:
                 if event.kind in _UNSENT:
@@ -119,7 +160,7 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         batch = self._batch(request)
         finished: list[Event | None] = [None] * len(batch.calls)
         unsent: list[Event] = []
-        events = self._events(batch, context, progress=False)
+        events = dispatch(self.dispatcher, batch, context, False)
         async with contextlib.aclosing(events):
             async for event in events:
                 if event.kind in _UNSENT:
@@ -129,26 +170,6 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         if unsent:
             await _abort_unsent(context, unsent)
         return wire.batch_response(batch.batch_id, finished)
-
-    def _events(
-        self,
-        batch: BatchRequest,
-        context: grpc.aio.ServicerContext[pb.ExecuteRequest, Any],
-        progress: bool,
-    ) -> AsyncGenerator[Event, None]:
-        """Execute and ExecuteBatch: the batch's events as they happen, straight from the
-        dispatcher (no generator of its own between: each layer costs every call). Those
-        that end a call without an outcome (DETACHED, UNRECORDED) are held back by the
-        caller: once every call has ended, the RPC ends with an error naming them."""
-        return self.dispatcher.execute(
-            batch.run_id,
-            batch.batch_id,
-            batch.calls,
-            agent=caller().name,
-            progress=progress,
-            deadline=batch.deadline,
-            metadata=tuple(context.invocation_metadata() or ()),
-        )
 
     async def Explain(
         self,

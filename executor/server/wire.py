@@ -26,6 +26,7 @@ from execgate.executor.policy.explain import Explanation, canonical
 from execgate.executor.tools import Mode, ToolSpec
 from execgate.executor.tools.mcp.server import ServerStatus
 from execgate.v1 import executor_pb2 as pb
+from execgate.v1 import runs_pb2 as rpb
 
 from . import wirecheck
 
@@ -351,7 +352,7 @@ class BatchRequest:
 
 
 def batch_request(
-    request: pb.ExecuteRequest, *, default_run: str, new_id: Callable[[str], str]
+    request: pb.ExecuteRequest | rpb.StepRequest, *, default_run: str, new_id: Callable[[str], str]
 ) -> BatchRequest:
     """The request's calls, ids assigned (`new_id("batch")`, `new_id("call")`) where the
     client left them out; a malformed envelope is a MalformedRequest naming the field."""
@@ -382,7 +383,7 @@ def batch_request(
     )
 
 
-def _deadline(request: pb.ExecuteRequest) -> float | None:
+def _deadline(request: pb.ExecuteRequest | rpb.StepRequest) -> float | None:
     if not request.HasField("deadline"):
         return None
     return wirecheck.timestamp(request.deadline, "deadline")

@@ -4,7 +4,7 @@ daemon's run records (the Executor and Approvals messages are in `wire`)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from execgate.executor.core import clock
 from execgate.executor.core.errors import MalformedRequest
@@ -12,11 +12,20 @@ from execgate.executor.core.requests import MAX_JSON_DEPTH, nested_deeper
 from execgate.executor.core.run import CancelAsk, Run
 from execgate.executor.core.runstate import LIMIT_KEYS, State, Transition
 from execgate.executor.journal.store import CallRecord
+from execgate.executor.pipeline.events import Event
 from execgate.executor.runs.registry import Refusal, RunRefused, Update
 from execgate.v1 import runs_pb2 as rpb
 
 from . import wirecheck
-from .wire import MAX_REASON_CHARS, record, timestamp
+from .wire import (
+    MAX_REASON_CHARS,
+    BatchRequest,
+    batch_request,
+    batch_response,
+    event,
+    record,
+    timestamp,
+)
 
 
 def run_request(request: rpb.StartRunRequest, *, owner: str) -> Run:
@@ -60,6 +69,51 @@ def transition(run_id: str, i: int, e: rpb.RunEvent) -> Transition:
     if not isinstance(data, dict):
         raise RunRefused(Refusal.MALFORMED, f"event seq {e.seq}: data_json not an object", "events")
     return Transition(run_id, e.seq, at, from_state, to_state, e.reason, data)
+
+
+def step_request(
+    request: rpb.StepRequest, new_id: Callable[[str], str]
+) -> tuple[list[Transition], BatchRequest]:
+    """A Step's opening transitions and its batch. A step names its run and each call's
+    id and idempotency key: a retried step must find its calls again."""
+    if not request.run_id:
+        raise MalformedRequest("missing", "run_id", "run_id: a step belongs to a started run")
+    if not request.events:
+        raise MalformedRequest("missing", "events", "events: a step opens with its transitions")
+    if not request.calls:
+        raise MalformedRequest("missing", "calls", "calls: a step runs at least one call")
+    for i, c in enumerate(request.calls):
+        for name in ("call_id", "idempotency_key"):
+            if not getattr(c, name):
+                field_name = f"calls[{i}].{name}"
+                raise MalformedRequest("missing", field_name, f"{field_name}: required in a step")
+    events = [transition(request.run_id, i, e) for i, e in enumerate(request.events)]
+    return events, batch_request(request, default_run=request.run_id, new_id=new_id)
+
+
+def step_update(
+    *, call: Event | None = None, moved: Transition | None = None, run: Run | None = None
+) -> rpb.StepUpdate:
+    """One message of a Step stream: a batch event, a recorded transition, or the run."""
+    if call is not None:
+        return rpb.StepUpdate(call=event(call))
+    if moved is not None:
+        return rpb.StepUpdate(event=event_msg(moved))
+    assert run is not None
+    return rpb.StepUpdate(run=run_msg(run))
+
+
+def step_response(
+    batch_id: str, finished: Sequence[Event | None], moves: Iterable[Transition], run: Run
+) -> rpb.StepResponse:
+    """StepBatch's answer: each call's FINISHED event in proposal order, the moves the
+    daemon recorded for the step, and the run after it."""
+    return rpb.StepResponse(
+        batch_id=batch_id,
+        outcomes=batch_response(batch_id, finished).outcomes,
+        events=[event_msg(m) for m in moves],
+        run=run_msg(run),
+    )
 
 
 def cancel_reason(request: rpb.CancelRunRequest) -> str:

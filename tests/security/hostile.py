@@ -260,12 +260,32 @@ class Hostile:
                 rpb.AppendEventsRequest(run_id=run_id, events=[bad]),
                 "runs",
             )
+            self._step(run_id)
             if i % 2:  # a reason past the daemon's cap (refused), then one under it
                 for reason in ("x" * 8192, "x" * 1000):
                     cancel = rpb.CancelRunRequest(run_id=run_id, reason=reason)
                     self._rpc(self._runs.CancelRun, cancel, "runs")
             self._rpc(self._runs.GetRun, rpb.GetRunRequest(run_id=run_id), "runs")
         self._rpc(self._runs.ListRuns, rpb.ListRunsRequest(limit=50), "runs")
+
+    def _step(self, run_id: str) -> None:
+        """A loop step with a big turn, then the same step again (a retry: recognised,
+        answered from the record; its call joins or replays)."""
+        opening = [
+            rpb.RunEvent(
+                seq=2,
+                from_state="requesting_model",
+                to_state="validating",
+                data_json=json.dumps({"turn": "t" * 16 * 1024}),
+            ),
+            rpb.RunEvent(seq=3, from_state="validating", to_state="running_tools"),
+        ]
+        call = pb.ToolCall(
+            call_id="s1c1", tool="noop", arguments_json="{}", idempotency_key=f"{run_id}:s1c1"
+        )
+        step = rpb.StepRequest(run_id=run_id, events=opening, calls=[call])
+        for _ in range(2):
+            self._rpc(self._runs.StepBatch, step, "runs")
 
     def watches(self) -> None:
         for _ in range(self.shape.watches):

@@ -88,6 +88,21 @@ SAMPLES: dict[str, Message] = {
             )
         ],
     ),
+    "/execgate.v1.Runs/Step": rpb.StepRequest(
+        run_id="fuzz-run",
+        events=[
+            rpb.RunEvent(seq=2, from_state="requesting_model", to_state="validating"),
+            rpb.RunEvent(seq=3, from_state="validating", to_state="running_tools"),
+        ],
+        calls=[pb.ToolCall(call_id="c1", tool="noop", arguments_json="{}", idempotency_key="k")],
+        deadline={"seconds": 4_000_000_000},
+    ),
+    "/execgate.v1.Runs/StepBatch": rpb.StepRequest(
+        run_id="fuzz-run",
+        events=[rpb.RunEvent(seq=2, from_state="requesting_model", to_state="validating")],
+        calls=[pb.ToolCall(call_id="c2", tool="noop", idempotency_key="k2")],
+        outcomes_only=True,
+    ),
     "/execgate.v1.Runs/GetRun": rpb.GetRunRequest(run_id="fuzz-run"),
     "/execgate.v1.Runs/ListRuns": rpb.ListRunsRequest(states=["active"], limit=3),
     "/execgate.v1.Runs/CancelRun": rpb.CancelRunRequest(run_id="nope", reason="r"),

@@ -91,6 +91,12 @@ def _utf8() -> list[Case]:
              "states[1]", "invalid_utf8"),
         Case("utf8-comment", APPROVALS + "Decide",
              bad_utf8(pb.DecideRequest(approval_id="a", comment=MARK)), "comment", "invalid_utf8"),
+        Case("utf8-step-tool", RUNS + "StepBatch",
+             bad_utf8(rpb.StepRequest(run_id="r", calls=[pb.ToolCall(tool=MARK)])),
+             "calls[0].tool", "invalid_utf8"),
+        Case("utf8-step-data-json", RUNS + "Step",
+             bad_utf8(rpb.StepRequest(run_id="r", events=[rpb.RunEvent(data_json=MARK)])),
+             "events[0].data_json", "invalid_utf8"),
     ]  # fmt: skip
 
 
@@ -103,6 +109,25 @@ def _event(**at: int) -> rpb.AppendEventsRequest:
         run_id="r",
         events=[rpb.RunEvent(seq=1, from_state="created", to_state="requesting_model", at=at)],
     )
+
+
+def _step(**fields: object) -> rpb.StepRequest:
+    """A Step whose envelope is whole but for what `fields` break."""
+    request = rpb.StepRequest(
+        run_id="r",
+        events=[rpb.RunEvent(seq=1, from_state="validating", to_state="running_tools")],
+        calls=[pb.ToolCall(tool="noop", call_id="c1", idempotency_key="k1")],
+    )
+    for name, value in fields.items():
+        if name == "at":  # set raw: FromSeconds refuses what the daemon must refuse
+            request.events[0].at.seconds = value  # type: ignore[assignment]
+        elif name == "deadline":
+            request.deadline.seconds = value  # type: ignore[assignment]
+        elif name == "data_json":
+            request.events[0].data_json = value  # type: ignore[assignment]
+        else:
+            setattr(request.calls[0], name, value)
+    return request
 
 
 def _limits(**values: float) -> rpb.StartRunRequest:
@@ -144,6 +169,8 @@ def _times() -> list[Case]:
         Case("event-at-year-10000", r + "AppendEvents", _event(seconds=MAX_TS + 1),
              "events[0].at", o),
         Case("event-at-nanos", r + "AppendEvents", _event(seconds=1, nanos=-7), "events[0].at", o),
+        Case("step-event-at-negative", r + "StepBatch", _step(at=-100), "events[0].at", o),
+        Case("step-deadline-year-10000", r + "Step", _step(deadline=MAX_TS + 1), "deadline", o),
         Case("deadline-seconds-nan", r + "StartRun", _limits(deadline_seconds=nan),
              "limits.deadline_seconds", o),
         Case("deadline-seconds-inf", r + "StartRun", _limits(deadline_seconds=inf),
@@ -189,6 +216,8 @@ def _json() -> list[Case]:
                  rpb.RunEvent(seq=1, from_state="created", to_state="requesting_model",
                               data_json='{"a": ' + deep + "}")]),
              "events[0].data_json", "too_deep"),
+        Case("step-data-json-deep", RUNS + "StepBatch",
+             _step(data_json='{"a": ' + deep + "}"), "events[0].data_json", "too_deep"),
     ]  # fmt: skip
 
 
@@ -205,6 +234,8 @@ def _envelope() -> list[Case]:
              "out_of_range"),
         Case("list-runs-limit", RUNS + "ListRuns", rpb.ListRunsRequest(limit=-5), "limit",
              "out_of_range"),
+        Case("step-without-key", RUNS + "StepBatch", _step(idempotency_key=""),
+             "calls[0].idempotency_key", "missing"),
     ]  # fmt: skip
 
 
@@ -217,9 +248,9 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 
 
 def test_the_corpus_has_its_size() -> None:
-    # 38 undecodable: 2 per method that takes bytes (ExplainPolicy added 2 to the first 34,
-    # ListProviders 2 more).
-    assert len(CASES) == 38 + 11 + 22 + 5 + 5 + 1 + 5, len(CASES)
+    # 42 undecodable: 2 per method that takes bytes (ExplainPolicy added 2 to the first 34,
+    # ListProviders 2 more, Step and StepBatch 4).
+    assert len(CASES) == 42 + 13 + 24 + 5 + 5 + 2 + 6, len(CASES)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

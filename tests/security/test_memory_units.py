@@ -15,7 +15,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from execgate.executor.core.run import Run
 from execgate.executor.journal.records import SpanRecord
 from execgate.executor.journal.store import Journal
 from execgate.executor.runs.registry import RunStore
+from execgate.executor.runs.syncs import Durability
 from execgate.executor.telemetry import metrics, tracing
 
 # ---------------------------------------------------------------- metrics
@@ -164,6 +165,35 @@ def test_run_locks_live_while_used_and_machines_are_capped(
         return store
 
     asyncio.run(go())
+
+
+def test_a_steps_sync_lives_until_its_fsync_is_done(tmp_path: Path) -> None:
+    """A step's end leaves one fsync task per run, gone once the fsync succeeded."""
+
+    async def go() -> None:
+        journal = Journal(tmp_path / "journal.db")
+        store = RunStore(journal.runs)
+        for i in range(20):
+            run = await store.start(Run(run_id=f"s{i}", goal="", owner="bot"))
+            path = [State.CREATED, State.REQUESTING_MODEL, State.VALIDATING, State.RUNNING_TOOLS]
+            moves = [
+                Transition(run.run_id, n, time.time(), path[n - 1], path[n], "", {})
+                for n in (1, 2, 3)
+            ]
+            await store.open_step(run.run_id, moves, "bot")
+            await store.step_move(run.run_id, 3, _closing(run.run_id), Durability.SOON)
+        await store.drain()
+        assert len(store.syncs) == 0
+        journal.close()
+
+    asyncio.run(go())
+
+
+def _closing(run_id: str) -> Callable[[State, int], list[Transition]]:
+    def close(state: State, seq: int) -> list[Transition]:
+        return [Transition(run_id, seq, time.time(), state, State.REQUESTING_MODEL, "done", {})]
+
+    return close
 
 
 # ---------------------------------------------------------------- malloc

@@ -127,6 +127,7 @@ EXPECTED: dict[str, list[str]] = {
         "Runs",
         "SoFar",
         "Status",
+        "StepResult",
         "StopMode",
         "TlsConfig",
         "ToolSpec",

@@ -126,6 +126,8 @@ export {
   type RunLimits,
   Runs,
   type StartOptions,
+  type StepOptions,
+  type StepResult,
 } from "./runs.js";
 export { DEFAULT_ADDRESS, resolveAddress, resolveToken, type TlsConfig } from "./transport.js";
 export {

@@ -8,7 +8,7 @@ import { LIMIT_KEYS as GENERATED_LIMIT_KEYS } from "./gen/runstates.js";
 import { RequestError } from "./errors.js";
 import { isState, type State, type Transition } from "./loop/states.js";
 import type { Rpc } from "./rpc.js";
-import type { CallRecord } from "./types.js";
+import type { Call, CallRecord, Event, Outcome } from "./types.js";
 import * as wire from "./wire.js";
 
 /** A run's bounds; unset or 0: no limit of that kind. */
@@ -48,6 +48,26 @@ export interface RunInfo {
   readonly createdAt: number;
   readonly updatedAt: number;
   readonly cancel?: CancelNotice;
+}
+
+/** What a loop step (`Runs.step`) ended with. */
+export interface StepResult {
+  readonly batchId: string;
+  // The calls' outcomes, in the order they were given.
+  readonly outcomes: readonly Outcome[];
+  // The transitions the daemon recorded for the step after the ones sent, in order:
+  // awaiting_approval and back while calls waited for an approval, then the batch's end.
+  readonly events: readonly Transition[];
+  // The run after the step (with any cancel request).
+  readonly run: RunInfo;
+}
+
+export interface StepOptions {
+  // Epoch seconds: calls still running then are stopped, calls not started are REJECTED.
+  readonly deadline?: number;
+  // Each event of the batch as it happens (the streaming Step); unset: one answer at
+  // the end (StepBatch, cheaper).
+  readonly onEvent?: (event: Event) => Promise<void> | void;
 }
 
 export interface RunDetail {
@@ -109,6 +129,81 @@ export class Runs {
       { runId, runOp: true },
     );
     return runInfo(msg);
+  }
+
+  /**
+   * One loop step in one round trip (Runs.Step): persist `events` (the last one enters
+   * running_tools), run `calls` (each with its call id and idempotency key), and get
+   * the batch's end the daemon recorded. Sent again after a lost answer it is
+   * recognised: nothing is appended or run twice, the answer is the same. RunRefused if
+   * `events` do not continue the run.
+   */
+  async step(
+    runId: string,
+    events: Iterable<Transition>,
+    calls: Iterable<Call>,
+    options: StepOptions = {},
+  ): Promise<StepResult> {
+    const onEvent = options.onEvent;
+    const request = rpb.StepRequest.create({
+      runId,
+      events: [...events].map(eventMessage),
+      calls: [...calls].map(wire.toolCall),
+      outcomesOnly: onEvent === undefined,
+      deadline: options.deadline === undefined ? undefined : wire.timestamp(options.deadline),
+    });
+    if (onEvent !== undefined) return this.streamed(request, onEvent);
+    const msg = await this.rpc.unary<rpb.StepResponse>(
+      (md, done) => this.stub.stepBatch(request, md, done),
+      { runId, runOp: true },
+    );
+    if (msg.run === undefined) throw new RequestError("UNKNOWN", `StepBatch ${runId}: no run`);
+    return {
+      batchId: msg.batchId,
+      outcomes: wire.outcomes(msg),
+      events: msg.events.map((e) => transition(runId, e)),
+      run: runInfo(msg.run),
+    };
+  }
+
+  private async streamed(
+    request: rpb.StepRequest,
+    onEvent: (event: Event) => Promise<void> | void,
+  ): Promise<StepResult> {
+    const runId = request.runId;
+    const finished = new Map<number, Outcome>();
+    const moved: Transition[] = [];
+    let run: RunInfo | undefined;
+    let batchId = "";
+    const updates = this.rpc.stream(
+      (md) => this.stub.step(request, md),
+      (update: rpb.StepUpdate) => update,
+      { runId, runOp: true },
+    );
+    for await (const update of updates) {
+      switch (update.update?.$case) {
+        case "call": {
+          const event = wire.event(update.update.call);
+          batchId = event.batchId;
+          await onEvent(event);
+          if (event.kind === "finished") finished.set(event.index, event.outcome);
+          break;
+        }
+        case "event":
+          moved.push(transition(runId, update.update.event));
+          break;
+        case "run":
+          run = runInfo(update.update.run);
+          break;
+        case undefined:
+          throw new RequestError("UNKNOWN", `Step ${runId}: an empty update`);
+      }
+    }
+    if (run === undefined || finished.size !== request.calls.length) {
+      throw new RequestError("UNKNOWN", `Step ${runId}: the stream ended before the step`);
+    }
+    const outcomes = request.calls.map((_, i) => finished.get(i) as Outcome);
+    return { batchId, outcomes, events: moved, run };
   }
 
   /** The run with its full event history and its tool calls. */

@@ -183,8 +183,8 @@ export function event(msg: pb.ExecuteEvent): Event {
   }
 }
 
-/** The outcomes of an ExecuteBatch, in proposal order. */
-export function outcomes(response: pb.ExecuteResponse): Outcome[] {
+/** The outcomes of an ExecuteBatch (or a StepBatch), in proposal order. */
+export function outcomes(response: { readonly outcomes: readonly pb.ExecuteEvent[] }): Outcome[] {
   return response.outcomes.map((e) => {
     const finished = e.kind?.$case === "finished" ? e.kind.finished : undefined;
     return outcome(finished?.outcome, e.callId, finished?.replayOfCallId);

@@ -178,6 +178,40 @@ describe("the minimal loop's scenarios", () => {
     );
   });
 
+  test("each tool batch is one Runs.Step: no separate append or Execute around it", async () => {
+    const counted = { step: 0, append: 0, execute: 0, executeBatch: 0 };
+    const client = new Client({ address: daemon.address, token: PEOPLE[0]?.token });
+    const spy = <K extends "step" | "append">(target: typeof client.runs, name: K): void => {
+      const real = target[name].bind(target) as (...args: unknown[]) => unknown;
+      (target as unknown as Record<string, unknown>)[name] = (...args: unknown[]) => {
+        counted[name] += 1;
+        return real(...args);
+      };
+    };
+    spy(client.runs, "step");
+    spy(client.runs, "append");
+    for (const name of ["execute", "executeBatch"] as const) {
+      const real = client[name].bind(client) as (...args: unknown[]) => unknown;
+      (client as unknown as Record<string, unknown>)[name] = (...args: unknown[]) => {
+        counted[name] += 1;
+        return real(...args);
+      };
+    }
+    const model = new ScriptedModel([
+      ScriptedModel.calls(["list_dir", { path: "." }]),
+      ScriptedModel.calls(["list_dir", { path: "." }], ["read_file", { path: "note.txt" }]),
+      ScriptedModel.answer("looked"),
+    ]);
+    try {
+      const result = await new Loop(client, model).run("look around");
+      assert.equal(result.state, "completed", result.reason);
+    } finally {
+      client.close();
+    }
+    // Two steps; appends: the start, and the final answer's two moves.
+    assert.deepEqual(counted, { step: 2, append: 3, execute: 0, executeBatch: 0 });
+  });
+
   test("max_steps stops a looping model before its next request", async () => {
     const model = new ScriptedModel(
       Array(10).fill(ScriptedModel.calls(["list_dir", { path: "." }])),

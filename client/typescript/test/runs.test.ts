@@ -194,3 +194,57 @@ test("watch sends the history, then new events and the cancel, and ends with the
     ["1:requesting_model", "2:validating", "cancel:enough watching", "3:cancelled"],
   );
 });
+
+test("step records the opening, runs the batch and returns the end the daemon recorded; a retry is answered the same", async () => {
+  const run = await client.runs.start("one step", { runId: "runs-step" });
+  const m = new Machine(run.runId);
+  await client.runs.append(run.runId, [m.advance("requesting_model", "run started")]);
+  const opening = [
+    m.advance("validating", "model replied", { turn: { text: "", calls: [] } }),
+    m.advance("running_tools", "1 call(s) sent", { calls: [{ call_id: "s1c1" }] }),
+  ];
+  const calls = [
+    {
+      tool: "run_command",
+      arguments: { argv: ["sh", "-c", "echo once >> step.txt"] },
+      callId: "s1c1",
+      idempotencyKey: "runs-step:s1c1",
+    },
+  ];
+  const seen: string[] = [];
+  const done = await client.runs.step(run.runId, opening, calls, {
+    onEvent: (e) => void seen.push(e.kind),
+  });
+  assert.deepEqual(seen, ["queued", "started", "finished"]);
+  assert.deepEqual(
+    done.outcomes.map((o) => o.status),
+    ["success"],
+  );
+  const [end] = done.events;
+  assert.ok(end);
+  assert.equal(
+    `${end.seq} ${end.fromState}>${end.toState} ${end.reason}`,
+    "4 running_tools>requesting_model batch finished",
+  );
+  assert.deepEqual(end.data, {
+    results: [{ call_id: "s1c1", status: "success", error_class: "none" }],
+  });
+  assert.equal(done.run.lastSeq, 4);
+  m.record(end); // the loop's machine takes the daemon's move
+
+  const again = await client.runs.step(run.runId, opening, calls); // the answer was lost
+  assert.deepEqual(
+    again.events.map((e) => [e.seq, e.reason, e.data]),
+    [[end.seq, end.reason, end.data]],
+  );
+  const detail = await client.runs.get(run.runId);
+  assert.equal(detail.events.length, 4);
+  assert.deepEqual(
+    detail.calls.map((c) => c.callId),
+    ["s1c1"],
+  );
+  assert.equal(
+    await refusal(client.runs.step(run.runId, [opening[0] as Transition], calls)),
+    "malformed",
+  );
+});

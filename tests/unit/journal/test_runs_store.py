@@ -194,3 +194,26 @@ def test_the_startup_maps_of_ended_runs_and_owners(path: Path) -> None:
         assert j.runs.owners() == {"open": "bot", "done": "eve"}
     finally:
         j.close()
+
+
+def test_an_append_told_not_durable_is_committed_and_sync_writes_the_row(
+    journal: Journal, path: Path
+) -> None:
+    """`durable=False` commits like any append (a reader sees it at once); `sync` is a
+    real write of the run's row -- `updated_at` moves on even when it already lies ahead
+    of the clock, since SQLite writes (and fsyncs) nothing for an unchanged row."""
+    far = 4e9  # year 2096: ahead of any clock this test runs under
+
+    def updated_at() -> float:
+        return float(rows(path, "SELECT updated_at FROM runs WHERE run_id = 'r1'")[0][0])
+
+    async def go() -> tuple[list[Transition], float]:
+        await journal.runs.insert(_run("r1", created_at=far))
+        await journal.runs.sync("r1")
+        synced = updated_at()
+        await journal.runs.append("r1", _moves("r1")[:1], durable=False)
+        return await journal.runs.events("r1"), synced
+
+    seen, synced = asyncio.run(go())
+    assert synced > far
+    assert [e.seq for e in seen] == [1]

@@ -11,8 +11,13 @@
  *                                       arguments, error_class, reason}]}
  *     validating -> requesting_model    {"refused": [...]}, {"finding": ...} or {"paused": true}
  *     running_tools -> requesting_model {"results": [{call_id, status, error_class}]}
+ *     running_tools <-> awaiting_approval  while calls of the batch wait for an approval
  *     terminal (a stop)                 {"rule", "figures", "evidence", "last_action", ...}
  *     validating -> completed           {"answer", "figures", "actions"}
+ *
+ * The daemon records a batch's end and its approval waits itself in a live step
+ * (Runs.Step, with the same reasons and data); the loop appends them only for a batch it
+ * reconciled on resume.
  *
  * `index` is the call's position in the model's turn: results are matched to proposed
  * calls by position, since a provider may repeat or omit its own ids.
@@ -23,6 +28,10 @@ import { Outcome } from "../types.js";
 import { type Observation, notRun, observe, render } from "./observe.js";
 import type { Transition } from "./states.js";
 import { canonicalArguments, fingerprint, type Tally } from "./tally.js";
+
+// The reasons of a batch's end, as the daemon records them too (executor/runs/steps.py).
+export const BATCH_FINISHED = "batch finished";
+export const APPROVALS_SETTLED = "approvals settled";
 
 /** A proposed call the loop sends to the daemon. */
 export interface Planned {

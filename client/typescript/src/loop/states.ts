@@ -97,24 +97,26 @@ export class Machine {
    */
   static replay(runId: string, transitions: readonly Transition[]): Machine {
     const machine = new Machine(runId);
-    for (const moved of transitions) {
-      if (
-        moved.runId !== runId ||
-        moved.seq !== machine.next ||
-        moved.fromState !== machine.current
-      ) {
-        throw new IllegalTransition(
-          moved.fromState,
-          moved.toState,
-          `record ${moved.seq} of run ${moved.runId} does not follow seq ${machine.next - 1} (${machine.current})`,
-        );
-      }
-      machine.check(moved.toState);
-      machine.suspendedFrom = moved.toState === "waiting" ? machine.current : undefined;
-      machine.current = moved.toState;
-      machine.next += 1;
-    }
+    for (const moved of transitions) machine.record(moved);
     return machine;
+  }
+
+  /**
+   * Take a transition made elsewhere (the daemon's moves of a step): checked as `replay`
+   * checks it, `IllegalTransition` if it does not follow; on a refusal nothing changes.
+   */
+  record(moved: Transition): void {
+    if (moved.runId !== this.runId || moved.seq !== this.next || moved.fromState !== this.current) {
+      throw new IllegalTransition(
+        moved.fromState,
+        moved.toState,
+        `record ${moved.seq} of run ${moved.runId} does not follow seq ${this.next - 1} (${this.current})`,
+      );
+    }
+    this.check(moved.toState);
+    this.suspendedFrom = moved.toState === "waiting" ? this.current : undefined;
+    this.current = moved.toState;
+    this.next += 1;
   }
 
   /** Move to `to` and return the record to persist; on an illegal move nothing changes. */

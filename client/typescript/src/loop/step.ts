@@ -5,13 +5,15 @@
 
 import type { ModelTool, Turn } from "../models/base.js";
 import type { RunInfo } from "../runs.js";
-import type { Event, Outcome } from "../types.js";
+import type { Outcome } from "../types.js";
 import { caveats, failReason, failRule, pathOf, UNVERIFIED, type Verification } from "./backing.js";
-import { reconcile, runBatch } from "./batch.js";
+import { reconcile, toCall } from "./batch.js";
 import type { Loop } from "./driver.js";
 import { checkCalls } from "./gate.js";
 import {
   actions,
+  APPROVALS_SETTLED,
+  BATCH_FINISHED,
   type Conversation,
   type Planned,
   plannedJson,
@@ -56,8 +58,6 @@ export class RunInProgress {
   private readonly runId: string;
   // Transitions made but not yet appended (see `move`'s `hold`).
   private held: Transition[] = [];
-  // Calls of the batch parked for approval, until they start or end.
-  private readonly parked = new Set<string>();
   // Epoch seconds, passed to Execute: the daemon stops calls still running then.
   private readonly deadline: number | undefined;
 
@@ -175,12 +175,33 @@ export class RunInProgress {
       return undefined;
     }
     const data = { calls: planned.map(plannedJson), refused: refused.map(refusedJson) };
-    await this.move("running_tools", `${planned.length} call(s) sent`, data);
-    const outcomes = await runBatch(this.loop.client, this.runId, planned, this.deadline, (e) =>
-      this.onEvent(e),
-    );
-    await this.batchDone(turn, planned, refused, outcomes);
+    const outcomes = await this.step(`${planned.length} call(s) sent`, data, planned);
+    this.conv.addResults(turn, refused, sent(planned, outcomes), this.cap);
     return undefined; // the stop rules look at the batch before the next model request
+  }
+
+  /**
+   * `validating -> running_tools` (with the turn's move held for it) and the batch, in
+   * one round trip (Runs.Step): the daemon records the moves, the batch's end and any
+   * approval waits before it answers, as `batchDone` and `move` would.
+   */
+  private async step(
+    reason: string,
+    data: Data,
+    planned: readonly Planned[],
+  ): Promise<Map<string, Outcome>> {
+    this.held.push(this.machine.advance("running_tools", reason, data));
+    const opening = this.held;
+    this.held = [];
+    const calls = planned.map((p) => toCall(this.runId, p));
+    const onEvent = this.loop.options.onEvent;
+    const done = await this.loop.client.runs.step(this.runId, opening, calls, {
+      ...(this.deadline === undefined ? {} : { deadline: this.deadline }),
+      ...(onEvent === undefined ? {} : { onEvent }),
+    });
+    for (const moved of done.events) this.machine.record(moved); // checked: ours continued
+    await this.persisted([...opening, ...done.events], done.run);
+    return new Map(planned.map((p, i) => [p.callId, done.outcomes[i] as Outcome]));
   }
 
   /** A truncated, refused or unreadable turn: failed with its rule; its calls never run. */
@@ -192,6 +213,10 @@ export class RunInProgress {
     return this.fail(failRule(turn), failReason(turn), data);
   }
 
+  /**
+   * A resumed batch's end, appended by the loop: the record the daemon writes at the end
+   * of a live step (executor/runs/steps.py), with the reconciled outcomes.
+   */
   private async batchDone(
     turn: Turn,
     planned: readonly Planned[],
@@ -200,35 +225,15 @@ export class RunInProgress {
   ): Promise<void> {
     const ran = sent(planned, outcomes);
     this.conv.addResults(turn, refused, ran, this.cap);
-    this.parked.clear();
     if (this.machine.state === "awaiting_approval") {
-      await this.move("running_tools", "approvals settled");
+      await this.move("running_tools", APPROVALS_SETTLED);
     }
     const results = [...ran.values()].map(([p, o]) => ({
       call_id: p.callId,
       status: o.status,
       error_class: o.errorClass,
     }));
-    await this.move("requesting_model", "batch finished", { results });
-  }
-
-  /** Approval parking moves the machine (running_tools <-> awaiting_approval). */
-  private async onEvent(event: Event): Promise<void> {
-    await this.loop.options.onEvent?.(event);
-    if (event.kind === "awaiting_approval") {
-      this.parked.add(event.callId);
-      if (this.machine.state === "running_tools") {
-        const data = { call_id: event.callId, approval_id: event.approvalId };
-        await this.move("awaiting_approval", `rule ${event.ruleId}: ${event.reason}`, data);
-      }
-    } else if (
-      (event.kind === "started" || event.kind === "finished") &&
-      this.parked.delete(event.callId) &&
-      this.parked.size === 0 &&
-      this.machine.state === "awaiting_approval"
-    ) {
-      await this.move("running_tools", `${event.callId} ${event.kind}`);
-    }
+    await this.move("requesting_model", BATCH_FINISHED, { results });
   }
 
   private async answer(answer: string, overrun?: Stop): Promise<LoopResult | undefined> {
@@ -293,7 +298,12 @@ export class RunInProgress {
     if (hold) return;
     const moved = this.held;
     this.held = [];
-    this.info = await this.loop.client.runs.append(this.runId, moved);
+    await this.persisted(moved, await this.loop.client.runs.append(this.runId, moved));
+  }
+
+  /** The daemon holds `moved` now: tell the watchers; note any cancel request. */
+  private async persisted(moved: readonly Transition[], info: RunInfo): Promise<void> {
+    this.info = info;
     for (const each of moved) await this.loop.options.onTransition?.(each);
     const cancel = this.info.cancel;
     if (cancel !== undefined)
