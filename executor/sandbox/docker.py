@@ -115,6 +115,10 @@ class DockerSandbox:
     async def cleanup_stale(self) -> int:
         return await asyncio.to_thread(self.dockerd.remove_labelled)
 
+    def run_ended(self, run_id: str) -> None:
+        """The run's warm containers go once their last call ends."""
+        self._warm.run_ended(run_id)
+
     async def close(self) -> None:
         """Remove the warm containers, and any call's container a cancelled start left;
         the guard then quits (it sweeps instead if they could not be removed)."""

@@ -60,6 +60,8 @@ class WarmPool:
     def __init__(self, dockerd: Dockerd) -> None:
         self.dockerd = dockerd
         self._by_key: dict[tuple[object, ...], Warm] = {}
+        # Retired by `run_ended` with no call in them: removed at the next start.
+        self._dropped: list[Warm] = []
         self._lock = asyncio.Lock()
 
     async def start(self, launch: Launch) -> ExecRunning:
@@ -98,6 +100,10 @@ class WarmPool:
             return warm
 
     async def _expire(self) -> None:
+        dropped, self._dropped = self._dropped, []
+        for warm in dropped:
+            if warm.users == 0:
+                await self._remove(warm)
         idle = time.monotonic() - WARM_IDLE_SECONDS
         for warm in list(self._by_key.values()):
             if warm.users == 0 and warm.idle_since < idle:
@@ -130,6 +136,15 @@ class WarmPool:
         if not warm.removed:
             warm.removed = True
             await asyncio.to_thread(self.dockerd.remove, warm.cid)
+
+    def run_ended(self, run_id: str) -> None:
+        """Retire the run's containers: each is removed when its last call is released
+        (or when the next call comes, if it has none: `_expire` sees it doomed)."""
+        for key, warm in list(self._by_key.items()):
+            if key[0] == run_id:
+                warm.doomed = True
+                self._by_key = {k: w for k, w in self._by_key.items() if w is not warm}
+                self._dropped.append(warm)
 
     def forget(self) -> None:
         """Daemon shutdown: `DockerSandbox.close` removes every labelled container."""

@@ -249,6 +249,9 @@ class ProcessSandbox:
     async def close(self) -> None:
         return None
 
+    def run_ended(self, run_id: str) -> None:
+        """Nothing is kept per run here."""
+
 
 def _killpg(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
