@@ -1,7 +1,8 @@
 """The `bwrap` backend: bubblewrap namespaces around the process backend's limits.
 
 New PID, IPC, UTS and (unless policy allows the network) network namespaces; the
-system directories read-only; a private /tmp; the workspace bound read-write for
+system directories read-only; a private /tmp and /dev/shm (the root and /dev
+themselves read-only, as in a warm sandbox); the workspace bound read-write for
 a tool that may write and read-only otherwise (a command that declared its writes:
 read-only, with each declared path bound read-write over it, from a descriptor
 opened beneath the workspace root with no symlink followed); nothing else of the host visible
@@ -87,7 +88,8 @@ def bwrap_argv(
     # The new /proc, but its /proc/sys read-only: a root daemon's commands run as uid 0
     # (without capabilities), and uid 0 may write many host-wide sysctls.
     args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]
-    args += ["--dev", "/dev", "--tmpfs", "/tmp"]
+    # /dev read-only but for its own /dev/shm (a warm sandbox's calls share its /dev).
+    args += ["--dev", "/dev", "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--tmpfs", "/tmp"]
     # After the private /tmp: an extra read-only path under /tmp (a venv, a server's
     # install) stays visible instead of being hidden by the tmpfs.
     for extra in extra_ro:
@@ -97,7 +99,8 @@ def bwrap_argv(
     # Parents first: a path bound after one inside it would hide that mount.
     for fd, path in sorted(zip(write_fds, launch.write_paths, strict=True), key=_depth):
         args += ["--bind-fd", str(fd), str(path)]
-    args += ["--chdir", str(launch.cwd)]
+    # The root (bwrap's scratch tmpfs of mount points) read-only, last: a warm call's is.
+    args += ["--remount-ro", "/", "--chdir", str(launch.cwd)]
     if env_fd is not None:
         args += ["--args", str(env_fd)]
     else:

@@ -46,8 +46,9 @@ REAP_SECONDS = 5.0
 HIDDEN = "/tmp/.execgate"
 _SUPERVISOR_FILES = ("supervisor.py", "nsops.py", "warmproto.py")
 # The supervisor's capabilities, and no other (CAP_SYS_ADMIN: namespaces and mounts;
-# CAP_SETPCAP: emptying the bounding set, so that nothing exec'd gets any).
-_CAPS = ("CAP_SYS_ADMIN", "CAP_SETPCAP")
+# CAP_NET_ADMIN: a call's network namespace's loopback; CAP_SETPCAP: emptying the
+# bounding set, so that nothing exec'd gets any).
+_CAPS = ("CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_SETPCAP")
 
 Key = tuple[str, str, bool]  # run, workspace, network
 # A host's rlimits (name, value), sorted: it serves only calls with these.
@@ -106,6 +107,7 @@ def bwrap_argv(key: Key, python: Interpreter, extra_ro: tuple[Path, ...], ctrl: 
         args += ["--cap-add", cap]
     args += system_binds(network=network)
     args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]
+    # Each host mounts its own /dev/shm (and /tmp, /proc) over these.
     args += ["--dev", "/dev", "--remount-ro", "/dev", "--tmpfs", "/tmp"]
     for extra in extra_ro:
         args += ["--ro-bind", str(extra), str(extra)]
@@ -119,7 +121,7 @@ def bwrap_argv(key: Key, python: Interpreter, extra_ro: tuple[Path, ...], ctrl: 
     for name, value in python.env:
         args += ["--setenv", name, value]
     tmp_ro = [str(p) for p in extra_ro if _under(str(p), ("/tmp",))]
-    config = json.dumps({"workspace": workspace, "tmp_ro": tmp_ro})
+    config = json.dumps({"workspace": workspace, "tmp_ro": tmp_ro, "private_net": not network})
     script = f"{HIDDEN}/sup/supervisor.py"
     return [*args, "--", *python.argv, "-S", "-s", "-B", script, str(ctrl), config]
 

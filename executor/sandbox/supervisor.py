@@ -4,7 +4,8 @@ Runs inside the sandbox as its PID 1 (`bwrap --as-pid-1`), on the daemon's own
 interpreter with the standard library only (`-S -s`), beside its two modules
 (nsops.py, warmproto.py) under the sandbox's /tmp, which every host's own /tmp
 hides. It and its hosts are the only processes of the sandbox with capabilities:
-CAP_SYS_ADMIN (namespaces, mounts) and CAP_SETPCAP (to empty the bounding set).
+CAP_SYS_ADMIN (namespaces, mounts), CAP_NET_ADMIN (a new network namespace's
+loopback) and CAP_SETPCAP (to empty the bounding set).
 
 For every `host` the daemon asks for, it forks a process into a new PID namespace
 (the host is its init) with its own mount and IPC namespaces: a private copy of
@@ -18,8 +19,9 @@ with no symlink followed); it forks the command (which joins the leaves, takes
 its rlimits and a session of its own, and execs) and reports its exit once every
 process of the namespace is gone (it SIGKILLs and reaps what the command left).
 Before the next call it detaches the write paths, makes the workspace read-write
-again, and mounts a fresh /tmp and /dev/shm in a fresh IPC namespace: nothing of
-one call is left for the next.
+again, mounts a fresh /tmp and /dev/shm, and enters a fresh IPC namespace and (for
+calls without network) a fresh network namespace: nothing of one call is left for
+the next.
 
 Stopping: the daemon sends a host SIGUSR1 (it then sends SIGTERM to every
 process of its namespace, `kill(-1)`) or SIGKILL (the namespace dies with it;
@@ -31,6 +33,7 @@ sandboxes").
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import json
 import os
@@ -70,10 +73,15 @@ SCRATCH = nsops.MS_NOSUID | nsops.MS_NODEV
 class Config:
     """What the daemon told the supervisor at its start."""
 
-    def __init__(self, workspace: str, tmp_ro: tuple[str, ...], last_cap: int) -> None:
+    def __init__(
+        self, workspace: str, tmp_ro: tuple[str, ...], private_net: bool, last_cap: int
+    ) -> None:
         self.workspace = workspace
         # Read-only host paths under /tmp (--sandbox-ro): re-attached over each fresh /tmp.
         self.tmp_ro = tmp_ro
+        # Each call gets a network namespace of its own (only its loopback), as a cold
+        # call does; False: the calls share the host's network (the policy opened it).
+        self.private_net = private_net
         self.last_cap = last_cap
 
 
@@ -159,6 +167,8 @@ class Supervisor:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             signal.signal(signal.SIGUSR1, _terminate_all)
             Host(self.config, mine, limits, park).serve()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon let us go (its end of our socket is closed)
         except BaseException:
             _complain()
         finally:
@@ -201,10 +211,7 @@ class Host:
             return
         while True:
             warmproto.send(self.sock, {"op": "prepared"})
-            try:
-                got = warmproto.receive(self.sock)
-            except ConnectionResetError:
-                got = None
+            got = warmproto.receive(self.sock)
             if got is None:  # the daemon let us go
                 return
             self.serve_one(*got)
@@ -235,6 +242,7 @@ class Host:
         for leaf in self.park:
             _join(leaf)
         nsops.unshare(nsops.CLONE_NEWNS | nsops.CLONE_NEWIPC)
+        self._own_network()
         nsops.mount(None, "/", None, nsops.MS_REC | nsops.MS_PRIVATE)
         self._scratch(self._held(), first=True)
         nsops.mount("proc", "/proc", "proc", SCRATCH | nsops.MS_NOEXEC)
@@ -330,6 +338,13 @@ class Host:
             self.read_only = False
         self._scratch(self._held(under_tmp=True))
         nsops.unshare(nsops.CLONE_NEWIPC)
+        self._own_network()
+
+    def _own_network(self) -> None:
+        """A fresh network namespace with its loopback up (where calls have no network)."""
+        if self.config.private_net:
+            nsops.unshare(nsops.CLONE_NEWNET)
+            nsops.loopback_up()
 
 
 def _clone_beneath(root: int, rel: str, ws: str) -> int:
@@ -356,11 +371,17 @@ def _spawn(program: str, argv: list[str], env: dict[str, str], stdio: tuple[int,
         "setsigmask": (),
     }
     try:
-        return os.posix_spawn(program, argv, env, **options)
+        try:
+            return os.posix_spawn(program, argv, env, **options)
+        except OSError as exc:
+            if exc.errno != errno.ENOEXEC:
+                raise
+            # A script without #!, which execvp gives to sh.
+            return os.posix_spawn("/bin/sh", ["sh", program, *argv[1:]], env, **options)
     except OSError as exc:
-        if exc.errno != 8:  # ENOEXEC: a script without #!, which execvp gives to sh
+        if exc.errno == errno.EACCES:
             raise Refused(warmproto.NOT_EXECUTABLE, argv[0]) from exc
-        return os.posix_spawn("/bin/sh", ["sh", program, *argv[1:]], env, **options)
+        raise Refused(warmproto.SPAWN, f"cannot start {program}: {exc.strerror}") from exc
 
 
 def _kill_the_rest() -> None:
@@ -456,7 +477,9 @@ def main(argv: list[str]) -> int:
     nsops.set_dumpable(False)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     doc = json.loads(argv[2])
-    config = Config(doc["workspace"], tuple(doc["tmp_ro"]), nsops.last_capability())
+    config = Config(
+        doc["workspace"], tuple(doc["tmp_ro"]), doc["private_net"], nsops.last_capability()
+    )
     if argv[1] == "selftest":
         return selftest(config)
     ctrl = socket.socket(fileno=int(argv[1]))

@@ -35,14 +35,22 @@ from .process import OUTPUT_SETTLE_SECONDS, ProgramNotExecutable, ProgramNotFoun
 from .spawn import Pipes
 from .stopping import off_loop
 
-_REFUSED = {
-    warmproto.NOT_FOUND: ProgramNotFound,
-    warmproto.NOT_EXECUTABLE: ProgramNotExecutable,
-}
-
 
 class HostGone(SandboxError):
     """The host ended before it took the call (it may be retried on another)."""
+
+
+class SpawnFailed(SandboxError):
+    """The exec of the command failed (an argument list too long, ...)."""
+
+
+# The refusals after which the host is set back and takes the next call.
+_REFUSED: dict[str, type[SandboxError]] = {
+    warmproto.NOT_FOUND: ProgramNotFound,
+    warmproto.NOT_EXECUTABLE: ProgramNotExecutable,
+    warmproto.SPAWN: SpawnFailed,
+    warmproto.WRITE_PATH: SandboxError,
+}
 
 
 class Streams:
@@ -80,6 +88,8 @@ class WarmRunning:
         self._started: asyncio.Future[None] = loop.create_future()
         self._status: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._reported_at: float | None = None
+        # The host refused the call and set itself back: it may take the next.
+        self._reusable = False
         self._released = False
         loop.add_reader(host.sock.fileno(), self._on_report)
 
@@ -108,9 +118,9 @@ class WarmRunning:
                 _fail(self._started, SandboxError(str(message.get("message"))))
             case "refused":
                 kind, why = str(message.get("kind")), str(message.get("message"))
-                error = _REFUSED.get(kind)
-                # For these two the message is the program's name, as the call gave it.
-                _fail(self._started, error(why) if error else SandboxError(why))
+                self._reusable = kind in _REFUSED
+                # For a program not found or not executable the message is its name.
+                _fail(self._started, _REFUSED.get(kind, SandboxError)(why))
             case "exit":
                 self._reported_at = clock.now()
                 _settle(self._status, message)
@@ -202,10 +212,7 @@ class WarmRunning:
         self._unwatch()
         # Reusable: it reported the exit (its namespace is empty again), or refused the
         # call for its own reasons and set itself back.
-        refused = self._started.done() and self._started.exception() is not None
-        reusable = self._reported_at is not None or (
-            refused and type(self._started.exception()) in _REFUSED.values()
-        )
+        reusable = self._reported_at is not None or self._reusable
         if not reusable and self.watch.alive():  # our own task was cancelled mid-call
             self.watch.send(signal.SIGKILL)
         self.watch.close()

@@ -173,7 +173,8 @@ class WarmBwrapSandbox(BwrapSandbox):
             return "the daemon's interpreter is not under its sys.base_prefix"
         with tempfile.TemporaryDirectory(prefix="execgate-warm-probe-") as ws:
             argv = bwrap_argv(("probe", ws, False), self.python, self.extra_ro, 0)
-            argv[-2:] = ["selftest", json.dumps({"workspace": ws, "tmp_ro": []})]
+            config = {"workspace": ws, "tmp_ro": [], "private_net": True}
+            argv[-2:] = ["selftest", json.dumps(config)]
             try:
                 done = subprocess.run(argv, capture_output=True, timeout=30, check=False)
             except (OSError, subprocess.TimeoutExpired) as exc:

@@ -7,16 +7,17 @@ too long for one datagram travels in a memfd instead (`BODY_FD`).
 
 The conversation (see bwrap_warm.py for the daemon's side, supervisor.py for the other):
 
-    daemon -> supervisor   {"op": "spare"}
-    supervisor -> daemon   {"op": "spare", "pid": N}  + [pidfd, socket of the spare]
-    supervisor -> daemon   {"op": "ready"} once, at start; {"op": "failed", ...} if not
-    daemon -> spare        {"op": "run", ...Request}   + [stdout, stderr, stdin?, leaves...]
-    spare -> daemon        {"op": "started"} | {"op": "refused", "kind": K, "message": M}
-    spare -> daemon        {"op": "exit", "code": C} | {"op": "exit", "signal": S}
+    supervisor -> daemon   {"op": "ready"}, once, when it serves
+    daemon -> supervisor   {"op": "host", "limits": {...}}  + [park leaves...]
+    supervisor -> daemon   {"op": "host", "pid": N}         + [pidfd, socket of the host]
+    host -> daemon         {"op": "prepared"} when ready for a call (first, and after each)
+    daemon -> host         {"op": "run", ...}      + [stdout, stderr, stdin?, leaves...]
+    host -> daemon         {"op": "started"} | {"op": "refused", "kind": K, "message": M}
+    host -> daemon         {"op": "exit", "code": C} | {"op": "exit", "signal": S}
 
-A spare is a process the supervisor forked in advance: the init of a PID
-namespace of its own, with its own mount and IPC namespaces, a fresh /tmp,
-/dev/shm and /proc already mounted. The daemon turns it into one call.
+A host is a process the supervisor forked: the init of a PID namespace of its own,
+with its own mount, IPC and network namespaces. It runs the daemon's calls one
+after another (see supervisor.py).
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ MAX_INLINE = 48 * 1024
 MAX_FDS = 16
 BODY_FD = "body_fd"
 
-# What a spare refuses a call for: a program not found or not executable (the message is
-# its name), a declared write path it cannot open, anything else of its setup.
-NOT_FOUND, NOT_EXECUTABLE, WRITE_PATH, SETUP = "not_found", "not_executable", "write_path", "setup"
+# What a host refuses a call for: a program not found or not executable (the message is
+# its name), a declared write path it cannot open, an exec that failed otherwise (an
+# argument list too long), anything else of its setup (then the host ends).
+NOT_FOUND, NOT_EXECUTABLE, WRITE_PATH = "not_found", "not_executable", "write_path"
+SPAWN, SETUP = "spawn", "setup"
 
 
 def send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
