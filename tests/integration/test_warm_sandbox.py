@@ -120,7 +120,7 @@ def test_nothing_a_call_leaves_is_there_for_the_next(warm: Daemon) -> None:
     with Client(warm.address, run_id=run) as c:
         tag = new_tag()
         o = c.run(sh(leave, f"leave-{tag[:8]}", tag=tag))
-        assert o.status is Status.SUCCESS and o.text.strip() == "ok", o
+        assert (o.status, o.text.strip()) == (Status.SUCCESS, "ok"), o
         assert tagged(tag) == []  # the background sleep went with the call
         for run_id in (run, f"r-{uuid.uuid4().hex[:8]}"):
             with Client(warm.address, run_id=run_id) as other:
@@ -183,7 +183,7 @@ def test_a_sandbox_whose_supervisor_dies_is_replaced(warm: Daemon) -> None:
     stream = running(warm, tag, cid, run)
     sleep = tagged(tag, "sleep")[0]
     box = sandbox_of(sleep)
-    supervisor = [p for p in _children(box)][0]
+    (supervisor,) = _children(box)  # --as-pid-1: bwrap's one child
     os.kill(supervisor, signal.SIGKILL)
     stream.join(scaled(15))
     o = stream.outcome(cid)
