@@ -23,17 +23,18 @@ class PidWatch:
         # Wall-clock time the process was seen to end; None while it runs.
         self.gone_at: float | None = None
         self.ended = asyncio.Event()
-        self._fd: int | None = fd
+        self._fd: int | None = None
         if fd is None:
             try:
-                self._fd = os.pidfd_open(pid)
+                fd = os.pidfd_open(pid)
             except ProcessLookupError:
                 self.gone_at = clock.now()
                 self.ended.set()
                 return
             except OSError:  # no pidfds here (old kernel, seccomp): nothing is watched
                 return
-        asyncio.get_running_loop().add_reader(self._fd, self._ended)
+        self._fd = fd
+        asyncio.get_running_loop().add_reader(fd, self._ended)
 
     @property
     def watching(self) -> bool:

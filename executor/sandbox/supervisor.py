@@ -107,12 +107,13 @@ class Supervisor:
 
     def serve(self) -> int:
         warmproto.send(self.ctrl, {"op": "ready"})
+        ctrl = self.ctrl.fileno()
         while True:
-            ready, _, _ = select.select([self.ctrl, self.wake_r], [], [])
+            ready, _, _ = select.select([ctrl, self.wake_r], [], [])
             if self.wake_r in ready:
                 os.read(self.wake_r, 512)
                 self._reap()
-            if self.ctrl in ready:
+            if ctrl in ready:
                 got = warmproto.receive(self.ctrl)
                 if got is None:  # the daemon closed us: the sandbox ends
                     return 0

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -299,7 +300,7 @@ class _Pipes:
             reader = asyncio.StreamReader(limit=1 << 20, loop=loop)
             self._fds.remove(fd)
             pipe = os.fdopen(fd, "rb", buffering=0)
-            await loop.connect_read_pipe(lambda r=reader: asyncio.StreamReaderProtocol(r), pipe)
+            await loop.connect_read_pipe(_protocol(reader), pipe)
             readers.append(reader)
         writer = None
         if in_w >= 0:
@@ -315,6 +316,10 @@ class _Pipes:
         for fd in self._fds:
             os.close(fd)
         self._fds.clear()
+
+
+def _protocol(reader: asyncio.StreamReader) -> Callable[[], asyncio.StreamReaderProtocol]:
+    return lambda: asyncio.StreamReaderProtocol(reader)
 
 
 def request(launch: Launch) -> dict[str, Any]:

@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .base import Confinement, Launch, Probe
-from .bwrap import BwrapRunning, BwrapSandbox, _system_roots
+from .base import Confinement, Launch, Probe, Running
+from .bwrap import BwrapSandbox, _system_roots
 from .bwrap_warm import (
     Interpreter,
     Key,
@@ -33,7 +33,7 @@ from .bwrap_warm import (
     interpreter,
 )
 from .cgroup import CgroupRoot
-from .warm_call import WarmRunning, rlimits, start_call
+from .warm_call import rlimits, start_call
 from .warm_leaves import Leaves
 
 log = logging.getLogger("execgate.sandbox")
@@ -117,8 +117,13 @@ class WarmPool:
         await self.leaves.close()  # every call is over: their leaves are empty
 
 
-class WarmBwrapSandbox(BwrapSandbox):
-    """bwrap, each run's calls in a warm sandbox (see the module docstring)."""
+class WarmBwrapSandbox:
+    """bwrap, each run's calls in a warm sandbox (see the module docstring); servers
+    and calls the pool has no room for in a cold one (`cold`)."""
+
+    name = "bwrap"
+    # The workspace read-only, the declared write paths bound read-write over it.
+    confines_writes = True
 
     def __init__(
         self,
@@ -126,15 +131,16 @@ class WarmBwrapSandbox(BwrapSandbox):
         extra_ro: tuple[Path, ...] = (),
         limits: Confinement | None = None,
     ) -> None:
-        super().__init__(cgroups, extra_ro)
+        self.cold = BwrapSandbox(cgroups, extra_ro)
+        self.extra_ro = extra_ro
         self.python = interpreter((*_system_roots(), *(str(p) for p in extra_ro)))
         # Leaves are made ahead with the daemon's default limits (`limits`).
         leaves = Leaves(cgroups, limits or Confinement())
         self._pool = WarmPool(self.python, extra_ro, leaves) if self.python else None
 
-    async def start(self, launch: Launch) -> BwrapRunning | WarmRunning:
+    async def start(self, launch: Launch) -> Running:
         if self._pool is None or launch.serve:
-            return await super().start(launch)
+            return await self.cold.start(launch)
         leaves = self._pool.leaves
         group = await leaves.take(launch.confinement)
         limits = rlimits(launch.confinement, group)
@@ -145,7 +151,7 @@ class WarmBwrapSandbox(BwrapSandbox):
             raise
         if box is None:  # every warm sandbox is busy: this call gets one of its own
             leaves.done(group)
-            return await super().start(launch)
+            return await self.cold.start(launch)
         box.enter()
         return await start_call(box, launch, group, limits)
 
@@ -153,12 +159,15 @@ class WarmBwrapSandbox(BwrapSandbox):
         if self._pool is not None:
             self._pool.run_ended(run_id)
 
+    async def cleanup_stale(self) -> int:
+        return await self.cold.cleanup_stale()
+
     async def close(self) -> None:
         if self._pool is not None:
             await self._pool.close()
 
     def probe(self) -> Probe:
-        cold = super().probe()
+        cold = self.cold.probe()
         if not cold.ok:
             return cold
         why = self._warm_fails()
