@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from execgate.client import Call, Client, EventKind, Status, StopMode
+from execgate.client.loop.states import Machine, State
 from tests.cancel_support import COOPERATIVE, STUBBORN, new_tag, sh, tagged
 from tests.daemon import Daemon, scaled
 from tests.support import Streamer, comm, sandbox_serve_args, wait_until
@@ -197,6 +198,18 @@ def test_a_sandbox_whose_supervisor_dies_is_replaced(warm: Daemon) -> None:
         assert sandbox_of(tagged(tag2, "sleep")[0]) not in (0, box)
     finally:
         stop(warm, stream2, f"next-{tag2[:8]}", run)
+
+
+def test_a_runs_sandbox_closes_when_the_run_ends(warm: Daemon) -> None:
+    with Client(warm.address) as c:
+        run = c.runs.start("a run with a warm sandbox")
+        tag = new_tag()
+        stream = running(warm, tag, f"mine-{tag[:8]}", run.run_id)
+        box = sandbox_of(tagged(tag, "sleep")[0])
+        stop(warm, stream, f"mine-{tag[:8]}", run.run_id)
+        assert Path(f"/proc/{box}").exists(), "kept while the run goes on"
+        c.runs.append(run.run_id, [Machine(run.run_id).advance(State.CANCELLED, "done")])
+    wait_until(lambda: not Path(f"/proc/{box}").exists(), "the ended run's sandbox to close")
 
 
 def _children(pid: int) -> list[int]:
