@@ -109,12 +109,16 @@ class WarmPool:
             if warm.users == 0 and warm.idle_since < idle:
                 await self._retire(warm, 0)
 
-    async def discard(self, warm: Warm) -> str:
-        """Retire `warm` after force-terminating one of its calls: removed now if that
-        call is its only one, else once the others end (they are not killed with it)."""
+    def discard(self, warm: Warm) -> str:
+        """Retire `warm` after force-terminating one of its calls. If that call is its
+        only one, its init is SIGKILLed at once (the kernel ends everything in it, a
+        process that cleared its marker included) and it is removed when the call is
+        released; else it goes once the others end (they are not killed with it)."""
         others = warm.users - 1
-        if await self._retire(warm, others):
-            return f"warm container {warm.cid[:12]} removed (the run's next call gets a new one)"
+        warm.doomed = True
+        self._by_key = {k: w for k, w in self._by_key.items() if w is not warm}
+        if others == 0 and _kill_init(warm.pid):
+            return f"SIGKILL to warm container {warm.cid[:12]}'s init (removed after the call)"
         return f"warm container {warm.cid[:12]} retired ({others} other call(s) still in it)"
 
     async def _retire(self, warm: Warm, users: int) -> bool:
@@ -166,11 +170,16 @@ class ExecRunning:
         # OOM kills in the container before the call started.
         self._ooms = ooms
         self._signalled = False
+        # Force-killed: once its output stream has ended (all that held it are dead),
+        # dockerd's view of the exec adds nothing.
+        self._killed = False
         self._released = False
 
     async def wait(self) -> Exit:
         delay = EXEC_POLL_FIRST
         while True:
+            if self._killed and self.stdio.ended.done():
+                return Exit(None, int(signal.SIGKILL))
             try:
                 code = await asyncio.to_thread(self.pool.dockerd.exec_status, self.exec_id)
             except ContainerGone:  # discarded by `kill`
@@ -201,8 +210,9 @@ class ExecRunning:
 
     async def kill(self) -> str:
         self._signalled = True
+        self._killed = True
         count = await off_loop(signal_marked, self.marker, signal.SIGKILL)
-        return f"SIGKILL to {count} marked process(es); " + await self.pool.discard(self.warm)
+        return f"SIGKILL to {count} marked process(es); " + self.pool.discard(self.warm)
 
     async def survivors(self) -> list[int]:
         return await off_loop(procscan.with_marker, MARKER_ENV, self.marker)
@@ -215,6 +225,23 @@ class ExecRunning:
             self._released = True
             self.stdio.close()
             await self.pool.leave(self.warm)
+
+
+def _kill_init(pid: int) -> bool:
+    """SIGKILL a container's init (host pid) through a pidfd; False if it cannot."""
+    if not pid:
+        return False
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return False
+    try:
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def signal_marked(marker: str, sig: int) -> int:
