@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import select
 import signal
 import time
 from dataclasses import dataclass, field
@@ -48,6 +49,21 @@ class Warm:
     doomed: bool = False
     removed: bool = False
     idle_since: float = field(default_factory=time.monotonic)
+    # A pidfd of its init where this daemon sees it: whether it still runs, without
+    # asking dockerd at every call (an inspect costs milliseconds).
+    pidfd: int | None = None
+
+    def running(self) -> bool | None:
+        """Does its init run? None: not known here (ask dockerd)."""
+        if self.pidfd is None:
+            return None
+        readable, _, _ = select.select([self.pidfd], [], [], 0)
+        return not readable
+
+    def forget_pid(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
 
 
 class WarmPool:
@@ -90,14 +106,20 @@ class WarmPool:
             await self._expire()
             warm = self._by_key.get(key)
             # Its init may be gone (the OOM killer picks the biggest process, not the call's).
-            if warm is not None and not await asyncio.to_thread(self.dockerd.running, warm.cid):
+            if warm is not None and not await self._running(warm):
                 await self._retire(warm, warm.users)
                 warm = None
             if warm is None:
                 cid, pid = await asyncio.to_thread(self.dockerd.start_waiting, launch, WAITER)
-                warm = self._by_key[key] = Warm(cid, pid)
+                warm = self._by_key[key] = Warm(cid, pid, pidfd=_pidfd_of(pid, cid))
             warm.users += 1
             return warm
+
+    async def _running(self, warm: Warm) -> bool:
+        known = warm.running()
+        if known is not None:
+            return known
+        return await asyncio.to_thread(self.dockerd.running, warm.cid)
 
     async def _expire(self) -> None:
         dropped, self._dropped = self._dropped, []
@@ -117,7 +139,7 @@ class WarmPool:
         others = warm.users - 1
         warm.doomed = True
         self._by_key = {k: w for k, w in self._by_key.items() if w is not warm}
-        if others == 0 and _kill_init(warm.pid):
+        if others == 0 and _kill_init(warm):
             return f"SIGKILL to warm container {warm.cid[:12]}'s init (removed after the call)"
         return f"warm container {warm.cid[:12]} retired ({others} other call(s) still in it)"
 
@@ -139,6 +161,7 @@ class WarmPool:
     async def _remove(self, warm: Warm) -> None:
         if not warm.removed:
             warm.removed = True
+            warm.forget_pid()
             await asyncio.to_thread(self.dockerd.remove, warm.cid)
 
     def run_ended(self, run_id: str) -> None:
@@ -152,6 +175,8 @@ class WarmPool:
 
     def forget(self) -> None:
         """Daemon shutdown: `DockerSandbox.close` removes every labelled container."""
+        for warm in [*self._by_key.values(), *self._dropped]:
+            warm.forget_pid()
         self._by_key.clear()
 
 
@@ -227,20 +252,25 @@ class ExecRunning:
             await self.pool.leave(self.warm)
 
 
-def _kill_init(pid: int) -> bool:
-    """SIGKILL a container's init (host pid) through a pidfd; False if it cannot."""
-    if not pid:
+def _pidfd_of(pid: int, cid: str) -> int | None:
+    """A pidfd of container `cid`'s init, if host pid `pid` is it here (not when this
+    daemon runs in a PID namespace of its own)."""
+    try:
+        if cid not in Path(f"/proc/{pid}/cgroup").read_text():
+            return None
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
+
+
+def _kill_init(warm: Warm) -> bool:
+    """SIGKILL a warm container's init through its pidfd; False if it cannot here."""
+    if warm.pidfd is None:
         return False
     try:
-        fd = os.pidfd_open(pid)
+        signal.pidfd_send_signal(warm.pidfd, signal.SIGKILL)
     except OSError:
         return False
-    try:
-        signal.pidfd_send_signal(fd, signal.SIGKILL)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
     return True
 
 
