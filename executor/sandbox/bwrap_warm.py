@@ -150,6 +150,7 @@ class WarmBox:
         self.doomed = False
         loop = asyncio.get_running_loop()
         self.ready: asyncio.Future[None] = loop.create_future()
+        self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._idle: dict[Limits, collections.deque[Host]] = {}
         self._waiters: dict[Limits, collections.deque[asyncio.Future[Host]]] = {}
         # The limits of each host asked for and not come yet, in order.
