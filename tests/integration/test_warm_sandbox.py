@@ -11,8 +11,10 @@ modes ("bwrap" is warm, "bwrap-cold" cold); the stops of test_cancel.py too.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -318,3 +320,22 @@ def test_stdin_reaches_a_warm_call(warm: Daemon) -> None:
     with Client(warm.address) as c:
         o = c.run(Call(tool="run_command", arguments={"argv": ["cat"], "stdin": "fed\n"}))
     assert (o.status, o.text) == (Status.SUCCESS, "fed\n"), o
+
+
+def test_the_warm_self_test_passes_in_a_user_namespace(tmp_path: Path) -> None:
+    """A non-root daemon's warm sandbox is in a user namespace, where the kernel locks
+    the sandbox's mounts and allows a new /proc only beside a fully visible one: the
+    supervisor's self-test (a host's whole path, twice) must pass there too."""
+    from execgate.executor.sandbox.bwrap import _system_roots
+    from execgate.executor.sandbox.bwrap_warm import bwrap_argv, interpreter
+
+    python = interpreter(_system_roots())
+    if python is None:
+        pytest.skip("this interpreter cannot run in a warm sandbox here")
+    argv = bwrap_argv(("probe", str(tmp_path), False), python, (), 0)
+    if "--unshare-user" not in argv:
+        argv.insert(1, "--unshare-user")
+    config = {"workspace": str(tmp_path), "tmp_ro": [], "private_net": True}
+    argv[-2:] = ["selftest", json.dumps(config)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
