@@ -33,8 +33,9 @@ from .stopping import off_loop
 
 # The warm container's command: wait, and exit at once on SIGTERM. Needs sh in the image.
 WAITER = ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"]
-# The API has no blocking wait for an exec: poll it, less often as the call goes on.
-EXEC_POLL_FIRST, EXEC_POLL_MAX = 0.005, 0.1
+# The API has no blocking wait for an exec: poll it, less often as the call goes on
+# (once its output stream has ended, from EXEC_POLL_AFTER).
+EXEC_POLL_FIRST, EXEC_POLL_AFTER, EXEC_POLL_MAX = 0.005, 0.001, 0.1
 WARM_IDLE_SECONDS = 600.0
 
 
@@ -201,9 +202,16 @@ class ExecRunning:
         self._released = False
 
     async def wait(self) -> Exit:
-        delay = EXEC_POLL_FIRST
+        """Until dockerd reports the exec's exit. It is asked when the exec's output
+        stream ends (the command and whatever shared its stdio are gone), else now and
+        then: a poll while the command surely runs is a wasted round trip to dockerd."""
+        ended = self.stdio.ended
+        quiet, after = EXEC_POLL_FIRST, EXEC_POLL_AFTER
         while True:
-            if self._killed and self.stdio.ended.done():
+            if not ended.done():
+                await asyncio.wait({ended}, timeout=quiet)
+                quiet = min(quiet * 2, EXEC_POLL_MAX)
+            if self._killed and ended.done():
                 return Exit(None, int(signal.SIGKILL))
             try:
                 code = await asyncio.to_thread(self.pool.dockerd.exec_status, self.exec_id)
@@ -211,17 +219,9 @@ class ExecRunning:
                 return Exit(None, int(signal.SIGKILL))
             if code is not None:
                 return exit_of(code, oom_kills(self.warm.pid) > self._ooms, self._signalled)
-            delay = await self._pause(delay)
-
-    async def _pause(self, delay: float) -> float:
-        """Wait before polling the exec again; returns the next pause."""
-        ended = self.stdio.ended
-        if ended.done():
-            await asyncio.sleep(delay)
-            return min(delay * 2, EXEC_POLL_MAX)
-        # The output stream usually ends with the command: poll again as soon as it does.
-        await asyncio.wait({ended}, timeout=delay)
-        return EXEC_POLL_FIRST if ended.done() else min(delay * 2, EXEC_POLL_MAX)
+            if ended.done():  # dockerd is about to see the exit it has just relayed
+                await asyncio.sleep(after)
+                after = min(after * 2, EXEC_POLL_MAX)
 
     async def finish(self) -> None:
         """The command exited, but the container lives on: end what it left running."""
