@@ -137,6 +137,7 @@ class WarmBox:
     def __init__(
         self, key: Key, proc: asyncio.subprocess.Process, ctrl: socket.socket, leaves: Leaves
     ) -> None:
+        # Set once more when a box built ahead is given to a run (warm_pool.py).
         self.key = key
         self.proc = proc
         self.ctrl = ctrl
@@ -338,9 +339,13 @@ async def build(
     box = WarmBox(key, proc, ours, leaves)
     try:
         await asyncio.wait_for(asyncio.shield(box.ready), BUILD_SECONDS)
-    except BaseException:
+    except BaseException as exc:
         box.close()
         await box.reap()
+        if isinstance(exc, TimeoutError):
+            raise SandboxError(
+                f"the warm sandbox's supervisor did not start in {BUILD_SECONDS:g}s"
+            ) from exc
         raise
     box.ask(limits, FIRST_HOSTS)
     return box
