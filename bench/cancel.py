@@ -6,21 +6,25 @@ One run measures, interleaved in rounds on this (small, shared) machine:
              backend's own API (executor.sandbox: start -> supervise -> output ->
              release), against a bare `asyncio.create_subprocess_exec("true")`
              with the same pipes, in the same rounds: p50 and ratio to bare.
-             `bwrap-alone` is bubblewrap itself with the same arguments, spawned
-             like bare: what the namespaces cost before execgate adds anything.
-             Docker: a container per call (cold) and an exec in a warm container.
-  cooperative through the real daemon, per backend: a command that exits on
-             SIGTERM is cancelled once STARTED; latency = the outcome's `stopped`
-             mark minus its `cancel_requested` mark (daemon clock), and as the
-             client sees it (Cancel sent -> FINISHED received).
+             bwrap cold (a sandbox built per call) and warm (a run's sandbox built
+             once, each call in a host of it); `bwrap-alone` is bubblewrap itself
+             with a cold call's arguments, spawned like bare: what the namespaces
+             cost before execgate adds anything. Docker: a container per call
+             (cold) and an exec in a warm container.
+  cooperative through the real daemon, per backend and mode: a command that exits
+             on SIGTERM is cancelled once STARTED; latency = the outcome's
+             `stopped` mark minus its `cancel_requested` mark (daemon clock), and
+             as the client sees it (Cancel sent -> FINISHED received).
   force      a command that ignores SIGTERM and leaves a setsid grandchild that
              ignores it too, cancelled with grace G: overshoot = stopped minus
              (cancel_requested + G); survivors = the outcome's count plus a /proc
              scan for the call's tag after the outcome (must both be 0).
 
-Goals: cooperative <= 50 ms; force overshoot <= 100 ms; survivors 0;
-bwrap spawn <= 8x bare; docker warm exec <= 100 ms. The exit status reflects only
-breakage (a survivor, a wrong stop mode, a backend that fails), never a time.
+Goals (issue 19): cooperative p99 <= 50 ms; force overshoot p99 <= 100 ms;
+survivors 0 in every stop; warm bwrap spawn <= 2x bare; docker warm exec p50 <=
+40 ms. Each is printed MET / NOT MET with the load average beside the run. The exit
+status reflects only breakage (a survivor, a wrong stop mode, a backend that
+fails), never a time.
 Results go to bench/results/cancel.json (git-ignored).
 
     python bench/cancel.py            # full run
@@ -32,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -52,6 +57,7 @@ from execgate.executor.sandbox.bwrap import BwrapSandbox, bwrap_argv  # noqa: E4
 from execgate.executor.sandbox.cgroup import CgroupRoot, remove_root  # noqa: E402
 from execgate.executor.sandbox.ladder import CancelScope, supervise  # noqa: E402
 from execgate.executor.sandbox.process import ProcessSandbox  # noqa: E402
+from execgate.executor.sandbox.warm_pool import WarmBwrapSandbox  # noqa: E402
 from tests.daemon import Daemon  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "cancel.json"
@@ -65,7 +71,15 @@ LAUNCH: dict[str, Any] = {
     "writable": False,
     "run_id": "bench",
 }
-GOALS = {"cooperative_ms": 50.0, "force_overshoot_ms": 100.0, "bwrap_ratio": 8.0, "warm_ms": 100.0}
+GOALS = {"cooperative_ms": 50.0, "force_overshoot_ms": 100.0, "warm_ratio": 2.0, "warm_ms": 40.0}
+# The stops measured: the daemon's backend and mode for each name.
+STOP_VARIANTS = {
+    "process": ["--sandbox", "process"],
+    "bwrap-warm": ["--sandbox", "bwrap", "--bwrap-mode", "warm"],
+    "bwrap-cold": ["--sandbox", "bwrap", "--bwrap-mode", "cold"],
+    "docker": ["--docker-mode", "per-call"],
+    "docker-warm": ["--docker-mode", "warm"],
+}
 
 
 class BenchError(Exception):
@@ -236,26 +250,24 @@ async def stops(address: str, backend: str, n: int) -> dict[str, Any]:
     }
 
 
-def daemon_args(backend: str) -> list[str]:
-    if backend != "docker":
-        return ["--sandbox", backend]
+def daemon_args(variant: str) -> list[str]:
+    if not variant.startswith("docker"):
+        return STOP_VARIANTS[variant]
     from tests.docker_image import ensure_test_image
 
-    return ["--sandbox", "docker", "--docker-image", ensure_test_image()]
+    return ["--sandbox", "docker", "--docker-image", ensure_test_image(), *STOP_VARIANTS[variant]]
 
 
-async def measure_stops(tmp: Path, backends: list[str], n: int) -> dict[str, Any]:
+async def measure_stops(tmp: Path, variants: list[str], n: int) -> dict[str, Any]:
     results = {}
-    for backend in backends:
-        root = tmp / f"daemon-{backend}"
+    for variant in variants:
+        root = tmp / f"daemon-{variant}"
         root.mkdir()
-        daemon = Daemon(root, *daemon_args(backend)).start()
+        daemon = Daemon(root, *daemon_args(variant)).start()
         try:
-            if backend == "docker":  # the container user is the workspace owner, never root
-                import os
-
+            if variant.startswith("docker"):  # the container user is the workspace owner
                 os.chown(daemon.workspace, 1000, 1000)
-            results[backend] = await stops(daemon.address, backend, n)
+            results[variant] = await stops(daemon.address, variant, n)
         finally:
             daemon.stop()
     return results
@@ -270,15 +282,19 @@ def report(spawn: dict[str, dict[str, float]], stop: dict[str, Any]) -> list[str
         print(f"{name:<14}{s['p50']:>9.2f}{s['p99']:>9.2f}{s['ratio_to_bare']:>8.2f}")
     head = ["coop p50", "p99", "client p50", "force+ p50", "p99", "surv"]
     widths = [9, 7, 11, 11, 7, 6]
-    print(f"\n{'stop':<9}" + "".join(f"{h:>{w}}" for h, w in zip(head, widths, strict=True)))
+    print(f"\n{'stop':<12}" + "".join(f"{h:>{w}}" for h, w in zip(head, widths, strict=True)))
     for name, r in stop.items():
         c, cc, f = r["cooperative_ms"], r["cooperative_client_ms"], r["force_overshoot_ms"]
         print(
-            f"{name:<9}{c['p50']:>9.1f}{c['p99']:>7.1f}{cc['p50']:>11.1f}"
+            f"{name:<12}{c['p50']:>9.1f}{c['p99']:>7.1f}{cc['p50']:>11.1f}"
             f"{f['p50']:>11.1f}{f['p99']:>7.1f}{r['survivors']:>6}"
         )
     print(f"(force: ms past cancel_requested + grace {FORCE_GRACE}s; times in ms)")
     return goals(spawn, stop)
+
+
+def verdict(value: float, goal: float) -> str:
+    return "MET" if value <= goal else "NOT MET"
 
 
 def goals(spawn: dict[str, dict[str, float]], stop: dict[str, Any]) -> list[str]:
@@ -286,15 +302,23 @@ def goals(spawn: dict[str, dict[str, float]], stop: dict[str, Any]) -> list[str]
     lines = []
     for name, r in stop.items():
         c, f = r["cooperative_ms"]["p99"], r["force_overshoot_ms"]["p99"]
-        lines.append(f"{name}: cooperative p99 {c:.1f} ms (goal <= {GOALS['cooperative_ms']:.0f})")
-        lines.append(f"{name}: force overshoot p99 {f:.1f} ms (goal <= 100)")
+        coop, force = GOALS["cooperative_ms"], GOALS["force_overshoot_ms"]
+        lines.append(f"{name}: cooperative p99 {c:.1f} ms (<= {coop:.0f}): {verdict(c, coop)}")
+        lines.append(
+            f"{name}: force overshoot p99 {f:.1f} ms (<= {force:.0f}): {verdict(f, force)}"
+        )
+        lines.append(f"{name}: survivors {r['survivors']} (= 0): {verdict(r['survivors'], 0)}")
         if r["survivors"]:
             broken.append(f"{name}: {r['survivors']} process(es) survived a stop")
-    if "bwrap" in spawn:
-        lines.append(f"bwrap spawn {spawn['bwrap']['ratio_to_bare']:.2f}x bare (goal <= 8)")
+    if "bwrap-warm" in spawn:
+        ratio = spawn["bwrap-warm"]["ratio_to_bare"]
+        goal = GOALS["warm_ratio"]
+        lines.append(f"bwrap warm spawn {ratio:.2f}x bare (<= {goal:g}): {verdict(ratio, goal)}")
     if "docker-warm" in spawn:
-        lines.append(f"docker warm exec p50 {spawn['docker-warm']['p50']:.1f} ms (goal <= 100)")
+        p50, goal = spawn["docker-warm"]["p50"], GOALS["warm_ms"]
+        lines.append(f"docker warm exec p50 {p50:.1f} ms (<= {goal:g}): {verdict(p50, goal)}")
     print("\ngoals:\n  " + "\n  ".join(lines))
+    print(f"load average at the end: {os.getloadavg()}")
     return broken
 
 
@@ -302,39 +326,50 @@ async def main_async(args: argparse.Namespace) -> int:
     rounds, per_round, n = (1, 5, 5) if args.quick else (args.rounds, 20, args.stops)
     with tempfile.TemporaryDirectory(prefix="eg-bench-cancel-") as tmp_name:
         tmp = Path(tmp_name)
-        workspace = tmp / "ws"
-        workspace.mkdir()
-        cgroups = CgroupRoot("bench-" + uuid.uuid4().hex[:8])
-        group = cgroups if cgroups.available else None
-        cases: dict[str, Callable[[], Awaitable[None]]] = {
-            "bare": bare_spawn,
-            "process": sandbox_spawn(ProcessSandbox(group), workspace),
-        }
-        bwrap = BwrapSandbox(group)
-        if bwrap.probe().ok:
-            cases["bwrap"] = sandbox_spawn(bwrap, workspace)
-            # bubblewrap alone, same arguments, none of execgate's machinery around it.
-            raw = bwrap_argv(Launch(**LAUNCH, cwd=workspace, workspace=workspace, marker="m"))
-            cases["bwrap-alone"] = lambda: bare_spawn(*raw)
-        opened: list[Sandbox] = []
-        cases.update(docker_cases(workspace, opened))
-        try:
-            spawn = await spawn_costs(cases, rounds, per_round)
-        finally:
-            for sandbox in opened:
-                await sandbox.close()
-            remove_root(cgroups)
-        backends = ["process"] + (["bwrap"] if "bwrap" in cases else [])
-        backends += ["docker"] if "docker-cold" in cases else []
-        stop = await measure_stops(tmp, backends, n)
+        env = environment(tmp)
+        print(f"cancel bench: {env['cpus']} cpus, load {env['loadavg_at_start']}")
+        spawn, docker = await spawn_costs_all(tmp, rounds, per_round)
+        variants = ["process", "bwrap-warm", "bwrap-cold"] if "bwrap-warm" in spawn else ["process"]
+        variants += ["docker", "docker-warm"] if docker else []
+        stop = await measure_stops(tmp, variants, n)
         broken = report(spawn, stop)
+        env["loadavg_at_end"] = os.getloadavg()
         RESULTS.parent.mkdir(exist_ok=True)
-        RESULTS.write_text(
-            json.dumps({"env": environment(tmp), "spawn": spawn, "stops": stop}, indent=2)
-        )
+        RESULTS.write_text(json.dumps({"env": env, "spawn": spawn, "stops": stop}, indent=2))
     for line in broken:
         print("BROKEN:", line, file=sys.stderr)
     return 1 if broken else 0
+
+
+async def spawn_costs_all(
+    tmp: Path, rounds: int, per_round: int
+) -> tuple[dict[str, dict[str, float]], bool]:
+    """Every backend's spawn cost; whether docker was measured."""
+    workspace = tmp / "ws"
+    workspace.mkdir()
+    cgroups = CgroupRoot("bench-" + uuid.uuid4().hex[:8])
+    group = cgroups if cgroups.available else None
+    cases: dict[str, Callable[[], Awaitable[None]]] = {
+        "bare": bare_spawn,
+        "process": sandbox_spawn(ProcessSandbox(group), workspace),
+    }
+    opened: list[Sandbox] = []
+    cold, warm = BwrapSandbox(group), WarmBwrapSandbox(group)
+    if cold.probe().ok:
+        cases["bwrap-cold"] = sandbox_spawn(cold, workspace)
+        if "warm mode" in warm.probe().detail:
+            cases["bwrap-warm"] = sandbox_spawn(warm, workspace)
+            opened.append(warm)
+        # bubblewrap alone, same arguments, none of execgate's machinery around it.
+        raw = bwrap_argv(Launch(**LAUNCH, cwd=workspace, workspace=workspace, marker="m"))
+        cases["bwrap-alone"] = lambda: bare_spawn(*raw)
+    cases.update(docker_cases(workspace, opened))
+    try:
+        return await spawn_costs(cases, rounds, per_round), "docker-cold" in cases
+    finally:
+        for sandbox in opened:
+            await sandbox.close()
+        remove_root(cgroups)
 
 
 def main() -> int:

@@ -18,7 +18,10 @@ measures:
   naive      the same batch against a daemon started with `--locks none` (no
              scheduling at all): its makespan and the updates it loses.
 
-Goals: execgate makespan <= 1.10 x critical path (measured), 0 lost updates.
+Goals: execgate makespan <= 1.10 x critical path, 0 lost updates. Both ratios are
+reported: against the nominal critical path (issue 19's goal, with the default
+sandbox: what the user feels, the sandbox's spawn cost included) and against the
+measured one (what the scheduler adds between and around calls).
 Each run gets fresh counter files (initially 0). Results also go to
 bench/results/schedule.json.
 
@@ -339,12 +342,21 @@ def phase_medians(run: Run, batch: Sequence[Spec]) -> dict[str, float]:
 # ------------------------------------------------------------------ the run
 
 
+# --sandbox's choices: the daemon's flags for each.
+SANDBOXES = {
+    "auto": ["--sandbox", "auto"],
+    "process": ["--sandbox", "process"],
+    "bwrap": ["--sandbox", "bwrap"],
+    "bwrap-cold": ["--sandbox", "bwrap", "--bwrap-mode", "cold"],
+}
+
+
 @contextlib.contextmanager
 def daemons(root: Path, sandbox: str) -> Iterator[tuple[Daemon, Daemon]]:
     (root / "execgate").mkdir()
     (root / "naive").mkdir()
-    sched = Daemon(root / "execgate", "--sandbox", sandbox)
-    naive = Daemon(root / "naive", "--locks", "none", "--sandbox", sandbox)
+    sched = Daemon(root / "execgate", *SANDBOXES[sandbox])
+    naive = Daemon(root / "naive", "--locks", "none", *SANDBOXES[sandbox])
     try:
         sched.start()
         naive.start()
@@ -404,6 +416,7 @@ async def one_batch(
         "ratio": ratio,
         "ratio_vs_nominal": egr.makespan_s / cp_nominal,
         "ratio_met": ratio <= GOAL_RATIO,
+        "nominal_met": egr.makespan_s / cp_nominal <= GOAL_RATIO,
         "breakdown": gap_breakdown(egr, preds, batch),
         "phases": phase_medians(egr, batch),
     }
@@ -485,12 +498,16 @@ def print_batch(b: int, args: argparse.Namespace, row: dict[str, Any]) -> None:
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ratios = [r["ratio"] for r in rows]
+    nominal = [r["ratio_vs_nominal"] for r in rows]
     seg_names = rows[0]["breakdown"]["segments_s"].keys()
     return {
         "ratio_median": statistics.median(ratios),
         "ratio_max": max(ratios),
         "ratio_met_median": statistics.median(ratios) <= GOAL_RATIO,
         "ratio_met_max": max(ratios) <= GOAL_RATIO,
+        "nominal_ratio_median": statistics.median(nominal),
+        "nominal_ratio_max": max(nominal),
+        "nominal_met_median": statistics.median(nominal) <= GOAL_RATIO,
         "execgate_lost_updates": sum(r["execgate"]["lost_updates"] for r in rows),
         "execgate_bad_reads": sum(r["execgate"]["bad_reads"] for r in rows),
         "naive_lost_updates": sum(r["naive"]["lost_updates"] for r in rows),
@@ -551,6 +568,11 @@ def print_summary(rows: list[dict[str, Any]], summary: dict[str, Any], serial: b
     )
     print("\nGoals:")
     print(
+        f"  makespan / critical path (nominal) <= {GOAL_RATIO:.2f} (issue 19): "
+        f"median {s['nominal_ratio_median']:.3f} "
+        f"{'MET' if s['nominal_met_median'] else 'NOT MET'}, max {s['nominal_ratio_max']:.3f}"
+    )
+    print(
         f"  makespan / critical path (measured) <= {GOAL_RATIO:.2f}: "
         f"median {s['ratio_median']:.3f} "
         f"{'MET' if s['ratio_met_median'] else 'NOT MET'}, max {s['ratio_max']:.3f} "
@@ -603,8 +625,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--sandbox",
         default="auto",
-        choices=["auto", "process", "bwrap"],
-        help="where the `work` calls run (default: the daemon's default, auto)",
+        choices=list(SANDBOXES),
+        help="where the `work` calls run (default: the daemon's default, auto: bwrap, warm)",
     )
     p.add_argument("--json", type=Path, default=RESULTS, help=f"results file ({RESULTS})")
     p.add_argument("--tmp", type=Path, default=None, help="where the daemons' dirs go (a temp dir)")
@@ -629,7 +651,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = environment(tmp)
     print(
         f"execgate schedule bench: {env['cpus']} cpus, load {env['loadavg_at_start']}, "
-        f"python {env['python']}, tmp on {env['tmp_fs']}"
+        f"python {env['python']}, tmp on {env['tmp_fs']}, sandbox {args.sandbox}"
     )
     print(
         f"{args.batches} batch(es) of {args.calls} `work` calls over {args.files} files, "
@@ -648,6 +670,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = summarize(rows)
     print_summary(rows, summary, serial=not args.no_serial)
     env["loadavg_at_end"] = os.getloadavg()
+    print(f"  load average at the end: {env['loadavg_at_end']}")
     result.update(
         summary=summary,
         goal_ratio=GOAL_RATIO,

@@ -64,7 +64,16 @@ class Streamer:
 # ---------------------------------------------------------------- sandbox backends
 
 # The backends a test may run a daemon with, weakest first.
-SANDBOX_BACKENDS = ("process", "bwrap", "docker")
+# "bwrap" is the default bwrap (warm where the kernel allows it); "bwrap-cold" the same
+# backend with --bwrap-mode cold: a sandbox built per call.
+SANDBOX_BACKENDS = ("process", "bwrap", "bwrap-cold", "docker")
+
+
+def backend_name(variant: str) -> str:
+    """The backend a variant runs on ("bwrap-cold" -> "bwrap"), as outcomes name it."""
+    return variant.split("-", 1)[0]
+
+
 # The container's user is the workspace's owner (root: nobody); tests that let a docker
 # call write in the workspace give it to this uid.
 DOCKER_WORKSPACE_UID = 1000
@@ -79,6 +88,8 @@ def sandbox_serve_args(backend: str, root: Path) -> list[str]:
     failure instead with EXECGATE_REQUIRE_DOCKER=1). For docker the workspace is
     created here, owned by DOCKER_WORKSPACE_UID, so that calls may write in it.
     """
+    if backend == "bwrap-cold":
+        return [*sandbox_serve_args("bwrap", root), "--bwrap-mode", "cold"]
     args = ["--sandbox", backend]
     if backend == "process":
         return args

@@ -40,6 +40,13 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="docker: a container per call, or one warm container per run",
     )
     p.add_argument(
+        "--bwrap-mode",
+        default="warm",
+        choices=["warm", "cold"],
+        help="bwrap: each run's calls in a sandbox built once (warm; cold where the kernel "
+        "lacks what it needs), or a sandbox built per call (cold)",
+    )
+    p.add_argument(
         "--run-as",
         default="",
         metavar="USER[:GROUP]",
@@ -59,6 +66,7 @@ def config_from(args: argparse.Namespace) -> SandboxConfig:
         ro_paths=tuple(p.absolute() for p in args.sandbox_ro),
         docker_image=args.docker_image,
         docker_mode=args.docker_mode,
+        bwrap_mode=args.bwrap_mode,
         cgroups=not args.no_cgroups,
         run_as=args.run_as,
         workspace=args.workspace,

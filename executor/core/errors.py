@@ -42,6 +42,8 @@ and holds this drawing to the code: tests/unit/test_error_trees.py).
     │   │                                               (message)
     │   ├── ProgramNotFound         sandbox.process     (program)
     │   ├── ProgramNotExecutable    sandbox.process     (program)
+    │   ├── HostGone                sandbox.warm_call   a warm host ended before the call
+    │   ├── SpawnFailed             sandbox.warm_call   a warm call's exec failed (E2BIG...)
     │   └── ContainerGone           sandbox.dockerd     dockerd forgot the container
     │                                                   (explanation)
     ├── WriteAbandoned              tools.fileio        a write stopped before its rename (path)

@@ -182,3 +182,7 @@ class Sandbox(Protocol):
     async def close(self) -> None:
         """Daemon shutdown: release shared resources (warm containers)."""
         ...
+
+    def run_ended(self, run_id: str) -> None:
+        """The run ended: what was kept warm for it may go (now, or after its last call)."""
+        ...

@@ -1,7 +1,8 @@
 """The `bwrap` backend: bubblewrap namespaces around the process backend's limits.
 
 New PID, IPC, UTS and (unless policy allows the network) network namespaces; the
-system directories read-only; a private /tmp; the workspace bound read-write for
+system directories read-only; a private /tmp and /dev/shm (the root and /dev
+themselves read-only, as in a warm sandbox); the workspace bound read-write for
 a tool that may write and read-only otherwise (a command that declared its writes:
 read-only, with each declared path bound read-write over it, from a descriptor
 opened beneath the workspace root with no symlink followed); nothing else of the host visible
@@ -20,6 +21,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -87,7 +89,8 @@ def bwrap_argv(
     # The new /proc, but its /proc/sys read-only: a root daemon's commands run as uid 0
     # (without capabilities), and uid 0 may write many host-wide sysctls.
     args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]
-    args += ["--dev", "/dev", "--tmpfs", "/tmp"]
+    # /dev read-only but for its own /dev/shm (a warm sandbox's calls share its /dev).
+    args += ["--dev", "/dev", "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--tmpfs", "/tmp"]
     # After the private /tmp: an extra read-only path under /tmp (a venv, a server's
     # install) stays visible instead of being hidden by the tmpfs.
     for extra in extra_ro:
@@ -97,7 +100,8 @@ def bwrap_argv(
     # Parents first: a path bound after one inside it would hide that mount.
     for fd, path in sorted(zip(write_fds, launch.write_paths, strict=True), key=_depth):
         args += ["--bind-fd", str(fd), str(path)]
-    args += ["--chdir", str(launch.cwd)]
+    # The root (bwrap's scratch tmpfs of mount points) read-only, last: a warm call's is.
+    args += ["--remount-ro", "/", "--chdir", str(launch.cwd)]
     if env_fd is not None:
         args += ["--args", str(env_fd)]
     else:
@@ -162,7 +166,7 @@ class BwrapRunning(HostRunning):
         # shell's convention; a command that itself exits 129..192 reads the same).
         ended = await super().wait()
         if ended.code is not None and 128 < ended.code <= 128 + 64:
-            return Exit(None, ended.code - 128, ended.oom_killed)
+            return Exit(None, ended.code - 128, ended.oom_killed, ended.at)
         return ended
 
     async def _namespace(self) -> tuple[int, str] | None:
@@ -199,7 +203,13 @@ class BwrapRunning(HostRunning):
             self._resolve_now()
         if self._ns is None or self._ns_init is None:
             return 0
-        members = [p for p in procscan.in_namespace(self._ns) if p != self._ns_init]
+        if self.group is not None:
+            # The leaf holds exactly bwrap, the init and the call's processes: no /proc
+            # scan (tens of milliseconds on a busy host, where every stop waits for it).
+            outside = {self.proc.pid, self._ns_init}
+            members = sorted(self.group.procs() - outside)
+        else:
+            members = [p for p in procscan.in_namespace(self._ns) if p != self._ns_init]
         for pid in members:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
@@ -247,10 +257,24 @@ class BwrapRunning(HostRunning):
         await super().release()
 
     async def survivors(self) -> list[int]:
+        if self._init_gone():
+            # The kernel empties a namespace before its init is gone; what is left to
+            # look at is the leaf (bwrap itself, on its way out).
+            group = self.group
+            if group is None:
+                return []
+            return await off_loop(lambda: sorted(p for p in group.procs() if procscan.alive(p)))
         found = set(await super().survivors())
         if self._ns is not None:
             found |= set(await off_loop(procscan.in_namespace, self._ns))
         return sorted(found)
+
+    def _init_gone(self) -> bool:
+        """The namespace's init is known and has exited (its pidfd is readable)."""
+        if self._init_fd is None:
+            return False
+        readable, _, _ = select.select([self._init_fd], [], [], 0)
+        return bool(readable)
 
 
 class BwrapSandbox(ProcessSandbox):

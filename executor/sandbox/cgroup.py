@@ -121,16 +121,19 @@ class CgroupRoot:
         ]
         return "per-call cgroups: " + ", ".join(parts)
 
-    def leaf(self, token: str, conf: Confinement, *, need_kill: bool = True) -> CallCgroup | None:
+    def leaf(
+        self, token: str, conf: Confinement, *, need_kill: bool = True, limit: bool = True
+    ) -> CallCgroup | None:
         """The call's leaves. Without `need_kill` (a PID namespace kills for the caller),
-        a v2 hierarchy that brings no limit of its own is skipped: each leaf costs."""
+        a v2 hierarchy that brings no limit of its own is skipped: each leaf costs.
+        Without `limit`, no limit is written (a leaf that only holds processes)."""
         dirs = []
         for h in self.hierarchies:
             if not need_kill and h.kind == "v2" and not self._limits_in(h):
                 continue
             path = h.base / token
             try:
-                path.mkdir()
+                path.mkdir(exist_ok=not limit)
             except OSError as exc:
                 log.warning("cannot create cgroup %s: %s", path, exc)
                 continue
@@ -138,8 +141,13 @@ class CgroupRoot:
         if not dirs:
             return None
         group = CallCgroup(tuple(dirs))
-        group.limit(conf, self._limit_files)
+        if limit:
+            group.limit(conf, self._limit_files)
         return group
+
+    def relimit(self, group: CallCgroup, conf: Confinement) -> None:
+        """Write `conf`'s limits into a leaf made with others."""
+        group.limit(conf, self._limit_files)
 
     def _limits_in(self, h: _Hierarchy) -> bool:
         """Does this hierarchy limit anything (v2 without delegated controllers does not)?"""

@@ -115,6 +115,10 @@ class DockerSandbox:
     async def cleanup_stale(self) -> int:
         return await asyncio.to_thread(self.dockerd.remove_labelled)
 
+    def run_ended(self, run_id: str) -> None:
+        """The run's warm containers go once their last call ends."""
+        self._warm.run_ended(run_id)
+
     async def close(self) -> None:
         """Remove the warm containers, and any call's container a cancelled start left;
         the guard then quits (it sweeps instead if they could not be removed)."""
@@ -143,6 +147,8 @@ class ContainerRunning:
         self.description = description
         # Set before we signal: a status above 128 then means "killed by that signal".
         self._signalled = False
+        # SIGKILL went to its init through a pidfd: once the init is gone, so is it all.
+        self._killed = False
         self._released = False
         self._terms: list[asyncio.Future[None]] = []
         self._exited = in_thread(self._wait_exit, f"docker-wait-{cid[:12]}")
@@ -154,12 +160,23 @@ class ContainerRunning:
         return exit_of(code, oom, self._signalled)
 
     async def wait(self) -> Exit:
-        ended = await asyncio.shield(self._exited)
-        if self.watch is not None and self.watch.gone_at is not None:
+        watch = self.watch
+        if watch is not None and not self._exited.done():
+            ended = asyncio.ensure_future(watch.ended.wait())
+            try:
+                await asyncio.wait({self._exited, ended}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                ended.cancel()
+            if self._killed and watch.gone_at is not None and not self._exited.done():
+                # We killed its init and it is gone: dockerd's report of it (its event
+                # path: tens of ms, hundreds on a busy host) adds nothing to know.
+                return Exit(None, int(signal.SIGKILL), at=watch.gone_at)
+        ended_exit = await asyncio.shield(self._exited)
+        if watch is not None and watch.gone_at is not None:
             # dockerd reports the exit tens of ms after the init is gone; with it gone
             # the kernel has emptied the container's PID namespace.
-            return dataclasses.replace(ended, at=self.watch.gone_at)
-        return ended
+            return dataclasses.replace(ended_exit, at=watch.gone_at)
+        return ended_exit
 
     async def finish(self) -> None:
         """Nothing is left: docker-init exits with the command, and the kernel empties
@@ -177,12 +194,17 @@ class ContainerRunning:
 
     async def kill(self) -> str:
         self._signalled = True
+        if self.watch is not None and self.watch.send(signal.SIGKILL):
+            self._killed = True
+            return f"SIGKILL to container {self.cid[:12]}'s init (its PID namespace dies with it)"
         await off_loop(self.dockerd.signal, self.cid, "SIGKILL")
         return f"SIGKILL to container {self.cid[:12]} (its whole PID namespace dies with it)"
 
     async def survivors(self) -> list[int]:
         if self._exited.done() and self._exited.exception() is None:
             return []  # its init is gone, and so is everything else in it
+        if self.watch is not None and self.watch.gone_at is not None:
+            return []  # the same, seen through its pidfd before dockerd says so
         return await off_loop(self.dockerd.top, self.cid)
 
     async def output(self) -> tuple[Captured, Captured]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import select
 import signal
 import time
 from dataclasses import dataclass, field
@@ -32,8 +33,9 @@ from .stopping import off_loop
 
 # The warm container's command: wait, and exit at once on SIGTERM. Needs sh in the image.
 WAITER = ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"]
-# The API has no blocking wait for an exec: poll it, less often as the call goes on.
-EXEC_POLL_FIRST, EXEC_POLL_MAX = 0.005, 0.1
+# The API has no blocking wait for an exec: poll it, less often as the call goes on
+# (once its output stream has ended, from EXEC_POLL_AFTER).
+EXEC_POLL_FIRST, EXEC_POLL_AFTER, EXEC_POLL_MAX = 0.005, 0.001, 0.1
 WARM_IDLE_SECONDS = 600.0
 
 
@@ -48,6 +50,21 @@ class Warm:
     doomed: bool = False
     removed: bool = False
     idle_since: float = field(default_factory=time.monotonic)
+    # A pidfd of its init where this daemon sees it: whether it still runs, without
+    # asking dockerd at every call (an inspect costs milliseconds).
+    pidfd: int | None = None
+
+    def running(self) -> bool | None:
+        """Does its init run? None: not known here (ask dockerd)."""
+        if self.pidfd is None:
+            return None
+        readable, _, _ = select.select([self.pidfd], [], [], 0)
+        return not readable
+
+    def forget_pid(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
 
 
 class WarmPool:
@@ -60,6 +77,8 @@ class WarmPool:
     def __init__(self, dockerd: Dockerd) -> None:
         self.dockerd = dockerd
         self._by_key: dict[tuple[object, ...], Warm] = {}
+        # Retired by `run_ended` with no call in them: removed at the next start.
+        self._dropped: list[Warm] = []
         self._lock = asyncio.Lock()
 
     async def start(self, launch: Launch) -> ExecRunning:
@@ -88,27 +107,41 @@ class WarmPool:
             await self._expire()
             warm = self._by_key.get(key)
             # Its init may be gone (the OOM killer picks the biggest process, not the call's).
-            if warm is not None and not await asyncio.to_thread(self.dockerd.running, warm.cid):
+            if warm is not None and not await self._running(warm):
                 await self._retire(warm, warm.users)
                 warm = None
             if warm is None:
                 cid, pid = await asyncio.to_thread(self.dockerd.start_waiting, launch, WAITER)
-                warm = self._by_key[key] = Warm(cid, pid)
+                warm = self._by_key[key] = Warm(cid, pid, pidfd=_pidfd_of(pid, cid))
             warm.users += 1
             return warm
 
+    async def _running(self, warm: Warm) -> bool:
+        known = warm.running()
+        if known is not None:
+            return known
+        return await asyncio.to_thread(self.dockerd.running, warm.cid)
+
     async def _expire(self) -> None:
+        dropped, self._dropped = self._dropped, []
+        for warm in dropped:
+            if warm.users == 0:
+                await self._remove(warm)
         idle = time.monotonic() - WARM_IDLE_SECONDS
         for warm in list(self._by_key.values()):
             if warm.users == 0 and warm.idle_since < idle:
                 await self._retire(warm, 0)
 
-    async def discard(self, warm: Warm) -> str:
-        """Retire `warm` after force-terminating one of its calls: removed now if that
-        call is its only one, else once the others end (they are not killed with it)."""
+    def discard(self, warm: Warm) -> str:
+        """Retire `warm` after force-terminating one of its calls. If that call is its
+        only one, its init is SIGKILLed at once (the kernel ends everything in it, a
+        process that cleared its marker included) and it is removed when the call is
+        released; else it goes once the others end (they are not killed with it)."""
         others = warm.users - 1
-        if await self._retire(warm, others):
-            return f"warm container {warm.cid[:12]} removed (the run's next call gets a new one)"
+        warm.doomed = True
+        self._by_key = {k: w for k, w in self._by_key.items() if w is not warm}
+        if others == 0 and _kill_init(warm):
+            return f"SIGKILL to warm container {warm.cid[:12]}'s init (removed after the call)"
         return f"warm container {warm.cid[:12]} retired ({others} other call(s) still in it)"
 
     async def _retire(self, warm: Warm, users: int) -> bool:
@@ -129,10 +162,22 @@ class WarmPool:
     async def _remove(self, warm: Warm) -> None:
         if not warm.removed:
             warm.removed = True
+            warm.forget_pid()
             await asyncio.to_thread(self.dockerd.remove, warm.cid)
+
+    def run_ended(self, run_id: str) -> None:
+        """Retire the run's containers: each is removed when its last call is released
+        (or when the next call comes, if it has none: `_expire` sees it doomed)."""
+        for key, warm in list(self._by_key.items()):
+            if key[0] == run_id:
+                warm.doomed = True
+                self._by_key = {k: w for k, w in self._by_key.items() if w is not warm}
+                self._dropped.append(warm)
 
     def forget(self) -> None:
         """Daemon shutdown: `DockerSandbox.close` removes every labelled container."""
+        for warm in [*self._by_key.values(), *self._dropped]:
+            warm.forget_pid()
         self._by_key.clear()
 
 
@@ -151,28 +196,32 @@ class ExecRunning:
         # OOM kills in the container before the call started.
         self._ooms = ooms
         self._signalled = False
+        # Force-killed: once its output stream has ended (all that held it are dead),
+        # dockerd's view of the exec adds nothing.
+        self._killed = False
         self._released = False
 
     async def wait(self) -> Exit:
-        delay = EXEC_POLL_FIRST
+        """Until dockerd reports the exec's exit. It is asked when the exec's output
+        stream ends (the command and whatever shared its stdio are gone), else now and
+        then: a poll while the command surely runs is a wasted round trip to dockerd."""
+        ended = self.stdio.ended
+        quiet, after = EXEC_POLL_FIRST, EXEC_POLL_AFTER
         while True:
+            if not ended.done():
+                await asyncio.wait({ended}, timeout=quiet)
+                quiet = min(quiet * 2, EXEC_POLL_MAX)
+            if self._killed and ended.done():
+                return Exit(None, int(signal.SIGKILL))
             try:
                 code = await asyncio.to_thread(self.pool.dockerd.exec_status, self.exec_id)
             except ContainerGone:  # discarded by `kill`
                 return Exit(None, int(signal.SIGKILL))
             if code is not None:
                 return exit_of(code, oom_kills(self.warm.pid) > self._ooms, self._signalled)
-            delay = await self._pause(delay)
-
-    async def _pause(self, delay: float) -> float:
-        """Wait before polling the exec again; returns the next pause."""
-        ended = self.stdio.ended
-        if ended.done():
-            await asyncio.sleep(delay)
-            return min(delay * 2, EXEC_POLL_MAX)
-        # The output stream usually ends with the command: poll again as soon as it does.
-        await asyncio.wait({ended}, timeout=delay)
-        return EXEC_POLL_FIRST if ended.done() else min(delay * 2, EXEC_POLL_MAX)
+            if ended.done():  # dockerd is about to see the exit it has just relayed
+                await asyncio.sleep(after)
+                after = min(after * 2, EXEC_POLL_MAX)
 
     async def finish(self) -> None:
         """The command exited, but the container lives on: end what it left running."""
@@ -186,8 +235,9 @@ class ExecRunning:
 
     async def kill(self) -> str:
         self._signalled = True
+        self._killed = True
         count = await off_loop(signal_marked, self.marker, signal.SIGKILL)
-        return f"SIGKILL to {count} marked process(es); " + await self.pool.discard(self.warm)
+        return f"SIGKILL to {count} marked process(es); " + self.pool.discard(self.warm)
 
     async def survivors(self) -> list[int]:
         return await off_loop(procscan.with_marker, MARKER_ENV, self.marker)
@@ -200,6 +250,28 @@ class ExecRunning:
             self._released = True
             self.stdio.close()
             await self.pool.leave(self.warm)
+
+
+def _pidfd_of(pid: int, cid: str) -> int | None:
+    """A pidfd of container `cid`'s init, if host pid `pid` is it here (not when this
+    daemon runs in a PID namespace of its own)."""
+    try:
+        if cid not in Path(f"/proc/{pid}/cgroup").read_text():
+            return None
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
+
+
+def _kill_init(warm: Warm) -> bool:
+    """SIGKILL a warm container's init through its pidfd; False if it cannot here."""
+    if warm.pidfd is None:
+        return False
+    try:
+        signal.pidfd_send_signal(warm.pidfd, signal.SIGKILL)
+    except OSError:
+        return False
+    return True
 
 
 def signal_marked(marker: str, sig: int) -> int:

@@ -173,8 +173,11 @@ async def _all_gone(
                 return first
             if left is None or time.monotonic() >= expires:
                 return None
-            await asyncio.sleep(min(POLL_SECONDS * 5, max(expires - time.monotonic(), 0)))
-            first = clock.now()  # stragglers: gone only when seen gone
+            # Stragglers (a process being reaped): gone only when seen gone. Every backend
+            # answers this from a pidfd, a cgroup leaf or a host's report, not a /proc
+            # scan, once the main process is gone: a short poll costs little.
+            await asyncio.sleep(min(POLL_SECONDS, max(expires - time.monotonic(), 0)))
+            first = clock.now()
         return None
     finally:
         forced.cancel()

@@ -16,20 +16,25 @@ from execgate.executor.core import clock
 
 
 class PidWatch:
-    def __init__(self, pid: int) -> None:
+    """`fd`: a pidfd someone else opened (a warm sandbox's supervisor sent it); it is
+    ours to close from then on."""
+
+    def __init__(self, pid: int, fd: int | None = None) -> None:
         # Wall-clock time the process was seen to end; None while it runs.
         self.gone_at: float | None = None
         self.ended = asyncio.Event()
         self._fd: int | None = None
-        try:
-            self._fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            self.gone_at = clock.now()
-            self.ended.set()
-            return
-        except OSError:  # no pidfds here (old kernel, seccomp): nothing is watched
-            return
-        asyncio.get_running_loop().add_reader(self._fd, self._ended)
+        if fd is None:
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                self.gone_at = clock.now()
+                self.ended.set()
+                return
+            except OSError:  # no pidfds here (old kernel, seccomp): nothing is watched
+                return
+        self._fd = fd
+        asyncio.get_running_loop().add_reader(fd, self._ended)
 
     @property
     def watching(self) -> bool:

@@ -107,7 +107,10 @@ class HostRunning:
         else:  # no pidfds on this kernel
             code = await self.proc.wait()
         oom = self.group.oom_killed() if self.group is not None else False
-        return Exit(code, None, oom) if code >= 0 else Exit(None, -code, oom)
+        # Seen to end when its pidfd said so: asyncio's child watcher (a thread) reaps it
+        # and tells the loop a while later on a busy host.
+        at = self.watch.gone_at
+        return Exit(code, None, oom, at) if code >= 0 else Exit(None, -code, oom, at)
 
     async def _returncode(self) -> int:
         """The status asyncio's child watcher reaped (it is there within a moment)."""
@@ -248,6 +251,9 @@ class ProcessSandbox:
 
     async def close(self) -> None:
         return None
+
+    def run_ended(self, run_id: str) -> None:
+        """Nothing is kept per run here."""
 
 
 def _killpg(pgid: int, sig: int) -> None:

@@ -25,6 +25,7 @@ from .bwrap import BwrapSandbox
 from .cgroup import CgroupRoot, remove_root
 from .privileges import Privileges, check_workspace, resolve
 from .process import ProcessSandbox
+from .warm_pool import WarmBwrapSandbox
 
 log = logging.getLogger("execgate.sandbox")
 
@@ -40,6 +41,9 @@ class SandboxConfig:
     ro_paths: tuple[Path, ...] = ()
     docker_image: str = ""
     docker_mode: str = "per-call"
+    # bwrap: "warm" (a run's calls in a sandbox built once; cold where the kernel lacks
+    # what it needs) or "cold" (a sandbox built per call).
+    bwrap_mode: str = "warm"
     # Per-call cgroup leaves where the daemon may create them.
     cgroups: bool = True
     # --run-as USER[:GROUP] for the process backend under a root daemon ("": the
@@ -131,6 +135,11 @@ class Sandboxes:
     async def cleanup_stale(self) -> int:
         return sum([await b.cleanup_stale() for b in self.backends.values()])
 
+    def run_ended(self, run_id: str) -> None:
+        """A run ended: backends that keep warm state per run let it go."""
+        for backend in self.backends.values():
+            backend.run_ended(run_id)
+
     async def close(self) -> None:
         for backend in self.backends.values():
             await backend.close()
@@ -194,6 +203,9 @@ def _make(
     if name == "process":
         return ProcessSandbox(cgroups, privs)
     if name == "bwrap":
+        if config.bwrap_mode == "warm":
+            limits, _ = fit_confinement(config.confinement)
+            return WarmBwrapSandbox(cgroups, config.ro_paths, limits)
         return BwrapSandbox(cgroups, config.ro_paths)
     from .docker import DockerSandbox  # the docker SDK is imported only when asked for
 

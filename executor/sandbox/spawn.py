@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import shutil
 from pathlib import Path
+from typing import Protocol
 
 from .base import Captured, Confinement, SandboxError
 from .cgroup import CallCgroup
@@ -96,6 +97,19 @@ async def spawn(
         raise SandboxError(f"cannot start {argv[0]}: {exc.strerror}") from exc
 
 
+class Streams(Protocol):
+    """A child's pipes: an asyncio subprocess, or the pipes a warm sandbox's call got."""
+
+    @property
+    def stdin(self) -> asyncio.StreamWriter | None: ...
+
+    @property
+    def stdout(self) -> asyncio.StreamReader | None: ...
+
+    @property
+    def stderr(self) -> asyncio.StreamReader | None: ...
+
+
 class Pipes:
     """Drains stdout and stderr (keeping `cap` bytes of each) and feeds stdin.
 
@@ -104,7 +118,7 @@ class Pipes:
 
     def __init__(
         self,
-        proc: asyncio.subprocess.Process,
+        proc: Streams,
         stdin: bytes | None,
         cap: int,
         *,
@@ -162,7 +176,7 @@ async def _drain(stream: asyncio.StreamReader, sink: Sink) -> None:
         sink.add(chunk)
 
 
-async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
+async def _feed(proc: Streams, data: bytes) -> None:
     assert proc.stdin is not None
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
         proc.stdin.write(data)

@@ -131,6 +131,18 @@ def build(config: ServeConfig) -> tuple[Dispatcher, Journal, ToolFile]:
     return dispatcher, journal, declared
 
 
+def _on_run_ended(
+    served: mcp_wiring.ServedServers, dispatcher: Dispatcher
+) -> Callable[[str], None]:
+    """What a run's end lets go: its MCP server processes, its warm sandboxes."""
+
+    def ended(run_id: str) -> None:
+        served.provider.run_ended(run_id)
+        dispatcher.sandboxes.run_ended(run_id)
+
+    return ended
+
+
 def _check_docker_image(config: ServeConfig, declared: ToolFile, policy: Policy) -> None:
     """The docker backend runs without --docker-image only where every container names
     its image (MCP servers with `sandbox.image`); say so at startup, not at a call."""
@@ -183,7 +195,7 @@ async def serve(
         telemetry.metrics = metrics.setup(daemon_id(config.state_dir), tools=dispatcher.tools)
         telemetry.metrics.gauges(dispatcher.approvals.waiting, dispatcher.queue_depth)
         runs = RunStore(journal.runs)
-        runs.on_ended = served.provider.run_ended
+        runs.on_ended = _on_run_ended(served, dispatcher)
         dispatcher.ended_runs = runs.ended
         dispatcher.run_owners = runs.owners
         server, health_servicer = _server(config, dispatcher, runs, interceptor, served)

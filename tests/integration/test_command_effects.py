@@ -65,7 +65,7 @@ def start(root: Path, backend: str) -> Daemon:
     ).start(timeout=60)
 
 
-@pytest.fixture(scope="module", params=["bwrap", "docker"])
+@pytest.fixture(scope="module", params=["bwrap", "bwrap-cold", "docker"])
 def confined(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Daemon]:
