@@ -34,11 +34,27 @@ NAME_MAX = 255
 _READ = os.O_RDONLY | os.O_NONBLOCK  # O_NONBLOCK: a FIFO cannot block the open
 
 
-class Workspace:
-    """The root directory all tools work in, held open as a descriptor."""
+# The workspace the daemon's `--workspace` is: what calls use when the policy names none.
+DEFAULT_WORKSPACE = "default"
 
-    def __init__(self, root: str | os.PathLike[str], *, owner: tuple[int, int] | None = None):
+
+class Workspace:
+    """One root directory a call's tools work in, held open as a descriptor. A daemon
+    serves several (pipeline/workspaces.py); each call works in exactly one."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        owner: tuple[int, int] | None = None,
+        name: str = DEFAULT_WORKSPACE,
+    ):
         self.root = Path(os.path.realpath(root))
+        # What calls and the journal call it (the policy's `workspaces:` name).
+        self.name = name
+        # Its lock keys' workspace component (locks.keys): the canonical root, so two
+        # names for one directory share their locks.
+        self.lock_root = str(self.root)
         # (uid, gid) that files and directories the tools create are given to, when
         # the daemon runs as root and commands run as that user; None: left as made.
         self.owner = owner

@@ -78,11 +78,8 @@ class Dispatcher:
         self._endings = Endings(journal)
         self._locks = locks
         self._runner = runner = Runner(self.authorizer, workspace, sandboxes, limits)
-        self._scheduler = Scheduler(
-            journal, locks, self._endings, runner, str(workspace.root), self.authorizer.quota
-        )
+        self._scheduler = Scheduler(journal, locks, self._endings, runner, self.authorizer.quota)
         self.sandboxes = sandboxes
-        self._root = str(workspace.root)
         # Invariant: every task here is a call that has not yet recorded its outcome.
         self._tasks: set[asyncio.Task[None]] = set()
         self._inflight = InFlight(journal.cancels, journal.runs)
@@ -96,7 +93,7 @@ class Dispatcher:
         # Runs started through Runs.StartRun, and who owns each: nobody else's calls join.
         self.run_owners: dict[str, str] = {}
         # Spans and metrics of batches and calls (exporters set by the server).
-        self.telemetry = CallTelemetry(self._root)
+        self.telemetry = CallTelemetry()
         self._id_prefix = secrets.token_hex(6) + "_"
         self._ids = itertools.count(1)
 

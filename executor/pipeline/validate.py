@@ -75,6 +75,7 @@ class Validator:
             paths = {**paths, **effects.paths}
         return ValidCall(
             request=req,
+            workspace=self.workspace,
             tool=tool,
             args=args,
             # Only idempotency compares hashes; skip the work on the common path.

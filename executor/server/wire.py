@@ -236,7 +236,7 @@ def call_filter(
     )
 
 
-def call_plan(row: PlanRow, root: str) -> pb.CallPlan:
+def call_plan(row: PlanRow) -> pb.CallPlan:
     req = row.request
     msg = pb.CallPlan(call_id=req.call_id, index=req.index, tool=req.tool, waits_for=row.waits_for)
     if row.rejected is not None:
@@ -255,11 +255,11 @@ def call_plan(row: PlanRow, root: str) -> pb.CallPlan:
     if row.call is not None:
         msg.may_write = row.call.may_write
         msg.claims.extend(
-            pb.ResourceClaim(key=c.key.render(root), mode=_MODE[c.mode])
+            pb.ResourceClaim(key=c.key.render(), mode=_MODE[c.mode])
             for c in row.call.effects.claims
         )
         msg.locks.extend(
-            pb.LockRequest(key=k.render(root), mode=_LOCK[m])
+            pb.LockRequest(key=k.render(), mode=_LOCK[m])
             for k, m in sorted(row.call.lock_plan.items())
         )
     return msg
@@ -460,8 +460,8 @@ def batch_response(batch_id: str, finished: Sequence[Event | None]) -> pb.Execut
     )
 
 
-def plan(rows: Iterable[PlanRow], root: str) -> pb.ExplainResponse:
-    return pb.ExplainResponse(calls=[call_plan(r, root) for r in rows])
+def plan(rows: Iterable[PlanRow]) -> pb.ExplainResponse:
+    return pb.ExplainResponse(calls=[call_plan(r) for r in rows])
 
 
 def cancelled(call_ids: list[str]) -> pb.CancelResponse:

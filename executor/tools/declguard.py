@@ -165,7 +165,7 @@ def table_claim(value: str, field: str, mode: Mode, workspace: Workspace) -> Cla
             field=field,
             status=Status.REJECTED,
         )
-    return Claim(table_key(rel, table), mode)
+    return Claim(table_key(workspace.lock_root, rel, table), mode)
 
 
 def unchanged(checked: Checked, workspace: Workspace, hard_links: Callable[[Path], bool]) -> None:
