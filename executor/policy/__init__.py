@@ -18,12 +18,14 @@ from .model import Decision, Effect, PolicyInput, Rule, decide, path_glob
 from .quotas import NO_QUOTA, Bound, Over, Quota, QuotaRule, quota_for
 from .reads import ReadGrant, readable
 from .runrules import CallLimits, LimitRule, SandboxRule, limits_for
+from .workspaces import Grant, WorkspaceRule, grants_for
 
 __all__ = [
     "Bound",
     "CallLimits",
     "Decision",
     "Effect",
+    "Grant",
     "Over",
     "Policy",
     "PolicyError",
@@ -54,6 +56,8 @@ class Policy:
     reads: tuple[ReadGrant, ...] = ()
     # `quotas:`: how much of the daemon one agent may take at once.
     quotas: tuple[QuotaRule, ...] = ()
+    # `workspaces:`: which directories agents' calls work in (empty: `default` for all).
+    workspaces: tuple[WorkspaceRule, ...] = ()
 
     def decide(self, call: PolicyInput) -> Decision:
         return decide(self.rules, self.default, self.revision, call)
@@ -96,6 +100,13 @@ class Policy:
         """Whose records (names or * ? globs) `reads:` lets this agent read."""
         return readable(self.reads, agent, memberships)
 
+    def workspaces_for(
+        self, agent: str, memberships: frozenset[str] = frozenset()
+    ) -> tuple[Grant, ...]:
+        """The workspaces `workspaces:` gives this agent, its default first (none: it
+        may run no call)."""
+        return grants_for(self.workspaces, agent, memberships)
+
 
 def parse_policy(text: str, source: str) -> Policy:
     p = load_text(text, source)
@@ -109,6 +120,7 @@ def parse_policy(text: str, source: str) -> Policy:
         p.hard_links,
         p.reads,
         p.quotas,
+        p.workspaces,
     )
 
 
