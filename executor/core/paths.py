@@ -26,16 +26,13 @@ from pathlib import Path
 from . import beneath
 from .errors import ToolError, invalid
 from .outcomes import ErrorClass, Status
+from .requests import DEFAULT_WORKSPACE
 
 # Linux's limits: a longer path or component cannot name a file; say so up front
 # (REJECTED, naming the field) instead of failing inside a tool.
 PATH_MAX = 4096
 NAME_MAX = 255
 _READ = os.O_RDONLY | os.O_NONBLOCK  # O_NONBLOCK: a FIFO cannot block the open
-
-
-# The workspace the daemon's `--workspace` is: what calls use when the policy names none.
-DEFAULT_WORKSPACE = "default"
 
 
 class Workspace:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import yaml
 
 from execgate.executor.core.errors import LocatedError
-from execgate.executor.core.paths import DEFAULT_WORKSPACE
+from execgate.executor.core.requests import DEFAULT_WORKSPACE
 from execgate.executor.core.yamldoc import YamlDoc
 
 from .model import agent_matches

@@ -64,7 +64,7 @@ def stages(tmp_path: Path) -> tuple[Validator, Authorizer]:
     (tmp_path / "a.txt").write_text("hello\n")
     ws = Workspace(tmp_path)
     validator = Validator(builtin_tools(), ws, Limits())
-    return validator, Authorizer(parse_policy(POLICY, "policy.yaml"), ws)
+    return validator, Authorizer(parse_policy(POLICY, "policy.yaml"))
 
 
 def _valid(validator: Validator, req: CallRequest) -> ValidCall:
