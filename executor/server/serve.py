@@ -186,6 +186,7 @@ async def serve(
         runs.on_ended = served.provider.run_ended
         dispatcher.ended_runs = runs.ended
         dispatcher.run_owners = runs.owners
+        dispatcher.workspaces.runs = runs.workspaces
         server, health_servicer = _server(config, dispatcher, runs, interceptor, served)
         addresses = _bind(server, config)
     finally:

@@ -79,7 +79,13 @@ def tool_spec(spec: ToolSpec, provider: str = "builtin", trusted: bool = True) -
 
 
 def call_request(
-    msg: pb.ToolCall, *, run_id: str, batch_id: str, index: int, call_id: str
+    msg: pb.ToolCall,
+    *,
+    run_id: str,
+    batch_id: str,
+    index: int,
+    call_id: str,
+    workspace: str = "",
 ) -> CallRequest:
     timeout = (
         wirecheck.duration(msg.timeout, f"calls[{index}].timeout")
@@ -95,6 +101,7 @@ def call_request(
         arguments_json=msg.arguments_json,
         idempotency_key=msg.idempotency_key,
         timeout=timeout,
+        workspace=workspace,
     )
 
 
@@ -178,6 +185,7 @@ def record(r: CallRecord) -> pb.CallRecord:
         created_at=timestamp(r.created_at),
         replay_of_call_id=r.replay_of,
         raw_result=r.raw_result,
+        workspace=r.workspace,
     )
     if r.outcome is not None:
         msg.outcome.CopyFrom(outcome(r.outcome))
@@ -208,6 +216,7 @@ def parked_record(a: Approval, *, may_write: bool) -> pb.CallRecord:
         approval_id=a.id,
         approval_expires_at=timestamp(a.expires_at),
         approvers=a.approvers,
+        workspace=a.workspace,
     )
 
 
@@ -225,6 +234,7 @@ def call_filter(
         run_id=run_id,
         statuses=wirecheck.enum_values(req.statuses, _STATUS_BACK, "statuses"),
         tool=req.tool,
+        workspace=req.workspace,
         since=wirecheck.timestamp(req.since, "since") if req.HasField("since") else None,
         until=wirecheck.timestamp(req.until, "until") if req.HasField("until") else None,
         finished_since=wirecheck.timestamp(req.finished_since, "finished_since")
@@ -282,6 +292,7 @@ def approval(a: Approval) -> pb.Approval:
         state=_APPROVAL[a.state],
         decided_by=a.decided_by,
         comment=a.comment,
+        workspace=a.workspace,
     )
     if a.decided_at is not None:
         msg.decided_at.CopyFrom(timestamp(a.decided_at))
@@ -365,11 +376,20 @@ def batch_request(
         raise MalformedRequest(
             "too_large", "batch_id", f"batch_id: longer than {MAX_ID_CHARS} characters"
         )
+    if len(request.workspace) > MAX_ID_CHARS:
+        raise MalformedRequest(
+            "too_large", "workspace", f"workspace: longer than {MAX_ID_CHARS} characters"
+        )
     run_id = request.run_id or default_run
     batch_id = request.batch_id or new_id("batch")
     calls = [
         call_request(
-            c, run_id=run_id, batch_id=batch_id, index=i, call_id=c.call_id or new_id("call")
+            c,
+            run_id=run_id,
+            batch_id=batch_id,
+            index=i,
+            call_id=c.call_id or new_id("call"),
+            workspace=request.workspace,
         )
         for i, c in enumerate(request.calls)
     ]
