@@ -48,6 +48,8 @@ export interface RunInfo {
   readonly createdAt: number;
   readonly updatedAt: number;
   readonly cancel?: CancelNotice;
+  // The workspace every call of the run works in.
+  readonly workspace: string;
 }
 
 export interface RunDetail {
@@ -64,6 +66,9 @@ export interface StartOptions {
   readonly model?: string;
   readonly configVersion?: string;
   readonly labels?: Readonly<Record<string, string>>;
+  // Where every call of the run works: one the policy gives this identity (unset: its
+  // first); PermissionDenied for one it was not given.
+  readonly workspace?: string;
 }
 
 export interface FindOptions {
@@ -90,6 +95,7 @@ export class Runs {
       model: options.model ?? "",
       configVersion: options.configVersion ?? "",
       labels: { ...options.labels },
+      workspace: options.workspace ?? "",
     });
     const msg = await this.rpc.unary<rpb.Run>((md, done) => this.stub.startRun(request, md, done), {
       runId,
@@ -201,6 +207,7 @@ function runInfo(msg: rpb.Run): RunInfo {
     lastSeq: msg.lastSeq,
     createdAt: wire.seconds(msg.createdAt),
     updatedAt: wire.seconds(msg.updatedAt),
+    workspace: msg.workspace,
     ...(msg.cancel ? { cancel: cancelNotice(msg.cancel) } : {}),
   };
 }
