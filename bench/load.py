@@ -333,7 +333,8 @@ def print_row(mix: str, mode: str, row: dict[str, Any], ceiling: float | None) -
     print(
         f"{mix:<8} {mode:<11} {row['calls_per_s']:7.1f} calls/s  p50 {row['p50_ms']:7.1f} ms  "
         f"p99 {row['p99_ms']:7.1f} ms  lock wait {row['lock_wait_share']:5.1%}  "
-        f"lost {row['lost_updates']:3d}  {vs}  busy {row['machine_cores_busy']:.2f} cores, "
+        f"lost {row['lost_updates']:3d}  failed {row['failed_count']}  {vs}  "
+        f"busy {row['machine_cores_busy']:.2f} cores, "
         f"load {row['load']:.1f}"
     )
     cmd = row["kinds"].get("command")
