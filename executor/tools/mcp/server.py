@@ -36,7 +36,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from execgate.executor.core.errors import ExecgateError, ToolError
@@ -72,8 +72,13 @@ class Placement:
 class PoolKey:
     share: str  # who shares the process: "" (every call), "run:ID", "agent:NAME"
     placement: Placement
-    # The workspace the process works in (one object per workspace: pipeline/workspaces).
-    workspace: Workspace
+    # The workspace the process works in: keys are equal when their roots are (two
+    # objects or names for one directory share a process).
+    workspace: Workspace = field(compare=False)
+    root: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", self.workspace.lock_root)
 
 
 # The Launch of one process of the server at `placement` in a workspace (env, bind).
