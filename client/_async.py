@@ -37,9 +37,11 @@ class AsyncClient:
         run_id: str = "",
         token: str | None = None,
         tls: TlsConfig | None = None,
+        workspace: str = "",
     ) -> None:
         self.address = wire.resolve_address(address)
         self.run_id = run_id
+        self.workspace = workspace
         self._metadata = _transport.call_metadata(_transport.resolve_token(token, self.address))
         self._channel = _transport.aio_channel(self.address, tls)
         self._stub = pb_grpc.ExecutorStub(self._channel)
@@ -81,8 +83,11 @@ class AsyncClient:
         batch_id: str = "",
         progress: bool = True,
         deadline: float | None = None,
+        workspace: str | None = None,
     ) -> AsyncIterator[Event]:
-        request = wire.execute_request(calls, self._run(run_id), batch_id, not progress, deadline)
+        request = wire.execute_request(
+            calls, self._run(run_id), batch_id, not progress, deadline, self._space(workspace)
+        )
         try:
             async for msg in self._stub.Execute(request, metadata=self._metadata):
                 yield wire.event(msg)
@@ -96,22 +101,33 @@ class AsyncClient:
         run_id: str | None = None,
         batch_id: str = "",
         deadline: float | None = None,
+        workspace: str | None = None,
     ) -> list[Outcome]:
         """Run a batch (one model turn); the outcomes in the order the calls were given.
 
         `deadline` (time.time() seconds): calls still running then are stopped
         (timeout); calls not started by then are REJECTED (timeout).
         """
-        request = wire.execute_request(calls, self._run(run_id), batch_id, True, deadline)
+        request = wire.execute_request(
+            calls, self._run(run_id), batch_id, True, deadline, self._space(workspace)
+        )
         try:
             response = await self._stub.ExecuteBatch(request, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address) from exc
         return wire.outcomes(response)
 
-    async def explain(self, calls: Iterable[Call], *, run_id: str | None = None) -> list[CallPlan]:
+    async def explain(
+        self,
+        calls: Iterable[Call],
+        *,
+        run_id: str | None = None,
+        workspace: str | None = None,
+    ) -> list[CallPlan]:
         """How the daemon would schedule these calls (locks, who waits for whom); runs nothing."""
-        request = wire.execute_request(calls, self._run(run_id), "", True)
+        request = wire.execute_request(
+            calls, self._run(run_id), "", True, workspace=self._space(workspace)
+        )
         try:
             response = await self._stub.Explain(request, metadata=self._metadata)
         except grpc.RpcError as exc:
@@ -182,6 +198,7 @@ class AsyncClient:
         limit: int = 100,
         since: float | None = None,
         finished_since: float | None = None,
+        workspace: str = "",
     ) -> list[CallRecord]:
         records: list[CallRecord] = []
         token = ""
@@ -194,6 +211,7 @@ class AsyncClient:
                 page_token=token,
                 since=since,
                 finished_since=finished_since,
+                workspace=workspace,
             )
             try:
                 response = await self._stub.ListCalls(request, metadata=self._metadata)
@@ -278,3 +296,6 @@ class AsyncClient:
 
     def _run(self, run_id: str | None) -> str:
         return self.run_id if run_id is None else run_id
+
+    def _space(self, workspace: str | None) -> str:
+        return self.workspace if workspace is None else workspace

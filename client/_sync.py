@@ -41,6 +41,9 @@ class Client:
             run` makes). A daemon without an identities file needs none.
         tls: certificates for a daemon's mTLS TCP listener; None: plaintext (the
             Unix socket, or a TCP listener without TLS).
+        workspace: the workspace calls work in unless a call says otherwise: one the
+            daemon's policy gives this identity ("" = its run's, else its first).
+            Another is REJECTED permission_denied, field "workspace".
     """
 
     def __init__(
@@ -50,9 +53,11 @@ class Client:
         run_id: str = "",
         token: str | None = None,
         tls: TlsConfig | None = None,
+        workspace: str = "",
     ) -> None:
         self.address = wire.resolve_address(address)
         self.run_id = run_id
+        self.workspace = workspace
         self._metadata = _transport.call_metadata(_transport.resolve_token(token, self.address))
         self._channel = _transport.sync_channel(self.address, tls)
         self._stub = pb_grpc.ExecutorStub(self._channel)
@@ -93,6 +98,7 @@ class Client:
         batch_id: str = "",
         progress: bool = True,
         deadline: float | None = None,
+        workspace: str | None = None,
         timeout: float | None = None,
     ) -> Iterator[Event]:
         """Every event of the batch as it happens: queued, started, finished.
@@ -100,7 +106,9 @@ class Client:
         `timeout`: seconds this client waits for the stream (RequestError
         DEADLINE_EXCEEDED after); unlike `deadline` it stops nothing at the daemon.
         """
-        request = wire.execute_request(calls, self._run(run_id), batch_id, not progress, deadline)
+        request = wire.execute_request(
+            calls, self._run(run_id), batch_id, not progress, deadline, self._space(workspace)
+        )
         try:
             for msg in self._stub.Execute(request, metadata=self._metadata, timeout=timeout):
                 yield wire.event(msg)
@@ -114,22 +122,33 @@ class Client:
         run_id: str | None = None,
         batch_id: str = "",
         deadline: float | None = None,
+        workspace: str | None = None,
     ) -> list[Outcome]:
         """Run a batch (one model turn); the outcomes in the order the calls were given.
 
         `deadline` (time.time() seconds): calls still running then are stopped
         (timeout); calls not started by then are REJECTED (timeout).
         """
-        request = wire.execute_request(calls, self._run(run_id), batch_id, True, deadline)
+        request = wire.execute_request(
+            calls, self._run(run_id), batch_id, True, deadline, self._space(workspace)
+        )
         try:
             response = self._stub.ExecuteBatch(request, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise wire.translate(exc, self.address) from exc
         return wire.outcomes(response)
 
-    def explain(self, calls: Iterable[Call], *, run_id: str | None = None) -> list[CallPlan]:
+    def explain(
+        self,
+        calls: Iterable[Call],
+        *,
+        run_id: str | None = None,
+        workspace: str | None = None,
+    ) -> list[CallPlan]:
         """How the daemon would schedule these calls (locks, who waits for whom); runs nothing."""
-        request = wire.execute_request(calls, self._run(run_id), "", True)
+        request = wire.execute_request(
+            calls, self._run(run_id), "", True, workspace=self._space(workspace)
+        )
         try:
             response = self._stub.Explain(request, metadata=self._metadata)
         except grpc.RpcError as exc:
@@ -201,6 +220,7 @@ class Client:
         limit: int = 100,
         since: float | None = None,
         finished_since: float | None = None,
+        workspace: str = "",
     ) -> list[CallRecord]:
         """Newest first, following pages until `limit` records; `since`: calls created at
         or after this time (epoch seconds); `finished_since`: calls whose outcome was
@@ -216,6 +236,7 @@ class Client:
                 page_token=token,
                 since=since,
                 finished_since=finished_since,
+                workspace=workspace,
             )
             try:
                 response = self._stub.ListCalls(request, metadata=self._metadata)
@@ -296,3 +317,6 @@ class Client:
 
     def _run(self, run_id: str | None) -> str:
         return self.run_id if run_id is None else run_id
+
+    def _space(self, workspace: str | None) -> str:
+        return self.workspace if workspace is None else workspace

@@ -49,6 +49,8 @@ class RunInfo:
     created_at: float = 0.0
     updated_at: float = 0.0
     cancel: CancelNotice | None = None
+    # The workspace every call of the run works in.
+    workspace: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +92,11 @@ class Runs:
         model: str = "",
         config_version: str = "",
         labels: Mapping[str, str] | None = None,
+        workspace: str = "",
     ) -> RunInfo:
-        """Open a run owned by this client's identity; `run_id` "" lets the daemon pick."""
+        """Open a run owned by this client's identity; `run_id` "" lets the daemon pick.
+        `workspace`: where every call of the run works (one the policy gives this
+        identity; "": its first); PermissionDenied for one it was not given."""
         request = rpb.StartRunRequest(
             run_id=run_id,
             goal=goal,
@@ -99,6 +104,7 @@ class Runs:
             model=model,
             config_version=config_version,
             labels=dict(labels or {}),
+            workspace=workspace,
         )
         return run_info(self._call("StartRun", request, run_id))
 
@@ -227,6 +233,7 @@ def run_info(msg: rpb.Run) -> RunInfo:
         created_at=_seconds(msg.created_at),
         updated_at=_seconds(msg.updated_at),
         cancel=_cancel(msg.cancel) if msg.HasField("cancel") else None,
+        workspace=msg.workspace,
     )
 
 

@@ -183,6 +183,9 @@ class CallRecord:
     awaiting_approval: str = ""
     approval_expires_at: float | None = None
     approvers: tuple[str, ...] = ()
+    # The workspace it worked in ("" for a call refused before one was chosen that
+    # named none).
+    workspace: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,3 +291,5 @@ class Approval:
     decided_by: str = ""
     comment: str = ""
     decided_at: float | None = None
+    # The workspace the parked call works in.
+    workspace: str = ""

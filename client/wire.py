@@ -148,6 +148,7 @@ def approval(msg: pb.Approval) -> Approval:
         decided_by=msg.decided_by,
         comment=msg.comment,
         decided_at=_seconds(msg.decided_at) if msg.HasField("decided_at") else None,
+        workspace=msg.workspace,
     )
 
 
@@ -186,12 +187,14 @@ def execute_request(
     batch_id: str,
     outcomes_only: bool,
     deadline: float | None = None,
+    workspace: str = "",
 ) -> pb.ExecuteRequest:
     request = pb.ExecuteRequest(
         run_id=run_id,
         batch_id=batch_id,
         outcomes_only=outcomes_only,
         calls=[tool_call(c) for c in calls],
+        workspace=workspace,
     )
     if deadline is not None:
         request.deadline.FromNanoseconds(int(deadline * 1e9))
@@ -280,6 +283,7 @@ def record(msg: pb.CallRecord) -> CallRecord:
             else None
         ),
         approvers=tuple(msg.approvers),
+        workspace=msg.workspace,
     )
 
 
@@ -341,10 +345,12 @@ def list_request(
     page_token: str,
     since: float | None = None,
     finished_since: float | None = None,
+    workspace: str = "",
 ) -> pb.ListCallsRequest:
     request = pb.ListCallsRequest(
         run_id=run_id,
         tool=tool,
+        workspace=workspace,
         limit=limit,
         page_token=page_token,
         # protoc's .pyi types the field as the enum class but `Value()` as a plain int.

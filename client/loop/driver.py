@@ -119,6 +119,8 @@ class Loop:
             model=getattr(self.model, "name", type(self.model).__name__),
             config_version=self.config_version,
             labels={"client": "python"},
+            # The run works where the client's calls do ("": its owner's first workspace).
+            workspace=self.client.workspace,
         )
         machine = Machine(info.run_id)
         step = Step(self, info, machine, _fresh(goal, info), self.stops, self.limits)

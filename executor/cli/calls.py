@@ -30,6 +30,11 @@ from . import show as cli_show
 from .call import run_call
 from .table import Col, print_table
 
+WORKSPACE_HELP = (
+    "the workspace the call works in: one the policy gives this identity "
+    "(default: its run's, else its first)"
+)
+
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parent = cli_options.common()
@@ -45,6 +50,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p.add_argument("--args-json", default=None, help="all arguments as one JSON object")
     p.add_argument("--run", default="", help="run id (default: the implicit run)")
+    p.add_argument("--workspace", default="", help=WORKSPACE_HELP)
     p.add_argument("--call-id", default="", help="the call's id (default: the client makes one)")
     p.add_argument("--idempotency-key", default="", help="replays the first outcome under this key")
     p.add_argument(
@@ -73,6 +79,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="only calls that ended so; repeatable (default: any)",
     )
     p.add_argument("--tool", default="", help="only this tool's calls (default: any)")
+    p.add_argument("--workspace", default="", help="only calls in this workspace (default: any)")
     p.add_argument("--limit", type=int, default=50, help="at most this many calls")
     p.set_defaults(handler=_calls_list)
     p = calls.add_parser("show", parents=[parent], help="one call's full record")
@@ -102,6 +109,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help='a JSON file (or - for stdin): [{"tool": ..., "arguments": {...}, "call_id": ...}]',
     )
     p.add_argument("--run", default="", help="run id (default: the implicit run)")
+    p.add_argument("--workspace", default="", help=WORKSPACE_HELP)
     p.set_defaults(handler=_explain)
 
     p = sub.add_parser("health", parents=[parent], help="exit 0 if the daemon is serving")
@@ -110,7 +118,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 def _call(args: argparse.Namespace) -> int:
 
-    with common.client(args, run_id=args.run) as client:
+    with common.client(args, run_id=args.run, workspace=args.workspace) as client:
         return run_call(args, client, _arguments(client, args))
 
 
@@ -144,6 +152,7 @@ def _calls_list(args: argparse.Namespace) -> int:
             statuses=[Status(s) for s in args.status],
             tool=args.tool,
             limit=args.limit,
+            workspace=args.workspace,
         )
     if args.json:
         common.print_json([common.jsonable(r) for r in records])
@@ -155,6 +164,7 @@ def _calls_list(args: argparse.Namespace) -> int:
         Col("tool"),
         Col("class"),
         Col("ms", justify="right"),
+        Col("workspace"),
         Col("created"),
     ]
     rows = []
@@ -171,6 +181,7 @@ def _calls_list(args: argparse.Namespace) -> int:
                 r.tool,
                 "" if o is None else o.error_class,
                 ms,
+                r.workspace or "-",
                 common.when_short(r.created_at),
             ]
         )
@@ -217,7 +228,7 @@ def _explain(args: argparse.Namespace) -> int:
         calls = [Call(**item) for item in json.loads(text)]
     except (ValueError, TypeError) as exc:
         raise SystemExit(f"execgate: {args.batch}: not a JSON list of calls: {exc}") from exc
-    with common.client(args, run_id=args.run) as client:
+    with common.client(args, run_id=args.run, workspace=args.workspace) as client:
         plans = client.explain(calls)
     if args.json:
         common.print_json([common.jsonable(p) for p in plans])

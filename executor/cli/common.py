@@ -22,14 +22,16 @@ from .options import tls
 __all__ = ["client", "jsonable", "print_json", "tls", "when", "when_short"]
 
 
-def client(args: argparse.Namespace, *, run_id: str = "", identity: str = "agent") -> Client:
+def client(
+    args: argparse.Namespace, *, run_id: str = "", identity: str = "agent", workspace: str = ""
+) -> Client:
     """A client as --token, $EXECGATE_TOKEN, or else the local `identity`'s token beside
     the daemon's socket (`make run`'s, see local_identities): `agent` makes calls,
-    `operator` decides approvals."""
+    `operator` decides approvals. `workspace`: where its calls work ("": the default)."""
     token = args.token
     if token is None:
         token = cli_token(resolve_address(args.addr), identity)
-    return Client(args.addr, run_id=run_id, token=token, tls=tls(args))
+    return Client(args.addr, run_id=run_id, token=token, tls=tls(args), workspace=workspace)
 
 
 def when(seconds: float) -> str:

@@ -100,6 +100,7 @@ def _print_detail(detail: RunDetail) -> None:
         )
     else:
         console.print(f"goal: {escape(run.goal)}")
+        console.print(f"workspace: {escape(run.workspace)}")
         console.print(f"state: {_state(run)}  ({escape(run.reason)})")
     if run.limits:
         console.print("limits: " + ", ".join(f"{k} {v}" for k, v in run.limits.items()))

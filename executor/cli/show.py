@@ -52,6 +52,7 @@ def print_record(console: Console, record: CallRecord, *, raw: bool = False) -> 
     field("tool", record.tool)
     field("arguments", record.arguments_json)
     field("agent", record.agent)
+    field("workspace", record.workspace or "-")
     field("writes", "yes" if record.may_write else "no")
     if record.idempotency_key:
         field("idempotency key", record.idempotency_key)

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass
 
 from .errors import ExecgateError
-from .requests import CallRequest
+from .requests import DEFAULT_WORKSPACE, CallRequest
 
 
 class ApprovalState(enum.Enum):
@@ -40,6 +40,8 @@ class Approval:
     # The rest of the request, for the daemon that re-parks it after a restart.
     idempotency_key: str = ""
     timeout: float | None = None
+    # The workspace the call works in (chosen before it was parked).
+    workspace: str = DEFAULT_WORKSPACE
 
     def request(self) -> CallRequest:
         """The parked call's request, as the client sent it."""
@@ -52,6 +54,7 @@ class Approval:
             arguments_json=self.arguments_json,
             idempotency_key=self.idempotency_key,
             timeout=self.timeout,
+            workspace=self.workspace,
         )
 
 

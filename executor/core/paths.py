@@ -26,6 +26,7 @@ from pathlib import Path
 from . import beneath
 from .errors import ToolError, invalid
 from .outcomes import ErrorClass, Status
+from .requests import DEFAULT_WORKSPACE
 
 # Linux's limits: a longer path or component cannot name a file; say so up front
 # (REJECTED, naming the field) instead of failing inside a tool.
@@ -35,10 +36,22 @@ _READ = os.O_RDONLY | os.O_NONBLOCK  # O_NONBLOCK: a FIFO cannot block the open
 
 
 class Workspace:
-    """The root directory all tools work in, held open as a descriptor."""
+    """One root directory a call's tools work in, held open as a descriptor. A daemon
+    serves several (pipeline/workspaces.py); each call works in exactly one."""
 
-    def __init__(self, root: str | os.PathLike[str], *, owner: tuple[int, int] | None = None):
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        owner: tuple[int, int] | None = None,
+        name: str = DEFAULT_WORKSPACE,
+    ):
         self.root = Path(os.path.realpath(root))
+        # What calls and the journal call it (the policy's `workspaces:` name).
+        self.name = name
+        # Its lock keys' workspace component (locks.keys): the canonical root, so two
+        # names for one directory share their locks.
+        self.lock_root = str(self.root)
         # (uid, gid) that files and directories the tools create are given to, when
         # the daemon runs as root and commands run as that user; None: left as made.
         self.owner = owner

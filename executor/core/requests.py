@@ -10,7 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MAX_ID_CHARS", "MAX_JSON_DEPTH", "SHARED_RUN", "CallRequest", "nested_deeper"]
+__all__ = [
+    "DEFAULT_WORKSPACE",
+    "MAX_ID_CHARS",
+    "MAX_JSON_DEPTH",
+    "SHARED_RUN",
+    "CallRequest",
+    "nested_deeper",
+]
 
 # The longest call, batch, run or idempotency id a request may carry.
 MAX_ID_CHARS = 256
@@ -18,6 +25,9 @@ MAX_ID_CHARS = 256
 MAX_JSON_DEPTH = 64
 # The run calls without a run id belong to.
 SHARED_RUN = "default"
+# The workspace that is the daemon's `--workspace`: every agent's only one unless the
+# policy's `workspaces:` says otherwise.
+DEFAULT_WORKSPACE = "default"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,6 +43,9 @@ class CallRequest:
     idempotency_key: str = ""
     # Seconds; None when the client did not ask for a timeout.
     timeout: float | None = None
+    # The workspace the call works in: as the client named it ("": none), then, once
+    # the pipeline chose it (pipeline/workspaces.py), that workspace's name.
+    workspace: str = ""
 
 
 def nested_deeper(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:

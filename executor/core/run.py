@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .requests import DEFAULT_WORKSPACE
 from .runstate import TERMINAL, State
 
 
@@ -30,6 +31,8 @@ class Run:
     created_at: float = 0.0
     updated_at: float = 0.0
     cancel: CancelAsk | None = None
+    # The workspace its calls work in (bound at StartRun; pipeline/workspaces.py).
+    workspace: str = DEFAULT_WORKSPACE
 
     @property
     def terminal(self) -> bool:

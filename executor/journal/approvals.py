@@ -21,7 +21,7 @@ from .records import PolicyRecord
 _COLUMNS = (
     "id, run_id, call_id, batch_id, tool, arguments_json, requester, rule_id, reason, "
     "approvers_json, created_at, expires_at, state, decided_by, comment, decided_at, "
-    "idempotency_key, timeout"
+    "idempotency_key, timeout, workspace"
 )
 
 
@@ -81,7 +81,7 @@ class SqliteApprovals:
 def _insert(conn: sqlite3.Connection, a: Approval, decision: PolicyRecord | None) -> None:
     conn.execute(
         f"INSERT INTO approvals ({_COLUMNS}, decision_json) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             a.id,
             a.run_id,
@@ -101,6 +101,7 @@ def _insert(conn: sqlite3.Connection, a: Approval, decision: PolicyRecord | None
             a.decided_at,
             a.idempotency_key,
             a.timeout,
+            a.workspace,
             decision.to_json() if decision is not None else None,
         ),
     )
@@ -131,4 +132,5 @@ def _approval(r: tuple[Any, ...]) -> Approval:
         decided_at=r[15],
         idempotency_key=r[16],
         timeout=r[17],
+        workspace=r[18],
     )

@@ -200,6 +200,10 @@ class RunRecordStore(Protocol):
         """At startup: run id -> owner, of every started run."""
         ...
 
+    def workspaces(self) -> dict[str, str]:
+        """At startup: run id -> the workspace it is bound to, of every started run."""
+        ...
+
 
 class CancelStore(Protocol):
     """Cancel requests (`cancels`), each recorded before anything is signalled."""

@@ -129,8 +129,8 @@ def _insert(conn: sqlite3.Connection, rec: CallRecord, outcome: Outcome | None, 
         conn.execute(
             "INSERT INTO calls (run_id, call_id, batch_id, tool, arguments_json, request_hash, "
             "idempotency_key, agent, may_write, state, created_at, finished_at, status, "
-            "outcome_json, raw_result, replay_of, decision_json) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "outcome_json, raw_result, replay_of, decision_json, workspace) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 rec.run_id,
                 rec.call_id,
@@ -149,6 +149,7 @@ def _insert(conn: sqlite3.Connection, rec: CallRecord, outcome: Outcome | None, 
                 raw,
                 rec.replay_of or None,
                 rec.decision.to_json() if rec.decision is not None else None,
+                rec.workspace,
             ),
         )
     except sqlite3.IntegrityError as exc:
@@ -173,6 +174,7 @@ def _record(row: tuple[Any, ...]) -> CallRecord:
         outcome_json,
         replay_of,
         decision_json,
+        workspace,
         *raw,
     ) = row
     return CallRecord(
@@ -190,6 +192,7 @@ def _record(row: tuple[Any, ...]) -> CallRecord:
         replay_of=replay_of or "",
         raw_result=(raw[0] or "") if raw else "",
         decision=PolicyRecord.from_json(decision_json) if decision_json else None,
+        workspace=workspace,
     )
 
 
@@ -205,6 +208,9 @@ def _where(flt: CallFilter) -> tuple[str, list[Any]]:
     if flt.tool:
         clauses.append("tool = ?")
         params.append(flt.tool)
+    if flt.workspace:
+        clauses.append("workspace = ?")
+        params.append(flt.workspace)
     if flt.agents is not None:
         # GLOB: * and ? as fnmatch; identity names hold no other glob character.
         who = " OR ".join("{col} GLOB ?" for _ in flt.agents) or "0"

@@ -9,6 +9,7 @@ from typing import Protocol
 
 from execgate.executor.core.errors import ExecgateError
 from execgate.executor.core.outcomes import Outcome, Status
+from execgate.executor.core.requests import DEFAULT_WORKSPACE
 
 
 class DuplicateCall(ExecgateError):
@@ -82,6 +83,8 @@ class CallRecord:
     replay_of: str = ""
     raw_result: str = ""
     decision: PolicyRecord | None = None
+    # The workspace it worked in (pipeline/workspaces.py).
+    workspace: str = DEFAULT_WORKSPACE
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,6 +92,8 @@ class CallFilter:
     run_id: str = ""
     statuses: tuple[Status, ...] = ()
     tool: str = ""
+    # Only calls in this workspace ("": any).
+    workspace: str = ""
     since: float | None = None
     until: float | None = None
     # Only finished calls whose outcome was recorded at or after this time.

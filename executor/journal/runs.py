@@ -20,7 +20,7 @@ from .records import RunClaim, RunConflict
 
 _RUN_COLUMNS = (
     "run_id, goal, owner, limits_json, model, config_version, labels_json, state, reason, "
-    "last_seq, created_at, updated_at, cancel_requester, cancel_reason, cancel_at"
+    "last_seq, created_at, updated_at, cancel_requester, cancel_reason, cancel_at, workspace"
 )
 
 
@@ -108,6 +108,10 @@ class SqliteRuns:
         """At startup: run id -> owner, of every started run."""
         return self._db.read_now(_owners)
 
+    def workspaces(self) -> dict[str, str]:
+        """At startup: run id -> the workspace it is bound to, of every started run."""
+        return self._db.read_now(_workspaces)
+
 
 def _agents_in(conn: sqlite3.Connection, run_id: str) -> set[str]:
     """The identities with calls, or calls parked for approval, recorded in `run_id`."""
@@ -122,7 +126,7 @@ def _agents_in(conn: sqlite3.Connection, run_id: str) -> set[str]:
 def _insert_run(conn: sqlite3.Connection, r: Run) -> bool:
     cur = conn.execute(
         f"INSERT OR IGNORE INTO runs ({_RUN_COLUMNS}) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, NULL)",
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, NULL, ?)",
         (
             r.run_id,
             r.goal,
@@ -136,6 +140,7 @@ def _insert_run(conn: sqlite3.Connection, r: Run) -> bool:
             r.last_seq,
             r.created_at,
             r.updated_at,
+            r.workspace,
         ),
     )
     return cur.rowcount == 1
@@ -189,6 +194,7 @@ def _run(r: tuple[Any, ...]) -> Run:
         created_at=r[10],
         updated_at=r[11],
         cancel=CancelAsk(r[12], r[13], r[14]) if r[14] is not None else None,
+        workspace=r[15],
     )
 
 
@@ -224,6 +230,10 @@ def _list_filter(
 
 def _owners(conn: sqlite3.Connection) -> dict[str, str]:
     return dict(conn.execute("SELECT run_id, owner FROM runs").fetchall())
+
+
+def _workspaces(conn: sqlite3.Connection) -> dict[str, str]:
+    return dict(conn.execute("SELECT run_id, workspace FROM runs").fetchall())
 
 
 def _ended_runs(conn: sqlite3.Connection) -> dict[str, str]:

@@ -31,6 +31,8 @@ CREATE TABLE IF NOT EXISTS calls (
     replay_of       TEXT,
     -- The policy decision: effect, rule ids, revision, shadow rules (JSON).
     decision_json   TEXT,
+    -- The workspace it worked in (as the request named it, if it was refused for it).
+    workspace       TEXT NOT NULL DEFAULT 'default',
     UNIQUE (run_id, call_id)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS calls_idempotency
@@ -96,7 +98,8 @@ CREATE TABLE IF NOT EXISTS approvals (
     -- The rest of the request, so a daemon started after this one can run the
     -- call once it is approved (approvals outlive the daemon; see approve.py).
     idempotency_key TEXT NOT NULL DEFAULT '',
-    timeout         REAL
+    timeout         REAL,
+    workspace       TEXT NOT NULL DEFAULT 'default'
 );
 CREATE INDEX IF NOT EXISTS approvals_pending ON approvals (state) WHERE state = 'pending';
 -- Agent loops (executor/runs/registry.py): one row per run, its state kept in step with its
@@ -116,7 +119,9 @@ CREATE TABLE IF NOT EXISTS runs (
     updated_at       REAL NOT NULL,
     cancel_requester TEXT,
     cancel_reason    TEXT,
-    cancel_at        REAL
+    cancel_at        REAL,
+    -- The workspace its calls work in (Runs.StartRun binds it).
+    workspace        TEXT NOT NULL DEFAULT 'default'
 );
 CREATE INDEX IF NOT EXISTS runs_created ON runs (created_at);
 CREATE TABLE IF NOT EXISTS run_events (
@@ -151,7 +156,7 @@ CREATE INDEX IF NOT EXISTS spans_run ON spans (run_id) WHERE run_id != '';
 
 RECORD_COLUMNS = (
     "run_id, call_id, batch_id, tool, arguments_json, request_hash, idempotency_key, agent, "
-    "may_write, state, created_at, outcome_json, replay_of, decision_json"
+    "may_write, state, created_at, outcome_json, replay_of, decision_json, workspace"
 )
 
 
@@ -193,11 +198,22 @@ def _calls_by_agent(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX IF NOT EXISTS calls_agent ON calls (agent, seq)")
 
 
+def _workspaces(conn: sqlite3.Connection) -> None:
+    # Calls, runs and parked calls name the workspace they work in; everything recorded
+    # before there were several worked in the daemon's --workspace, `default`.
+    for table in ("calls", "runs", "approvals"):
+        if "workspace" not in _columns(conn, table):
+            conn.execute(
+                f"ALTER TABLE {table} ADD COLUMN workspace TEXT NOT NULL DEFAULT 'default'"
+            )
+
+
 # In order; each runs once, in its own transaction, and sets PRAGMA user_version.
 # A new one is appended here (never edited once released) and SCHEMA shows the result.
 MIGRATIONS = (
     Migration(1, "columns added before the journal was versioned", _unversioned),
     Migration(2, "index calls by agent", _calls_by_agent),
+    Migration(3, "the workspace of calls, runs and approvals", _workspaces),
 )
 LATEST = MIGRATIONS[-1].version
 

@@ -1,15 +1,26 @@
 """Lock keys: the names of what a call touches, arranged as trees.
 
-A key is a path from a root. Two roots exist:
+A key is a path from a root. Three roots exist:
 
-    ws                      the workspace (X on it = every file and table in it)
-    ├── a                   a directory "a" (S on it = every file below it)
-    │   └── b.txt           a file "a/b.txt"
-    └── data
-        └── x.db            an SQLite database file
-            └── \\0t         table "t" inside it
+    ws
+    └── /srv/ws/alice       a workspace, by its canonical root (X on it = every file
+        │                   and table in it)
+        ├── a               a directory "a" (S on it = every file below it)
+        │   └── b.txt       a file "a/b.txt"
+        └── data
+            └── x.db        an SQLite database file
+                └── \\0t     table "t" inside it
     net
     └── example.com         a network host
+    mcp
+    └── git                 an MCP server ...
+        └── /srv/ws/alice   ... as it serves one workspace (a process of its own)
+
+Every workspace is a subtree of its own under `ws`, named by its canonical root: calls
+in different workspaces never conflict (the `ws` node itself is never locked: no key
+names it), and two workspace names for one root are one subtree.
+Roots never nest (pipeline/workspaces.py refuses a root inside another), so one file
+has one key.
 
 Table segments start with NUL, which cannot occur in a file name, so a table can
 never collide with a file of the same name inside a directory of that name. The
@@ -38,11 +49,14 @@ class Key:
         """Every strict ancestor, root first: the nodes that get intention locks.
 
         Cached per path (every call asks, and directories are shared by many files).
+        The `ws` node above the workspaces is none: no key names it, so nothing but
+        (compatible) intention locks could ever be held on it.
         """
         parts = self.parts
         found = _ANCESTORS.get(parts)
         if found is None:
-            found = tuple(Key(parts[:i]) for i in range(1, len(parts)))
+            first = 2 if parts[0] == _WS else 1
+            found = tuple(Key(parts[:i]) for i in range(first, len(parts)))
             if len(_ANCESTORS) >= _ANCESTORS_MAX:
                 _ANCESTORS.clear()
             _ANCESTORS[parts] = found
@@ -53,34 +67,48 @@ class Key:
         n = len(self.parts)
         return len(other.parts) > n and other.parts[:n] == self.parts
 
-    def render(self, workspace_root: str) -> str:
-        """The name people read: `workspace`, `file:/abs`, `table:/abs/db/t`, `net:host`."""
+    def render(self) -> str:
+        """The name people read: `workspace` (the root of the workspace the key is in: a
+        call's keys are all in its own), `file:/abs`, `table:/abs/db/t`, `net:host`,
+        `mcp:name`."""
         root, rest = self.parts[0], self.parts[1:]
         if root == _NET:
             return f"net:{rest[0]}" if rest else "net:*"
         if root == _MCP:
             return f"mcp:{rest[0]}" if rest else "mcp:*"
-        if not rest:
+        if len(rest) <= 1:
             return "workspace"
-        if rest[-1].startswith(_TABLE):
-            db = os.path.join(workspace_root, *rest[:-1])
-            return f"table:{db}/{rest[-1][1:]}"
-        return "file:" + os.path.join(workspace_root, *rest)
+        home, inside = rest[0], rest[1:]
+        if inside[-1].startswith(_TABLE):
+            db = os.path.join(home, *inside[:-1])
+            return f"table:{db}/{inside[-1][1:]}"
+        return "file:" + os.path.join(home, *inside)
+
+    @property
+    def workspace(self) -> str:
+        """The canonical root of the workspace the key lies in ("" for net and mcp keys,
+        and for the `ws` node above every workspace)."""
+        if self.parts[0] == _WS and len(self.parts) > 1:
+            return self.parts[1]
+        return ""
 
 
-_WORKSPACE = Key((_WS,))
 # Key.ancestors() results by key parts; emptied when full (a cache, never a truth).
 _ANCESTORS: dict[tuple[str, ...], tuple[Key, ...]] = {}
 _ANCESTORS_MAX = 4096
 
 
-def workspace_key() -> Key:
-    """The workspace root: X on it excludes every other workspace call."""
-    return _WORKSPACE
+def workspace_key(root: str) -> Key:
+    """A workspace, by its canonical root: X on it excludes every other call in it, and
+    nothing in any other workspace."""
+    if not root.startswith("/"):
+        raise ValueError(f"a workspace is named by its absolute root: {root!r}")
+    return Key((_WS, root))
 
 
-def path_key(rel: str) -> Key:
-    """The key of a file or directory at a canonical workspace-relative path.
+def path_key(root: str, rel: str) -> Key:
+    """The key of a file or directory at a canonical path relative to the workspace at
+    `root` (its canonical absolute root).
 
     "" and "." are the workspace itself. Separators are normalised (repeated or
     trailing "/", "./" segments) so that one file has one key; ".." and absolute
@@ -94,18 +122,19 @@ def path_key(rel: str) -> Key:
     segments = [s for s in rel.split("/") if s and s != "."]
     if ".." in segments:
         raise ValueError(f"path must be canonical (no '..'): {rel!r}")
-    return Key((_WS, *segments))
+    return Key((*workspace_key(root).parts, *segments))
 
 
-def table_key(db_rel: str, table: str) -> Key:
-    """The key of `table` inside the SQLite database file at `db_rel`.
+def table_key(root: str, db_rel: str, table: str) -> Key:
+    """The key of `table` inside the SQLite database file at `db_rel` (in the workspace
+    at `root`).
 
     SQLite matches table names case-insensitively (ASCII only), so the name is
     folded the same way: "T" and "t" must be one key or their writes would not
     serialize.
     """
-    db = path_key(db_rel)
-    if len(db.parts) == 1:
+    db = path_key(root, db_rel)
+    if len(db.parts) == 2:
         raise ValueError("a database must be a file, not the workspace")
     if not table:
         raise ValueError("table name is empty")
@@ -124,9 +153,10 @@ def net_key(host: str) -> Key:
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
-def server_key(name: str) -> Key:
-    """The key of an MCP server: what its tools claim when the operator has not said
-    which files they touch (an untrusted server's tools all WRITE it: serialized)."""
+def server_key(name: str, root: str) -> Key:
+    """The key of an MCP server as it serves the workspace at `root` (a process of its
+    own there): what its tools claim when the operator has not said which files they
+    touch (an untrusted server's tools all WRITE it: serialized in that workspace)."""
     if not name:
         raise ValueError("server name is empty")
-    return Key((_MCP, name))
+    return Key((_MCP, name, workspace_key(root).parts[1]))

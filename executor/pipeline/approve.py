@@ -122,6 +122,7 @@ class Approvals:
             state=ApprovalState.PENDING,
             idempotency_key=req.idempotency_key,
             timeout=req.timeout,
+            workspace=call.workspace.name,
         )
         self._waiting[approval.id] = asyncio.get_running_loop().create_future()
         try:

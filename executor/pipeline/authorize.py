@@ -1,5 +1,5 @@
-"""What the policy sees of a validated call: its tool, agent, canonical paths, tables,
-hosts, command argv and arguments."""
+"""What the policy sees of a validated call: its tool, agent, canonical paths (relative
+to the call's workspace), tables, hosts, command argv and arguments."""
 
 from __future__ import annotations
 
@@ -28,15 +28,14 @@ _NET_ROOT = "net"
 class Authorizer:
     """The policy in force, and who is in which group: decides each call."""
 
-    def __init__(self, policy: Policy, workspace: Workspace) -> None:
+    def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self.workspace = workspace
         # An agent's `group:`/`role:` memberships, for policy `agents` entries. Set
         # (and swapped on an identities reload) by the server; none by default.
         self.memberships: Callable[[str], frozenset[str]] = lambda agent: frozenset()
 
     def input_for(self, call: ValidCall, agent: str) -> PolicyInput:
-        return policy_input(call, agent, self.memberships(agent), self.workspace)
+        return policy_input(call, agent, self.memberships(agent), call.workspace)
 
     def authorize(self, call: ValidCall, agent: str) -> Authorized:
         """The policy's decision on the call, even a deny (`enforce` refuses it: the
@@ -73,16 +72,17 @@ class Authorizer:
 
     def readable(self, authorized: Authorized) -> Callable[[Path], bool]:
         """Per-file answers for tree tools, on the input the call was decided on."""
-        return file_check(self.policy, authorized.policy_input, self.workspace)
+        return file_check(self.policy, authorized.policy_input, authorized.valid.workspace)
 
     def quota(self, authorized: Authorized) -> Quota:
         """The policy in force's `quotas:` on the call's agent."""
         decided_on = authorized.policy_input
         return self.policy.quota_for(decided_on.agent, decided_on.memberships)
 
-    def hard_links(self) -> Callable[[Path], bool]:
-        """Where the policy in force lets a tool use a file with several hard links."""
-        return hard_links_check(self.policy, self.workspace)
+    def hard_links(self, workspace: Workspace) -> Callable[[Path], bool]:
+        """Where the policy in force lets a tool use a file with several hard links (its
+        globs are relative to the call's workspace)."""
+        return hard_links_check(self.policy, workspace)
 
 
 def hard_links_check(policy: Policy, workspace: Workspace) -> Callable[[Path], bool]:

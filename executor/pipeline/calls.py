@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from execgate.executor.core.approval import Approval
+from execgate.executor.core.paths import Workspace
 from execgate.executor.core.requests import CallRequest
 from execgate.executor.journal.store import PolicyRecord
 from execgate.executor.locks import Key, LockMode, plan
@@ -32,6 +33,8 @@ class ValidCall:
     """A request that passed validation: the tool exists and the arguments fit its schema."""
 
     request: CallRequest
+    # The workspace the call works in (pipeline/workspaces.py chose it for its agent).
+    workspace: Workspace
     tool: Tool
     args: dict[str, Any]
     # sha256 over the tool name and the canonical arguments; idempotency compares
@@ -58,7 +61,7 @@ class ValidCall:
         whole workspace (effects.unconfined)."""
         if self.effects.confined is None or confines:
             return self
-        effects = unconfined(self.effects)
+        effects = unconfined(self.effects, self.workspace)
         return replace(self, effects=effects, lock_plan=plan(effects.claims))
 
 

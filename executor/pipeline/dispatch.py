@@ -49,6 +49,7 @@ from .run import Runner
 from .schedule import Scheduler
 from .telemetry import CallTelemetry
 from .validate import Validator
+from .workspaces import Workspaces
 
 if TYPE_CHECKING:
     from execgate.executor.telemetry.tracing import BatchSpan
@@ -70,19 +71,18 @@ class Dispatcher:
     ) -> None:
         self.journal = journal
         # Decides each call under the policy in force (reloads swap `policy`).
-        self.authorizer = Authorizer(policy, workspace)
+        self.authorizer = Authorizer(policy)
         self.workspace = workspace
         self.limits = limits
         self._validator = Validator(tools, workspace, limits)
+        # Which workspace each call works in (the policy's `workspaces:`, a run's).
+        self.workspaces = Workspaces(workspace, self.authorizer)
         self._idempotency = Idempotency(journal)
         self._endings = Endings(journal)
         self._locks = locks
-        self._runner = runner = Runner(self.authorizer, workspace, sandboxes, limits)
-        self._scheduler = Scheduler(
-            journal, locks, self._endings, runner, str(workspace.root), self.authorizer.quota
-        )
+        self._runner = runner = Runner(self.authorizer, sandboxes, limits)
+        self._scheduler = Scheduler(journal, locks, self._endings, runner, self.authorizer.quota)
         self.sandboxes = sandboxes
-        self._root = str(workspace.root)
         # Invariant: every task here is a call that has not yet recorded its outcome.
         self._tasks: set[asyncio.Task[None]] = set()
         self._inflight = InFlight(journal.cancels, journal.runs)
@@ -96,7 +96,7 @@ class Dispatcher:
         # Runs started through Runs.StartRun, and who owns each: nobody else's calls join.
         self.run_owners: dict[str, str] = {}
         # Spans and metrics of batches and calls (exporters set by the server).
-        self.telemetry = CallTelemetry(self._root)
+        self.telemetry = CallTelemetry()
         self._id_prefix = secrets.token_hex(6) + "_"
         self._ids = itertools.count(1)
 
@@ -144,7 +144,9 @@ class Dispatcher:
 
     async def explain(self, calls: list[CallRequest], agent: str) -> list[PlanRow]:
         """The lock plan of a batch, computed exactly as Execute would, running nothing."""
-        return await plan(calls, agent, self._validator, self.authorizer, self._runner.confines)
+        return await plan(
+            calls, agent, self._validator, self.authorizer, self._runner.confines, self.workspaces
+        )
 
     async def cancel(self, order: CancelOrder) -> list[str]:
         """Record the request, then ask the targeted calls to stop; returns the ids reached."""
@@ -179,6 +181,7 @@ class Dispatcher:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self.approvals.close()
         self._locks.close()
+        self.workspaces.close()
 
     def force(self) -> None:
         """End every grace period now: in-flight calls are killed, and still recorded."""
@@ -261,7 +264,8 @@ class Dispatcher:
         reached: Reached = None  # the furthest stage record: what its ending reports
         try:
             try:
-                valid = await self._validator.validate(req)
+                workspace, req = self.workspaces.choose(req, batch.agent)
+                valid = await self._validator.validate(req, workspace)
                 async with self._redecided(parked):
                     reached = self.authorizer.authorize(valid, batch.agent)
                     self.authorizer.enforce(reached)
@@ -325,7 +329,8 @@ class Dispatcher:
             return
         if req.idempotency_key:
             try:
-                call = await self._validator.validate(req)
+                workspace, pinned = self.workspaces.choose(req, batch.agent)
+                call = await self._validator.validate(pinned, workspace)
             except ToolError:
                 call = None
             if call is not None:

@@ -144,4 +144,7 @@ def record(
         agent=agent,
         may_write=may_write,
         created_at=created_at,
+        # The workspace it worked in once chosen (pinned on the request), else the one
+        # the request named ("": none) -- a call refused for its workspace keeps that.
+        workspace=req.workspace,
     )

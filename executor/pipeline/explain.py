@@ -14,6 +14,7 @@ from .authorize import Authorizer
 from .calls import CallRequest, ValidCall
 from .events import PlanRow
 from .validate import Validator
+from .workspaces import Workspaces
 
 
 async def plan(
@@ -22,14 +23,17 @@ async def plan(
     validator: Validator,
     authorizer: Authorizer,
     confines: Callable[[ValidCall, PolicyInput], bool],
+    workspaces: Workspaces,
 ) -> list[PlanRow]:
-    """Each call validated and decided (nothing runs, nothing is recorded), then who
-    would wait for whom among the calls that would be scheduled. A command's declared
-    paths are its plan only where its sandbox `confines` it to them, as in Execute."""
+    """Each call validated (in the workspace Execute would choose) and decided (nothing
+    runs, nothing is recorded), then who would wait for whom among the calls that would
+    be scheduled. A command's declared paths are its plan only where its sandbox
+    `confines` it to them, as in Execute."""
     rows: list[PlanRow] = []
     for req in calls:
         try:
-            call = await validator.validate(req)
+            workspace, pinned = workspaces.choose(req, agent)
+            call = await validator.validate(pinned, workspace)
         except ToolError as err:
             rows.append(PlanRow(req, None, results.from_error(err, ()), ()))
             continue

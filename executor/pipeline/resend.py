@@ -66,7 +66,7 @@ async def join_parked(req: CallRequest, batch: Batch, active: Active, journal: C
         req.tool,
         req.arguments_json,
         req.idempotency_key,
-    ):
+    ) or req.workspace not in ("", approval.workspace):
         return False
     batch.emit(EventKind.AWAITING_APPROVAL, req, approval=approval)
     await active.ended.wait()
@@ -80,8 +80,9 @@ async def join_parked(req: CallRequest, batch: Batch, active: Active, journal: C
 
 def _same_request(req: CallRequest, batch: Batch, recorded: CallRecord) -> bool:
     """The same agent's same request (another agent's outcome is never replayed to it)."""
-    return (recorded.agent, recorded.tool, recorded.arguments_json) == (
+    return (recorded.agent, recorded.tool, recorded.arguments_json, recorded.workspace) == (
         batch.agent,
         req.tool,
         req.arguments_json,
+        req.workspace,
     )

@@ -33,11 +33,8 @@ Progress = Callable[[float, float | None, str], None]
 class Runner:
     """Runs approved calls' tools under the limits the policy in force sets for each."""
 
-    def __init__(
-        self, authorizer: Authorizer, workspace: Workspace, sandboxes: Sandboxes, limits: Limits
-    ) -> None:
+    def __init__(self, authorizer: Authorizer, sandboxes: Sandboxes, limits: Limits) -> None:
         self._authorizer = authorizer
-        self._workspace = workspace
         self._sandboxes = sandboxes
         self._limits = limits
 
@@ -70,16 +67,17 @@ class Runner:
         authorized = approved.authorized
         set_by = self._authorizer.policy.limits_for(authorized.policy_input)
         limits, timeout = call_limits(self._limits, set_by, approved.valid, deadline)
+        workspace = approved.valid.workspace
         return await run_tool(
             approved.valid,
-            workspace=self._workspace,
+            workspace=workspace,
             sandboxes=self._sandboxes,
             limits=limits,
             allowed_s=timeout,
             scope=scope,
             decided_on=authorized.policy_input,
             readable=self._authorizer.readable(authorized),
-            hard_links=self._authorizer.hard_links(),
+            hard_links=self._authorizer.hard_links(workspace),
             marks=marks,
             progress=progress,
             trace=trace,

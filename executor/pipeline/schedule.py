@@ -39,14 +39,12 @@ class Scheduler:
         locks: LockBackend,
         endings: Endings,
         runner: Runner,
-        root: str,
         quota_for: Callable[[Authorized], Quota],
     ) -> None:
         self.journal = journal
         self._locks = locks
         self._endings = endings
         self._runner = runner
-        self._root = root  # the workspace: WAITING events render keys against it
         # The policy in force's `quotas:` for a call's agent (reloads swap the policy).
         self._quota_for = quota_for
         self._quotas = Quotas()
@@ -142,7 +140,7 @@ class Scheduler:
     ) -> None:
         """Called once the call is in the lock queue behind others (or its agent's cap)."""
         batch.pass_turn(req.index)
-        keys = tuple(k.render(self._root) for k in info.keys)
+        keys = tuple(k.render() for k in info.keys)
         behind = list(info.blockers)
         if info.capped and quota.concurrent is not None:
             behind.append(f"its agent's {info.capped} running calls ({quota.concurrent.field})")

@@ -19,8 +19,7 @@ log = logging.getLogger("execgate.dispatch")
 
 
 class CallTelemetry:
-    def __init__(self, root: str) -> None:
-        self._root = root  # the workspace: resource keys are rendered against it
+    def __init__(self) -> None:
         # Set by the server; no-ops until then.
         self.tracing = Tracing(None)
         self.metrics = Metrics(None)
@@ -50,18 +49,18 @@ class CallTelemetry:
         try:
             facts = CallFacts(tool=req.tool, agent=agent, index=req.index)
             if reached is not None:
-                facts = _facts(facts, reached, self._root)
+                facts = _facts(facts, reached)
             self.tracing.call_spans(span, req.run_id, req.call_id, outcome, facts)
             self.metrics.record(req.tool, outcome)
         except Exception:  # telemetry must never cost a call its outcome
             log.exception("telemetry of call %s failed", req.call_id)
 
 
-def _facts(facts: CallFacts, reached: Authorized | Approved, root: str) -> CallFacts:
+def _facts(facts: CallFacts, reached: Authorized | Approved) -> CallFacts:
     authorized = reached.authorized if isinstance(reached, Approved) else reached
     a = reached.approval if isinstance(reached, Approved) else None
     claims = authorized.valid.effects.claims
-    facts.resources = tuple((c.key.render(root), c.mode.value) for c in claims)
+    facts.resources = tuple((c.key.render(), c.mode.value) for c in claims)
     facts.policy_span = authorized.span
     facts.policy_effect = authorized.record.effect
     facts.policy_rules = authorized.record.rule_ids

@@ -17,7 +17,12 @@ from jsonschema.exceptions import ValidationError, best_match
 from execgate.executor.core.errors import ToolError, invalid
 from execgate.executor.core.outcomes import ErrorClass, Status
 from execgate.executor.core.paths import Workspace
-from execgate.executor.core.requests import MAX_ID_CHARS, MAX_JSON_DEPTH, nested_deeper
+from execgate.executor.core.requests import (
+    DEFAULT_WORKSPACE,
+    MAX_ID_CHARS,
+    MAX_JSON_DEPTH,
+    nested_deeper,
+)
 from execgate.executor.locks import plan
 from execgate.executor.tools import Limits, ResourceKind, Tool, schemabound
 from execgate.executor.tools.base import CheckedTool
@@ -41,12 +46,14 @@ class Validator:
     def tools(self) -> Mapping[str, Tool]:
         return self.toolset.tools
 
-    async def validate(self, req: CallRequest) -> ValidCall:
-        """The call, checked and analysed; raises a REJECTED ToolError naming the field.
+    async def validate(self, req: CallRequest, workspace: Workspace | None = None) -> ValidCall:
+        """The call, checked and analysed in `workspace` (the daemon's own if None);
+        raises a REJECTED ToolError naming the field.
 
         A tool that analyses its arguments itself (`sql` reads the database's
         schema) does so in a worker thread: it may block on the file.
         """
+        ws = self.workspace if workspace is None else workspace
         check_id(req.call_id, "call_id")
         check_id(req.run_id, "run_id")
         check_id(req.idempotency_key, "idempotency_key")
@@ -68,20 +75,21 @@ class Validator:
             self._check_schema(traits, args)
         if traits.checked:
             cast(CheckedTool, tool).check(args)
-        paths = self._resolve_paths(tool, args)
+        paths = self._resolve_paths(tool, args, ws)
         analysed = traits.analysed
         if traits.blocking:
-            effects = await asyncio.to_thread(analyse, tool, args, paths, self.workspace, analysed)
+            effects = await asyncio.to_thread(analyse, tool, args, paths, ws, analysed)
         else:
-            effects = analyse(tool, args, paths, self.workspace, analysed)
+            effects = analyse(tool, args, paths, ws, analysed)
         if effects.paths:
             paths = {**paths, **effects.paths}
         return ValidCall(
             request=req,
+            workspace=ws,
             tool=tool,
             args=args,
             # Only idempotency compares hashes; skip the work on the common path.
-            request_hash=_hash_or_reject(req.tool, args) if req.idempotency_key else "",
+            request_hash=_hash_or_reject(req.tool, args, ws.name) if req.idempotency_key else "",
             timeout=self._timeout(req.timeout, traits),
             paths=paths,
             effects=effects,
@@ -120,13 +128,14 @@ class Validator:
             return cap if declared is not None else self.limits.default_timeout
         return min(asked, cap)
 
-    def _resolve_paths(self, tool: Tool, args: dict[str, Any]) -> dict[str, Any]:
+    @staticmethod
+    def _resolve_paths(tool: Tool, args: dict[str, Any], ws: Workspace) -> dict[str, Any]:
         """Resolve path arguments now, so an escape is REJECTED before anything starts."""
         paths = {}
         for res in tool.spec.resources:
             if res.kind in (ResourceKind.FILE, ResourceKind.TREE):
                 raw = args.get(res.argument, ".")
-                paths[res.argument] = self.workspace.resolve(raw, f"arguments.{res.argument}")
+                paths[res.argument] = ws.resolve(raw, f"arguments.{res.argument}")
         return paths
 
 
@@ -179,15 +188,18 @@ def parse_arguments(text: str, max_bytes: int) -> dict[str, Any]:
 _TOO_DEEP = f"arguments_json is nested deeper than {MAX_JSON_DEPTH} levels"
 
 
-def _hash_or_reject(tool: str, args: dict[str, Any]) -> str:
+def _hash_or_reject(tool: str, args: dict[str, Any], workspace: str) -> str:
     try:
-        return request_hash(tool, args)
+        return request_hash(tool, args, workspace)
     except RecursionError as exc:
         raise invalid("arguments_json is nested too deeply", "arguments_json") from exc
 
 
-def request_hash(tool: str, args: dict[str, Any]) -> str:
-    canonical = json.dumps([tool, args], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+def request_hash(tool: str, args: dict[str, Any], workspace: str = DEFAULT_WORKSPACE) -> str:
+    """The same call in another workspace is another request; in `default` the hash is
+    the one a daemon of a single workspace gave it (a journal's keys stay valid)."""
+    request: list[Any] = [tool, args] if workspace == DEFAULT_WORKSPACE else [tool, args, workspace]
+    canonical = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8", errors="surrogatepass")).hexdigest()
 
 

@@ -19,12 +19,14 @@ from .model import Decision, Effect, PolicyInput, Rule, decide, path_glob
 from .quotas import NO_QUOTA, Bound, Over, Quota, QuotaRule, quota_for
 from .reads import ReadGrant, readable
 from .runrules import CallLimits, LimitRule, SandboxRule, limits_for
+from .workspaces import Grant, WorkspaceRule, grants_for
 
 __all__ = [
     "Bound",
     "CallLimits",
     "Decision",
     "Effect",
+    "Grant",
     "Over",
     "Policy",
     "PolicyError",
@@ -59,6 +61,8 @@ class Policy:
     reads: tuple[ReadGrant, ...] = ()
     # `quotas:`: how much of the daemon one agent may take at once.
     quotas: tuple[QuotaRule, ...] = ()
+    # `workspaces:`: which directories agents' calls work in (empty: `default` for all).
+    workspaces: tuple[WorkspaceRule, ...] = ()
 
     # What depends only on the tool, the agent and its memberships (the rules that may
     # concern a call, its limits, its quotas), worked out at a call's first decision
@@ -129,6 +133,13 @@ class Policy:
         """Whose records (names or * ? globs) `reads:` lets this agent read."""
         return readable(self.reads, agent, memberships)
 
+    def workspaces_for(
+        self, agent: str, memberships: frozenset[str] = frozenset()
+    ) -> tuple[Grant, ...]:
+        """The workspaces `workspaces:` gives this agent, its default first (none: it
+        may run no call)."""
+        return grants_for(self.workspaces, agent, memberships)
+
 
 def parse_policy(text: str, source: str) -> Policy:
     p = load_text(text, source)
@@ -142,6 +153,7 @@ def parse_policy(text: str, source: str) -> Policy:
         p.hard_links,
         p.reads,
         p.quotas,
+        p.workspaces,
     )
 
 

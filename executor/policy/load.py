@@ -30,9 +30,11 @@ from .quotas import QuotaRule, quota_rule
 from .reads import ReadGrant, read_grant
 from .runrules import LimitRule, SandboxRule, limit_rule, sandbox_rule
 from .schema import duplicate_keys, raise_all, schema_errors
+from .workspaces import WorkspaceRule, check_unique, workspace_rule
 
 FILE_KEYS = {
     "version", "default", "mode", "rules", "sandbox", "limits", "hard_links", "reads", "quotas",
+    "workspaces",
 }  # fmt: skip
 RULE_KEYS = {
     "id",
@@ -71,6 +73,8 @@ class Parsed:
     reads: tuple[ReadGrant, ...] = ()
     # `quotas:` entries: how much of the daemon one agent may take at once.
     quotas: tuple[QuotaRule, ...] = ()
+    # `workspaces:` entries: which directories agents' calls work in (empty: `default`).
+    workspaces: tuple[WorkspaceRule, ...] = ()
 
 
 def load_text(text: str, source: str) -> Parsed:
@@ -105,6 +109,9 @@ def load_text(text: str, source: str) -> Parsed:
     hard_links = doc.strings(top["hard_links"], "hard_links") if "hard_links" in top else ()
     reads = each("reads", lambda n, where: read_grant(doc, n, where))
     quotas = each("quotas", lambda n, where: quota_rule(doc, n, where))
+    spaces = each("workspaces", lambda n, where: workspace_rule(doc, n, where))
+    if spaces:
+        errors += check_unique(doc, doc.sequence(top["workspaces"], "workspaces"), spaces)
     raise_all(sorted(errors, key=_position))
     revision = hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
     return Parsed(
@@ -116,6 +123,7 @@ def load_text(text: str, source: str) -> Parsed:
         hard_links,
         tuple(r for _, r in reads),
         tuple(r for _, r in quotas),
+        tuple(r for _, r in spaces),
     )
 
 

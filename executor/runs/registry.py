@@ -106,6 +106,8 @@ class RunStore:
         self.ended: dict[str, str] = records.ended()
         # run id -> owner, for the dispatcher: only the owner's calls join a started run.
         self.owners: dict[str, str] = records.owners()
+        # run id -> its workspace, for the dispatcher: a started run's calls work there.
+        self.workspaces: dict[str, str] = records.workspaces()
         # Told the run id of each run that reaches a terminal state, once it is recorded.
         self.on_ended: Callable[[str], None] = _nobody
         # The state machines of runs appended to lately (replayed from the journal
@@ -140,6 +142,7 @@ class RunStore:
         if conflict is not None:
             raise RunRefused(Refusal.EXISTS, f"run {run.run_id!r} exists already", "run_id")
         self.owners[run.run_id] = run.owner
+        self.workspaces[run.run_id] = run.workspace
         return run
 
     async def get(self, run_id: str) -> Run:

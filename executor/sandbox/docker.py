@@ -36,7 +36,7 @@ import os
 import secrets
 import signal
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .base import Captured, Exit, Launch, Probe, SandboxError
 from .docker_io import ServerStdio, Stdio
@@ -163,8 +163,9 @@ class ContainerRunning:
         watch = self.watch
         if watch is not None and not self._exited.done():
             ended = asyncio.ensure_future(watch.ended.wait())
+            either: set[asyncio.Future[Any]] = {self._exited, ended}
             try:
-                await asyncio.wait({self._exited, ended}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 ended.cancel()
             if self._killed and watch.gone_at is not None and not self._exited.done():

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import grpc
 
 from execgate.executor.core import clock
-from execgate.executor.core.errors import MalformedRequest
+from execgate.executor.core.errors import MalformedRequest, ToolError
 from execgate.executor.core.fanout import Lagging
 from execgate.executor.core.run import CancelAsk, Run
 from execgate.executor.core.runstate import State
@@ -50,9 +51,17 @@ class RunsService(rpb_grpc.RunsServicer):
     async def StartRun(self, request: rpb.StartRunRequest, context: Context) -> rpb.Run:
         asked = wire_runs.run_request(request, owner=caller().name)
         try:
-            return wire_runs.run_msg(await self.store.start(asked))
+            # Bound to a workspace the policy gives its owner (its first if it names none).
+            bound = self._workspace(asked.owner, asked.workspace)
+            return wire_runs.run_msg(await self.store.start(replace(asked, workspace=bound)))
         except RunRefused as exc:
             await abort_for(context, exc)
+
+    def _workspace(self, owner: str, asked: str) -> str:
+        try:
+            return self.dispatcher.workspaces.grant(owner, asked).name
+        except ToolError as exc:
+            raise RunRefused(Refusal.FORBIDDEN, exc.message, exc.field) from None
 
     async def AppendEvents(self, request: rpb.AppendEventsRequest, context: Context) -> rpb.Run:
         try:

@@ -198,6 +198,7 @@ async def serve(
         runs.on_ended = _on_run_ended(served, dispatcher)
         dispatcher.ended_runs = runs.ended
         dispatcher.run_owners = runs.owners
+        dispatcher.workspaces.runs = runs.workspaces
         server, health_servicer = _server(config, dispatcher, runs, interceptor, served)
         addresses = _bind(server, config)
     finally:

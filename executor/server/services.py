@@ -177,7 +177,7 @@ class ExecutorService(pb_grpc.ExecutorServicer):
         context: grpc.aio.ServicerContext[pb.ExecuteRequest, pb.ExplainResponse],
     ) -> pb.ExplainResponse:
         rows = await self.dispatcher.explain(self._batch(request).calls, agent=caller().name)
-        return wire.plan(rows, str(self.dispatcher.workspace.root))
+        return wire.plan(rows)
 
     async def ExplainPolicy(
         self,

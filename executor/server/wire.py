@@ -80,7 +80,13 @@ def tool_spec(spec: ToolSpec, provider: str = "builtin", trusted: bool = True) -
 
 
 def call_request(
-    msg: pb.ToolCall, *, run_id: str, batch_id: str, index: int, call_id: str
+    msg: pb.ToolCall,
+    *,
+    run_id: str,
+    batch_id: str,
+    index: int,
+    call_id: str,
+    workspace: str = "",
 ) -> CallRequest:
     timeout = (
         wirecheck.duration(msg.timeout, f"calls[{index}].timeout")
@@ -96,6 +102,7 @@ def call_request(
         arguments_json=msg.arguments_json,
         idempotency_key=msg.idempotency_key,
         timeout=timeout,
+        workspace=workspace,
     )
 
 
@@ -179,6 +186,7 @@ def record(r: CallRecord) -> pb.CallRecord:
         created_at=timestamp(r.created_at),
         replay_of_call_id=r.replay_of,
         raw_result=r.raw_result,
+        workspace=r.workspace,
     )
     if r.outcome is not None:
         msg.outcome.CopyFrom(outcome(r.outcome))
@@ -209,6 +217,7 @@ def parked_record(a: Approval, *, may_write: bool) -> pb.CallRecord:
         approval_id=a.id,
         approval_expires_at=timestamp(a.expires_at),
         approvers=a.approvers,
+        workspace=a.workspace,
     )
 
 
@@ -226,6 +235,7 @@ def call_filter(
         run_id=run_id,
         statuses=wirecheck.enum_values(req.statuses, _STATUS_BACK, "statuses"),
         tool=req.tool,
+        workspace=req.workspace,
         since=wirecheck.timestamp(req.since, "since") if req.HasField("since") else None,
         until=wirecheck.timestamp(req.until, "until") if req.HasField("until") else None,
         finished_since=wirecheck.timestamp(req.finished_since, "finished_since")
@@ -237,7 +247,7 @@ def call_filter(
     )
 
 
-def call_plan(row: PlanRow, root: str) -> pb.CallPlan:
+def call_plan(row: PlanRow) -> pb.CallPlan:
     req = row.request
     msg = pb.CallPlan(call_id=req.call_id, index=req.index, tool=req.tool, waits_for=row.waits_for)
     if row.rejected is not None:
@@ -256,11 +266,11 @@ def call_plan(row: PlanRow, root: str) -> pb.CallPlan:
     if row.call is not None:
         msg.may_write = row.call.may_write
         msg.claims.extend(
-            pb.ResourceClaim(key=c.key.render(root), mode=_MODE[c.mode])
+            pb.ResourceClaim(key=c.key.render(), mode=_MODE[c.mode])
             for c in row.call.effects.claims
         )
         msg.locks.extend(
-            pb.LockRequest(key=k.render(root), mode=_LOCK[m])
+            pb.LockRequest(key=k.render(), mode=_LOCK[m])
             for k, m in sorted(row.call.lock_plan.items())
         )
     return msg
@@ -283,6 +293,7 @@ def approval(a: Approval) -> pb.Approval:
         state=_APPROVAL[a.state],
         decided_by=a.decided_by,
         comment=a.comment,
+        workspace=a.workspace,
     )
     if a.decided_at is not None:
         msg.decided_at.CopyFrom(timestamp(a.decided_at))
@@ -366,11 +377,22 @@ def batch_request(
         raise MalformedRequest(
             "too_large", "batch_id", f"batch_id: longer than {MAX_ID_CHARS} characters"
         )
+    # A loop step works in its run's workspace (pipeline/workspaces): it names none.
+    workspace = request.workspace if isinstance(request, pb.ExecuteRequest) else ""
+    if len(workspace) > MAX_ID_CHARS:
+        raise MalformedRequest(
+            "too_large", "workspace", f"workspace: longer than {MAX_ID_CHARS} characters"
+        )
     run_id = request.run_id or default_run
     batch_id = request.batch_id or new_id("batch")
     calls = [
         call_request(
-            c, run_id=run_id, batch_id=batch_id, index=i, call_id=c.call_id or new_id("call")
+            c,
+            run_id=run_id,
+            batch_id=batch_id,
+            index=i,
+            call_id=c.call_id or new_id("call"),
+            workspace=workspace,
         )
         for i, c in enumerate(request.calls)
     ]
@@ -461,8 +483,8 @@ def batch_response(batch_id: str, finished: Sequence[Event | None]) -> pb.Execut
     )
 
 
-def plan(rows: Iterable[PlanRow], root: str) -> pb.ExplainResponse:
-    return pb.ExplainResponse(calls=[call_plan(r, root) for r in rows])
+def plan(rows: Iterable[PlanRow]) -> pb.ExplainResponse:
+    return pb.ExplainResponse(calls=[call_plan(r) for r in rows])
 
 
 def cancelled(call_ids: list[str]) -> pb.CancelResponse:

@@ -43,6 +43,7 @@ def run_request(request: rpb.StartRunRequest, *, owner: str) -> Run:
         model=request.model,
         config_version=request.config_version,
         labels=dict(request.labels),
+        workspace=request.workspace,
     )
 
 
@@ -140,6 +141,7 @@ def run_msg(r: Run) -> rpb.Run:
         last_seq=r.last_seq,
         created_at=timestamp(r.created_at),
         updated_at=timestamp(r.updated_at),
+        workspace=r.workspace,
     )
     if r.cancel is not None:
         msg.cancel.CopyFrom(_cancel_msg(r.cancel))

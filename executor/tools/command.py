@@ -22,7 +22,7 @@ from typing import Any
 from execgate.executor.core.errors import ToolError
 from execgate.executor.core.outcomes import ErrorClass, Evidence, StopMode
 from execgate.executor.core.paths import Workspace
-from execgate.executor.locks import Claim, Mode, path_key, workspace_key
+from execgate.executor.locks import Claim, Mode, workspace_key
 from execgate.executor.sandbox import (
     Captured,
     Launch,
@@ -34,7 +34,7 @@ from execgate.executor.sandbox.ladder import Stopped, supervise
 
 from . import confine
 from .base import ResourceKind, ResourceTemplate, ToolContext, ToolOutput, ToolSpec, schema
-from .effects import CallEffects
+from .effects import CallEffects, file_key
 
 BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 _ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"
@@ -98,18 +98,18 @@ class RunCommand:
         """The whole workspace written, unless the call declares what it reads and writes."""
         del paths  # cwd is resolved by validation (the TREE template): checked, not locked
         if "reads" not in args and "writes" not in args:
-            return CallEffects((Claim(workspace_key(), Mode.WRITE),), True)
+            return CallEffects((Claim(workspace_key(workspace.lock_root), Mode.WRITE),), True)
         found: dict[str, Path] = {}
         claims = []
         for i, text in enumerate(args.get("reads", ())):
             field = f"arguments.reads[{i}]"
             found[field] = path = workspace.resolve(text, field)
-            claims.append(Claim(path_key(workspace.relative(path)), Mode.READ))
+            claims.append(Claim(file_key(workspace, path), Mode.READ))
         writes = []
         for i, text in enumerate(args.get("writes", ())):
             declared = confine.declared_write(workspace, text, f"arguments.writes[{i}]")
             found[declared.field] = declared.path
-            claims.append(Claim(path_key(workspace.relative(declared.path)), Mode.WRITE))
+            claims.append(Claim(file_key(workspace, declared.path), Mode.WRITE))
             writes.append(declared)
         return CallEffects(tuple(claims), bool(writes), paths=found, confined=tuple(writes))
 

@@ -40,7 +40,7 @@ from .declguard import (
     table_claim,
     unchanged,
 )
-from .effects import CallEffects
+from .effects import CallEffects, file_key
 
 __all__ = ["CommandTool", "Prepared"]
 
@@ -99,7 +99,9 @@ class CommandTool:
         prepared = self._prepare(args, workspace)
         effects = self.decl.effects
         if not effects.declared:
-            return CallEffects((Claim(workspace_key(), Mode.WRITE),), True, prepared)
+            return CallEffects(
+                (Claim(workspace_key(workspace.lock_root), Mode.WRITE),), True, prepared
+            )
         found: dict[str, Path] = {}
         writes: list[Declared] = []
         claims = [
@@ -199,7 +201,7 @@ class CommandTool:
                 continue
             path = workspace.resolve(value, field_of(text, f"effects.{key}[{i}]"))
             found[f"effects.{key}[{i}]"] = path
-            claims.append(Claim(path_key(workspace.relative(path)), mode))
+            claims.append(Claim(file_key(workspace, path), mode))
         return claims
 
     def _writes(
@@ -220,7 +222,7 @@ class CommandTool:
             declared = confine.declared_write(workspace, value, field_of(text, where))
             found[where] = declared.path
             writes.append(declared)
-            claims.append(Claim(path_key(workspace.relative(declared.path)), Mode.WRITE))
+            claims.append(Claim(file_key(workspace, declared.path), Mode.WRITE))
         return claims
 
     @staticmethod
@@ -233,13 +235,13 @@ class CommandTool:
         for claim in claims:
             parts = claim.key.parts
             if claim.mode is Mode.WRITE and parts[-1].startswith("\0"):
-                rel = "/".join(parts[1:-2])
-                folder = workspace.root.joinpath(*parts[1:-2])
+                rel = "/".join(parts[2:-2])  # ("ws", root, *folder, db, table)
+                folder = workspace.root.joinpath(*parts[2:-2])
                 if all(d.path != folder for d in writes):
                     writes.append(
                         Declared(f"effects.write_tables ({rel or '.'})", rel or ".", folder, True)
                     )
-                    out.append(Claim(path_key(rel), Mode.WRITE))
+                    out.append(Claim(path_key(workspace.lock_root, rel), Mode.WRITE))
         return out
 
     def _tables(

@@ -167,7 +167,7 @@ def table_claim(value: str, field: str, mode: Mode, workspace: Workspace) -> Cla
             status=Status.REJECTED,
         )
     try:
-        return Claim(table_key(rel, table), mode)
+        return Claim(table_key(workspace.lock_root, rel, table), mode)
     except ValueError as exc:  # no table name
         raise invalid(f"{value!r}: {exc}", field) from exc
 

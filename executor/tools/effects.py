@@ -42,10 +42,10 @@ class CallEffects:
     confined: tuple[Declared, ...] | None = None
 
 
-def unconfined(effects: CallEffects) -> CallEffects:
+def unconfined(effects: CallEffects, workspace: Workspace) -> CallEffects:
     """A declaration the sandbox cannot enforce: the whole workspace written, as by a
     command that declared nothing (claims outside it, on hosts, stay)."""
-    root = workspace_key()
+    root = workspace_key(workspace.lock_root)
     others = tuple(c for c in effects.claims if not _inside(root, c.key))
     return CallEffects((Claim(root, Mode.WRITE), *others), True, effects.detail, effects.paths)
 
@@ -89,7 +89,7 @@ def analyse(
     claims = []
     for template in tool.spec.resources:
         if template.kind is ResourceKind.WORKSPACE:
-            key = workspace_key()
+            key = workspace_key(workspace.lock_root)
         else:
             key = file_key(workspace, paths[template.argument])
         claims.append(Claim(key, template.mode))
@@ -98,4 +98,4 @@ def analyse(
 
 def file_key(workspace: Workspace, path: Path) -> Key:
     """The lock key of a canonical path inside the workspace."""
-    return path_key(workspace.relative(path))
+    return path_key(workspace.lock_root, workspace.relative(path))

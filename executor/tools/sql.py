@@ -153,19 +153,22 @@ class Sql:
         """Lock claims from the parsed statement: tables, or the whole database file."""
         found = self.effects(args, workspace)
         db, sql = found.relative, found.sql
+        root = workspace.lock_root
         claims: list[Claim] = []
         if sql.whole_db is not None:
-            claims.append(Claim(path_key(db), sql.whole_db))
+            claims.append(Claim(path_key(root, db), sql.whole_db))
         elif not found.read_only and not found.wal:
             # Outside WAL mode SQLite cannot COMMIT while any other connection is
             # reading, whatever the table: a writer needs the whole file to itself,
             # or it would fail at COMMIT behind a reader the scheduler let in.
-            claims.append(Claim(path_key(db), Mode.WRITE))
+            claims.append(Claim(path_key(root, db), Mode.WRITE))
         else:
-            claims += [Claim(table_key(db, t), Mode.WRITE) for t in sorted(sql.writes)]
-            claims += [Claim(table_key(db, t), Mode.READ) for t in sorted(sql.reads - sql.writes)]
+            claims += [Claim(table_key(root, db, t), Mode.WRITE) for t in sorted(sql.writes)]
+            claims += [
+                Claim(table_key(root, db, t), Mode.READ) for t in sorted(sql.reads - sql.writes)
+            ]
         if args.get("create", False) and not found.database.exists():
-            claims.append(Claim(path_key(db), Mode.WRITE))
+            claims.append(Claim(path_key(root, db), Mode.WRITE))
         may_write = not found.read_only or any(c.mode is Mode.WRITE for c in claims)
         return CallEffects(tuple(claims), may_write, found)
 

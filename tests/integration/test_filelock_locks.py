@@ -42,14 +42,15 @@ from execgate.executor.tools import Mode
 from tests.unit.locks.test_locks import Run, calls
 
 SHARED = "shared.txt"
+ROOT = "/w"  # the workspace the keys are in (a lock table needs no directory behind it)
 
 
 def W(path: str) -> dict[Key, LockMode]:
-    return plan([Claim(path_key(path), Mode.WRITE)])
+    return plan([Claim(path_key(ROOT, path), Mode.WRITE)])
 
 
 def R(path: str) -> dict[Key, LockMode]:
-    return plan([Claim(path_key(path), Mode.READ)])
+    return plan([Claim(path_key(ROOT, path), Mode.READ)])
 
 
 def run_async(fn: Callable[[], Awaitable[None]], timeout: float = 20) -> None:
@@ -257,7 +258,7 @@ def test_fifo_per_conflict_across_daemons(tmp_path: Path) -> None:
             r3 = asyncio.create_task(a.acquire("r3", R(SHARED), on_wait=infos.append))
             free = await a.acquire("free", W("other.txt"))  # conflicts with nobody: at once
             await until(lambda: len(a.snapshot().waiters) == 2)
-            assert infos == [WaitInfo((path_key(SHARED),), ("w2",))]
+            assert infos == [WaitInfo((path_key(ROOT, SHARED),), ("w2",))]
             snap = b.snapshot()
             assert [(e.owner, e.instance) for e in snap.holders] == [("r1", "a"), ("free", "a")]
             assert [e.owner for e in snap.waiters] == ["w2", "r3"]

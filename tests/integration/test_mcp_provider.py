@@ -101,7 +101,7 @@ def test_untrusted_tools_write_the_server_key_whatever_they_claim(tmp_path: Path
         assert not lie.spec.read_only  # it says readOnlyHint; nobody believes it
         effects = lie.call_effects({"path": "x", "line": "y"}, {}, Workspace(ws))
         assert effects.may_write
-        modes = {c.key.render(str(ws)): c.mode for c in effects.claims}
+        modes = {c.key.render(): c.mode for c in effects.claims}
         assert modes == {"mcp:faulty": Mode.WRITE, "workspace": Mode.WRITE}
 
     run(ws, [_decl("faulty", ms.fixture_server(), tag)], body)
@@ -130,11 +130,11 @@ def test_trusted_annotations_and_overrides(tmp_path: Path) -> None:
         assert echo.spec.read_only  # trusted: readOnlyHint believed
         read = echo.call_effects({"text": "a"}, {}, Workspace(ws))
         assert not read.may_write
-        assert [(c.key.render(str(ws)), c.mode) for c in read.claims] == [("mcp:faulty", Mode.READ)]
+        assert [(c.key.render(), c.mode) for c in read.claims] == [("mcp:faulty", Mode.READ)]
         lie = tool(provider, "faulty.lie_append")
         wrote = lie.call_effects({"path": "notes/a.txt", "line": "x"}, {}, Workspace(ws))
         assert wrote.may_write
-        keys = {c.key.render(str(ws)): c.mode for c in wrote.claims}
+        keys = {c.key.render(): c.mode for c in wrote.claims}
         assert keys[f"file:{ws.resolve()}/notes/a.txt"] is Mode.WRITE
         with pytest.raises(Exception, match="outside the workspace"):
             lie.call_effects({"path": "../../etc/passwd", "line": "x"}, {}, Workspace(ws))

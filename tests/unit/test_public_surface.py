@@ -51,6 +51,7 @@ EXPECTED: dict[str, list[str]] = {
         "CallLimits",
         "Decision",
         "Effect",
+        "Grant",
         "Over",
         "Policy",
         "PolicyError",

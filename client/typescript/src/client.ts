@@ -36,11 +36,17 @@ export interface ClientOptions {
   readonly token?: string;
   // Certificates for a daemon's mTLS TCP listener; unset: plaintext.
   readonly tls?: TlsConfig;
+  // The workspace calls work in unless a call says otherwise: one the daemon's policy
+  // gives this identity ("" = its run's, else its first). Another is REJECTED
+  // permission_denied, field "workspace".
+  readonly workspace?: string;
 }
 
 export interface ExecuteOptions {
   readonly runId?: string;
   readonly batchId?: string;
+  // The workspace the batch works in (default: the client's).
+  readonly workspace?: string;
   // Epoch seconds: calls still running then are stopped (timeout); calls not started
   // by then are REJECTED (timeout).
   readonly deadline?: number;
@@ -56,6 +62,7 @@ export interface StreamOptions extends ExecuteOptions {
 
 export interface OneCallOptions {
   readonly runId?: string;
+  readonly workspace?: string;
   readonly callId?: string;
   readonly idempotencyKey?: string;
   // Seconds.
@@ -77,6 +84,8 @@ export interface ListCallsOptions {
   readonly runId?: string;
   readonly statuses?: readonly Status[];
   readonly tool?: string;
+  // Only calls in this workspace (default: any).
+  readonly workspace?: string;
   // At most this many records, newest first (default 100).
   readonly limit?: number;
 }
@@ -84,6 +93,7 @@ export interface ListCallsOptions {
 export class Client {
   readonly address: string;
   readonly runId: string;
+  readonly workspace: string;
   /** Calls a policy `ask` rule parked: pending, watch, approve, deny. */
   readonly approvals: Approvals;
   /** Run records: start, append transitions, get, find, cancel, watch. */
@@ -95,6 +105,7 @@ export class Client {
   constructor(options: ClientOptions = {}) {
     this.address = resolveAddress(options.address);
     this.runId = options.runId ?? "";
+    this.workspace = options.workspace ?? "";
     this.rpc = new Rpc(this.address, resolveToken(options.token, this.address));
     const creds = channelCredentials(options.tls);
     // One channel (one connection) for the three services.
@@ -155,14 +166,20 @@ export class Client {
     args: Readonly<Record<string, unknown>> | string = {},
     options: OneCallOptions = {},
   ): Promise<Outcome> {
-    const { runId, ...call } = options;
-    const [outcome] = await this.executeBatch([{ tool, arguments: args, ...call }], { runId });
+    const { runId, workspace, ...call } = options;
+    const [outcome] = await this.executeBatch([{ tool, arguments: args, ...call }], {
+      runId,
+      workspace,
+    });
     if (outcome === undefined) throw new Error("the daemon answered a call with no outcome");
     return outcome;
   }
 
   /** How the daemon would schedule these calls (locks, who waits for whom); runs nothing. */
-  async explain(calls: Iterable<Call>, options: { runId?: string } = {}): Promise<CallPlan[]> {
+  async explain(
+    calls: Iterable<Call>,
+    options: { runId?: string; workspace?: string } = {},
+  ): Promise<CallPlan[]> {
     const request = wire.executeRequest(calls, this.batch(options), true);
     const response = await this.rpc.unary<pb.ExplainResponse>((md, done) =>
       this.stub.explain(request, md, done),
@@ -198,6 +215,7 @@ export class Client {
         runId: options.runId ?? "",
         statuses: (options.statuses ?? []).map(wire.statusMessage),
         tool: options.tool ?? "",
+        workspace: options.workspace ?? "",
         limit: Math.min(limit - records.length, 1000),
         pageToken,
       });
@@ -231,6 +249,10 @@ export class Client {
   }
 
   private batch(options: ExecuteOptions): wire.BatchOptions {
-    return { ...options, runId: options.runId ?? this.runId };
+    return {
+      ...options,
+      runId: options.runId ?? this.runId,
+      workspace: options.workspace ?? this.workspace,
+    };
   }
 }

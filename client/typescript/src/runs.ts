@@ -48,6 +48,8 @@ export interface RunInfo {
   readonly createdAt: number;
   readonly updatedAt: number;
   readonly cancel?: CancelNotice;
+  // The workspace every call of the run works in.
+  readonly workspace: string;
 }
 
 /** What a loop step (`Runs.step`) ended with. */
@@ -84,6 +86,9 @@ export interface StartOptions {
   readonly model?: string;
   readonly configVersion?: string;
   readonly labels?: Readonly<Record<string, string>>;
+  // Where every call of the run works: one the policy gives this identity (unset: its
+  // first); PermissionDenied for one it was not given.
+  readonly workspace?: string;
 }
 
 export interface FindOptions {
@@ -110,6 +115,7 @@ export class Runs {
       model: options.model ?? "",
       configVersion: options.configVersion ?? "",
       labels: { ...options.labels },
+      workspace: options.workspace ?? "",
     });
     const msg = await this.rpc.unary<rpb.Run>((md, done) => this.stub.startRun(request, md, done), {
       runId,
@@ -296,6 +302,7 @@ function runInfo(msg: rpb.Run): RunInfo {
     lastSeq: msg.lastSeq,
     createdAt: wire.seconds(msg.createdAt),
     updatedAt: wire.seconds(msg.updatedAt),
+    workspace: msg.workspace,
     ...(msg.cancel ? { cancel: cancelNotice(msg.cancel) } : {}),
   };
 }

@@ -251,6 +251,9 @@ export interface CallRecord {
   readonly rawResult: string;
   // Unset for a call refused before the policy decided.
   readonly policy?: PolicyDecision;
+  // The workspace it worked in ("" for a call refused before one was chosen that
+  // named none).
+  readonly workspace: string;
 }
 
 export type AccessMode = "read" | "write" | "unspecified";
@@ -296,4 +299,6 @@ export interface Approval {
   readonly decidedBy: string;
   readonly comment: string;
   readonly decidedAt?: number;
+  // The workspace the parked call works in.
+  readonly workspace: string;
 }

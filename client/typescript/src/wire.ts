@@ -236,6 +236,7 @@ export function record(msg: pb.CallRecord): CallRecord {
     ...(finished ? { outcome: outcome(msg.outcome, msg.callId, msg.replayOfCallId) } : {}),
     replayOf: msg.replayOfCallId,
     rawResult: msg.rawResult,
+    workspace: msg.workspace,
     ...policy(msg.policy),
   };
 }
@@ -273,6 +274,7 @@ export function approval(msg: pb.Approval): Approval {
     state: known(named(msg.state, "APPROVAL_STATE_")),
     decidedBy: msg.decidedBy,
     comment: msg.comment,
+    workspace: msg.workspace,
     ...(msg.decidedAt ? { decidedAt: seconds(msg.decidedAt) } : {}),
   };
 }
@@ -296,6 +298,8 @@ export interface BatchOptions {
   readonly batchId?: string;
   // Epoch seconds: calls still running then are stopped, calls not started are REJECTED.
   readonly deadline?: number;
+  // The workspace the calls work in ("" = the run's, else the caller's first).
+  readonly workspace?: string;
 }
 
 export function executeRequest(
@@ -309,6 +313,7 @@ export function executeRequest(
     outcomesOnly,
     calls: [...calls].map(toolCall),
     deadline: opts.deadline === undefined ? undefined : timestamp(opts.deadline),
+    workspace: opts.workspace ?? "",
   });
 }
 

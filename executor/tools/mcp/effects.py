@@ -110,11 +110,12 @@ def call_effects(
     """The claims of one call (see the module's docstring)."""
     if effects is not None and effects.declared:
         return _declared(server, believed, effects, dict(args), workspace)
+    mine = server_key(server, workspace.lock_root)
     if believed.read_only:
-        return CallEffects((Claim(server_key(server), Mode.READ),), False)
-    claims = [Claim(server_key(server), Mode.WRITE)]
+        return CallEffects((Claim(mine, Mode.READ),), False)
+    claims = [Claim(mine, Mode.WRITE)]
     if workspace_writable:
-        claims.append(Claim(workspace_key(), Mode.WRITE))
+        claims.append(Claim(workspace_key(workspace.lock_root), Mode.WRITE))
     return CallEffects(tuple(claims), True)
 
 
@@ -123,7 +124,7 @@ def _declared(
 ) -> CallEffects:
     """An override's effects: each path resolved (the policy sees them by where they are
     declared, as a command tool's), each table and host claimed."""
-    claims = [Claim(server_key(server), Mode.READ)]
+    claims = [Claim(server_key(server, workspace.lock_root), Mode.READ)]
     found: dict[str, Path] = {}
     for key, mode in (("reads", Mode.READ), ("writes", Mode.WRITE)):
         for i, text in enumerate(getattr(effects, key)):

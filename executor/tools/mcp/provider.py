@@ -16,6 +16,11 @@ and agent, over the server's `sandbox:` (as for a declared command:
 without) get different processes; discovery's process is agent `local`'s for
 `NAME.*`. After an identities reload (an agent's groups may pick another rule)
 `reconfine` closes the processes no caller of theirs would be given now.
+
+A process serves one workspace: its cwd (`cwd:` resolved there) and its only bind are
+the workspace of the calls it serves, which is part of its pool key, so calls in
+different workspaces never share one (nor its lock key: effects.py). Discovery's
+process, and a prestarted one, are the daemon's --workspace's.
 The tools file may not choose `process` where the daemon's sandbox is stronger;
 `sandbox.image` is the server's docker image (it then runs in docker or not at all).
 `run_ended` closes a run's processes (`pool: run`); `close` kills every
@@ -94,7 +99,7 @@ class McpProvider:
         decl = server.decl
         self._writable[decl.name] = False
         user = (f"{decl.name}.*", DISCOVERY_AGENT)
-        key = PoolKey("", server.place(*user))
+        key = PoolKey("", server.place(*user), self._workspace)
         found = await self._listed(server, key, user)
         writer = any(not t.hints.read_only for t in found)
         keep = decl.prestart and decl.pool is Pool.DAEMON
@@ -116,10 +121,10 @@ class McpProvider:
             listed_tools = up.tools if up is not None else []
         return _served(server, listed_tools)
 
-    def _launcher(self, decl: ServerDecl) -> Callable[[Placement], Launch]:
-        def launch(placement: Placement) -> Launch:
-            cwd = self._workspace.resolve(decl.cwd, f"servers.{decl.name}.cwd")
-            root = self._workspace.root
+    def _launcher(self, decl: ServerDecl) -> Callable[[Placement, Workspace], Launch]:
+        def launch(placement: Placement, workspace: Workspace) -> Launch:
+            cwd = workspace.resolve(decl.cwd, f"servers.{decl.name}.cwd")
+            root = workspace.root
             return Launch(
                 argv=(decl.command, *decl.args),
                 cwd=cwd,

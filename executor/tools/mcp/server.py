@@ -2,9 +2,11 @@
 restarted with backoff after a failed start or a crash.
 
 A pool key is who shares the process (`ServerDecl.pool`: DAEMON -- every call;
-RUN -- one per run id; AGENT -- one per agent) and where it runs (`Placement`:
-the backend and confinement the policy gives the calls). Agents whose sandbox
-rules differ never share a process, even under DAEMON.
+RUN -- one per run id; AGENT -- one per agent), where it runs (`Placement`:
+the backend and confinement the policy gives the calls) and the workspace it
+serves (its cwd and its only bind: a process sees one workspace). Agents whose
+sandbox rules differ never share a process, even under DAEMON, nor do calls in
+different workspaces.
 
 Starts belong to the server, not to a caller: each is a task it owns, bounded by
 the server's `startup_timeout` alone. Callers wait for it with their own deadline;
@@ -34,10 +36,11 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from execgate.executor.core.errors import ExecgateError, ToolError
+from execgate.executor.core.paths import Workspace
 from execgate.executor.sandbox import Confinement, Launch, Sandbox, SandboxError, Serving
 
 from ..decl import Pool, ServerDecl
@@ -69,10 +72,17 @@ class Placement:
 class PoolKey:
     share: str  # who shares the process: "" (every call), "run:ID", "agent:NAME"
     placement: Placement
+    # The workspace the process works in: keys are equal when their roots are (two
+    # objects or names for one directory share a process).
+    workspace: Workspace = field(compare=False)
+    root: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", self.workspace.lock_root)
 
 
-# The Launch of one process of the server at `placement` (env, workspace bind).
-Launcher = Callable[[Placement], Launch]
+# The Launch of one process of the server at `placement` in a workspace (env, bind).
+Launcher = Callable[[Placement, Workspace], Launch]
 # (tool name, agent) -> where the policy in force puts that agent's calls of the tool.
 Placer = Callable[[str, str], Placement]
 
@@ -131,14 +141,16 @@ class Server:
         self._next_try = 0.0
         self.tool_count = 0
 
-    def key_for(self, run_id: str, agent: str, placement: Placement) -> PoolKey:
+    def key_for(
+        self, run_id: str, agent: str, placement: Placement, workspace: Workspace
+    ) -> PoolKey:
         match self.decl.pool:
             case Pool.DAEMON:
-                return PoolKey("", placement)
+                return PoolKey("", placement, workspace)
             case Pool.RUN:
-                return PoolKey(f"run:{run_id}", placement)
+                return PoolKey(f"run:{run_id}", placement, workspace)
             case Pool.AGENT:
-                return PoolKey(f"agent:{agent}", placement)
+                return PoolKey(f"agent:{agent}", placement, workspace)
 
     @contextlib.asynccontextmanager
     async def use(
@@ -216,7 +228,7 @@ class Server:
         counted (backoff) and nothing of the process is left."""
         sandbox = key.placement.sandbox
         try:
-            launch = self._launcher(key.placement)
+            launch = self._launcher(key.placement, key.workspace)
             running = await sandbox.start(launch)
         except (SandboxError, ToolError) as exc:
             raise self._failed(exc.message) from exc

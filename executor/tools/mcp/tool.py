@@ -80,7 +80,7 @@ class McpTool:
         server = self.server
         agent = ctx.agent or "local"
         try:
-            key = server.key_for(ctx.run_id, agent, self._placed(ctx, agent))
+            key = server.key_for(ctx.run_id, agent, self._placed(ctx, agent), ctx.workspace)
         except SandboxError as exc:
             raise ToolError(ErrorClass.SANDBOX_ERROR, str(exc)) from exc
         started, limit = clock.now(), ctx.remaining()

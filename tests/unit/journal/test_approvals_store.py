@@ -32,6 +32,7 @@ def _approval(
         state=ApprovalState.PENDING,
         idempotency_key="K",
         timeout=5.0,
+        workspace="shared",
     )
 
 

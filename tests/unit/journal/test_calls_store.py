@@ -170,6 +170,26 @@ def test_list_is_newest_first_filtered_and_pages_with_its_cursor(journal: Journa
     assert asyncio.run(go()) == [["c4", "c3"], ["c2", "c1"], ["c0"], ["x"], [], ["f"]]
 
 
+def test_a_calls_workspace_is_recorded_and_listed_by(journal: Journal) -> None:
+    async def go() -> tuple[list[str], list[str], CallRecord | None]:
+        await journal.record_finished(_rec("home", workspace="home"), DONE)
+        await journal.record_intent(_rec("shared", workspace="shared"))
+        await journal.record_finished(_rec("old"), DONE)  # a record that names none: default
+        home, _ = await journal.list(CallFilter(workspace="home"))
+        every, _ = await journal.list(CallFilter())
+        return (
+            [c.call_id for c in home],
+            [c.workspace for c in every],
+            await journal.get("r", "shared"),
+        )
+
+    home, every, shared = asyncio.run(go())
+    assert home == ["home"]
+    assert every == ["default", "shared", "home"]
+    assert shared is not None
+    assert shared.workspace == "shared"
+
+
 def test_recovery_settles_running_calls_by_whether_they_may_write(path: Path) -> None:
     async def write() -> None:
         j = Journal(path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 from execgate.executor.core.approval import Approval, ApprovalState
@@ -181,7 +182,7 @@ def test_the_startup_maps_of_ended_runs_and_owners(path: Path) -> None:
     async def write() -> None:
         j = Journal(path)
         try:
-            await j.runs.insert(_run("open", "bot"))
+            await j.runs.insert(replace(_run("open", "bot"), workspace="shared"))
             await j.runs.insert(_run("done", "eve"))
             await j.runs.append("done", _moves("done"))
         finally:
@@ -192,6 +193,7 @@ def test_the_startup_maps_of_ended_runs_and_owners(path: Path) -> None:
     try:
         assert j.runs.ended() == {"done": "completed"}
         assert j.runs.owners() == {"open": "bot", "done": "eve"}
+        assert j.runs.workspaces() == {"open": "shared", "done": "default"}
     finally:
         j.close()
 

@@ -25,17 +25,29 @@ from execgate.executor.locks import (
     compatible,
     explain,
     net_key,
-    path_key,
     plan,
     plans_conflict,
-    table_key,
     workspace_key,
 )
+from execgate.executor.locks import path_key as root_path_key
+from execgate.executor.locks import table_key as root_table_key
 from execgate.executor.locks.decide import Ask, LockTable, Turns, decide, entries
+from execgate.executor.locks.keys import server_key
 from execgate.executor.tools import Mode
 
 IS, IX, S, SIX, X = LockMode.IS, LockMode.IX, LockMode.S, LockMode.SIX, LockMode.X
-WS = Key(("ws",))
+# The workspace most tests work in, and another one beside it.
+ROOT, OTHER = "/w", "/v"
+WS = Key(("ws", ROOT))
+
+
+def path_key(rel: str) -> Key:
+    return root_path_key(ROOT, rel)
+
+
+def table_key(db: str, table: str) -> Key:
+    return root_table_key(ROOT, db, table)
+
 
 Plan = Mapping[Key, LockMode]
 
@@ -52,9 +64,9 @@ def W(*paths: str) -> dict[Key, LockMode]:
 
 
 def test_path_keys_form_the_workspace_tree() -> None:
-    assert workspace_key() == WS
+    assert workspace_key(ROOT) == WS
     assert path_key(".") == path_key("") == WS
-    assert path_key("a/b.txt") == Key(("ws", "a", "b.txt"))
+    assert path_key("a/b.txt") == Key(("ws", ROOT, "a", "b.txt"))
     # One file, one key, however the separators were written.
     for spelling in ("a//b.txt", "./a/b.txt", "a/./b.txt", "a/b.txt/"):
         assert path_key(spelling) == path_key("a/b.txt")
@@ -67,7 +79,7 @@ def test_path_key_refuses_non_canonical_paths(bad: str) -> None:
 
 
 def test_table_and_net_keys() -> None:
-    assert table_key("data/x.db", "t") == Key(("ws", "data", "x.db", "\x00t"))
+    assert table_key("data/x.db", "t") == Key(("ws", ROOT, "data", "x.db", "\x00t"))
     # SQLite table names are case-insensitive: one table, one key.
     assert table_key("data/x.db", "Users") == table_key("data//x.db", "users")
     assert net_key("Example.COM") == Key(("net", "example.com"))
@@ -80,6 +92,7 @@ def test_table_and_net_keys() -> None:
 
 def test_ancestors_and_descent() -> None:
     k = table_key("data/x.db", "t")
+    # The `ws` node above the workspaces is never locked: no key names it.
     assert k.ancestors() == (WS, path_key("data"), path_key("data/x.db"))
     assert WS.ancestors() == ()
     assert net_key("h").ancestors() == (Key(("net",)),)
@@ -91,10 +104,32 @@ def test_ancestors_and_descent() -> None:
 
 
 def test_render() -> None:
-    assert WS.render("/w") == "workspace"
-    assert path_key("a/b.txt").render("/w") == "file:/w/a/b.txt"
-    assert table_key("data/x.db", "t").render("/w") == "table:/w/data/x.db/t"
-    assert net_key("example.com").render("/w") == "net:example.com"
+    assert WS.render() == "workspace"
+    assert path_key("a/b.txt").render() == "file:/w/a/b.txt"
+    assert root_path_key(OTHER, "a/b.txt").render() == "file:/v/a/b.txt"
+    assert table_key("data/x.db", "t").render() == "table:/w/data/x.db/t"
+    assert net_key("example.com").render() == "net:example.com"
+    assert server_key("git", ROOT).render() == "mcp:git"
+
+
+def test_each_workspace_is_a_tree_of_its_own() -> None:
+    """Keys name their workspace's canonical root: nothing in one workspace conflicts with
+    anything in another, not even a command's X on the whole of each."""
+    assert path_key("a").workspace == ROOT
+    assert net_key("h").workspace == ""
+    assert not plans_conflict(
+        plan([Claim(workspace_key(ROOT), Mode.WRITE)]),
+        plan([Claim(workspace_key(OTHER), Mode.WRITE)]),
+    )
+    assert not plans_conflict(W("a.txt"), plan([Claim(root_path_key(OTHER, "a.txt"), Mode.WRITE)]))
+    assert plans_conflict(W("a.txt"), plan([Claim(workspace_key(ROOT), Mode.READ)]))
+    # An MCP server's key is per workspace too (a process of its own in each).
+    assert not plans_conflict(
+        plan([Claim(server_key("git", ROOT), Mode.WRITE)]),
+        plan([Claim(server_key("git", OTHER), Mode.WRITE)]),
+    )
+    with pytest.raises(ValueError, match="absolute"):
+        workspace_key("relative/root")
 
 
 def test_keys_order_root_first() -> None:

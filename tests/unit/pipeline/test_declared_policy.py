@@ -47,7 +47,7 @@ def test_the_policy_decides_on_the_expanded_argv_and_the_effects_paths(
     commands = [CommandTool(decl("remove", ("rm", "--", "{path}"))),
                 CommandTool(decl("touch", ("touch", "{path}")))]  # fmt: skip
     validator = Validator(ToolSet.build(builtin_tools().values(), commands), ws, Limits())
-    authorizer = Authorizer(parse_policy(POLICY, "p.yaml"), ws)
+    authorizer = Authorizer(parse_policy(POLICY, "p.yaml"))
     req = CallRequest(run_id="r", call_id="c", batch_id="b", index=0, tool=tool,
                       arguments_json=json.dumps({"path": path}))  # fmt: skip
     valid = asyncio.run(validator.validate(req))

@@ -64,7 +64,7 @@ def stages(tmp_path: Path) -> tuple[Validator, Authorizer]:
     (tmp_path / "a.txt").write_text("hello\n")
     ws = Workspace(tmp_path)
     validator = Validator(builtin_tools(), ws, Limits())
-    return validator, Authorizer(parse_policy(POLICY, "policy.yaml"), ws)
+    return validator, Authorizer(parse_policy(POLICY, "policy.yaml"))
 
 
 def _valid(validator: Validator, req: CallRequest) -> ValidCall:
@@ -185,14 +185,15 @@ def test_the_trace_reads_the_furthest_record(stages: tuple[Validator, Authorizer
     approved = Approved(authorized=authorized, approval=_approval(ApprovalState.APPROVED))
     root = str(authorized.valid.paths["path"].parent)
 
-    facts = telemetry._facts(CallFacts(tool="write_file"), authorized, root)
+    facts = telemetry._facts(CallFacts(tool="write_file"), authorized)
     assert facts.policy_span == authorized.span
     assert facts.policy_effect == "ask"
     assert facts.policy_rules == ("writes",)
-    assert facts.resources  # what the call touches, rendered against the workspace
+    # What the call touches, named by its path in the call's workspace.
+    assert facts.resources == ((f"file:{root}/b.txt", "write"),)
     assert facts.approval is None  # not settled yet
 
-    facts = telemetry._facts(CallFacts(tool="write_file"), approved, root)
+    facts = telemetry._facts(CallFacts(tool="write_file"), approved)
     assert facts.approval is not None
     start, end, about = facts.approval
     assert (start, end) == (10.0, 12.0)

@@ -36,7 +36,7 @@ def effects(ws: Workspace, **args: Any) -> CallEffects:
 
 def test_a_command_that_declares_nothing_writes_the_whole_workspace(ws: Workspace) -> None:
     got = effects(ws)
-    assert got.claims == (Claim(workspace_key(), Mode.WRITE),)
+    assert got.claims == (Claim(workspace_key(ws.lock_root), Mode.WRITE),)
     assert (got.may_write, got.confined) == (True, None)
 
 
@@ -46,10 +46,13 @@ def test_declared_paths_become_claims_the_policy_sees_and_writes_to_confine(
     (ws.root / "link").symlink_to(ws.root / "b")
     got = effects(ws, reads=["a/../a/in.txt", "link"], writes=["b/out/", "a"])
     assert [(c.key, c.mode) for c in got.claims] == [
-        (path_key("a/in.txt"), Mode.READ),
-        (path_key("b"), Mode.READ),  # the symlink, canonicalised like any path argument
-        (path_key("b/out"), Mode.WRITE),
-        (path_key("a"), Mode.WRITE),
+        (path_key(ws.lock_root, "a/in.txt"), Mode.READ),
+        (
+            path_key(ws.lock_root, "b"),
+            Mode.READ,
+        ),  # the symlink, canonicalised like any path argument
+        (path_key(ws.lock_root, "b/out"), Mode.WRITE),
+        (path_key(ws.lock_root, "a"), Mode.WRITE),
     ]
     assert got.paths == {
         "arguments.reads[0]": ws.root / "a/in.txt",
@@ -195,16 +198,16 @@ def test_a_refused_write_is_permission_denied_naming_what_may_be_written(
     assert judged(other, declared) is other
 
 
-def test_unconfined_takes_the_whole_workspace_and_keeps_claims_on_hosts() -> None:
+def test_unconfined_takes_the_whole_workspace_and_keeps_claims_on_hosts(ws: Workspace) -> None:
     narrow = CallEffects(
-        (Claim(path_key("a"), Mode.READ), Claim(net_key("example.com"), Mode.READ)),
+        (Claim(path_key(ws.lock_root, "a"), Mode.READ), Claim(net_key("example.com"), Mode.READ)),
         False,
         paths={"arguments.reads[0]": Path("/ws/a")},
         confined=(),
     )
-    wide = unconfined(narrow)
+    wide = unconfined(narrow, ws)
     assert wide.claims == (
-        Claim(workspace_key(), Mode.WRITE),
+        Claim(workspace_key(ws.lock_root), Mode.WRITE),
         Claim(net_key("example.com"), Mode.READ),
     )
     assert (wide.may_write, wide.confined, wide.paths) == (True, None, narrow.paths)

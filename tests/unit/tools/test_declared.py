@@ -151,12 +151,12 @@ def test_effects_become_claims_on_canonical_keys(ws: Workspace) -> None:
     tool = CommandTool(decl(effects=effects))
     got = tool.call_effects({"a": "in.txt", "b": "T"}, {}, ws)
     assert [(c.key, c.mode) for c in got.claims] == [
-        (path_key("in.txt"), Mode.READ),
-        (path_key("out/T"), Mode.WRITE),
-        (table_key("data.db", "t"), Mode.WRITE),
+        (path_key(ws.lock_root, "in.txt"), Mode.READ),
+        (path_key(ws.lock_root, "out/T"), Mode.WRITE),
+        (table_key(ws.lock_root, "data.db", "t"), Mode.WRITE),
         # SQLite makes its journal beside the database: the sandbox binds that
         # directory (here the workspace's root) writable, so the call writes it.
-        (path_key("."), Mode.WRITE),
+        (path_key(ws.lock_root, "."), Mode.WRITE),
         (net_key("api.example.com"), Mode.READ),
     ]
     assert got.may_write
@@ -177,16 +177,16 @@ def test_literal_effects_are_claimed_whatever_the_call_gives(ws: Workspace) -> N
     effects = EffectsDecl(declared=True, reads=("docs",), write_tables=("app.db:users",))
     got = CommandTool(decl(effects=effects)).call_effects({}, {}, ws)
     assert [(c.key, c.mode) for c in got.claims] == [
-        (path_key("docs"), Mode.READ),
-        (table_key("app.db", "users"), Mode.WRITE),
-        (path_key("."), Mode.WRITE),  # the database's directory
+        (path_key(ws.lock_root, "docs"), Mode.READ),
+        (table_key(ws.lock_root, "app.db", "users"), Mode.WRITE),
+        (path_key(ws.lock_root, "."), Mode.WRITE),  # the database's directory
     ]
     assert set(got.paths) == {"effects.reads[0]"}
 
 
 def test_undeclared_effects_write_the_whole_workspace(ws: Workspace) -> None:
     got = CommandTool(decl()).call_effects({"a": "x"}, {}, ws)
-    assert [(c.key, c.mode) for c in got.claims] == [(workspace_key(), Mode.WRITE)]
+    assert [(c.key, c.mode) for c in got.claims] == [(workspace_key(ws.lock_root), Mode.WRITE)]
     assert got.may_write
 
 

@@ -44,7 +44,7 @@ def test_a_reader_reads_the_server_key(tmp_path: Path) -> None:
         workspace_writable=True,
     )
     assert not effects.may_write
-    assert [(c.key.render(str(tmp_path)), c.mode) for c in effects.claims] == [("mcp:s", Mode.READ)]
+    assert [(c.key.render(), c.mode) for c in effects.claims] == [("mcp:s", Mode.READ)]
 
 
 def _effects(ws: Path, args: dict[str, object], **templates: tuple[str, ...]) -> CallEffects:
@@ -66,12 +66,12 @@ def test_templates_are_the_command_tools_templates(tmp_path: Path) -> None:
         net=("{host}",),
     )
     assert [(c.key, c.mode) for c in got.claims] == [
-        (server_key("s"), Mode.READ),
-        (path_key("d/{x}/n"), Mode.READ),
-        (path_key("docs"), Mode.READ),
-        (path_key("a.txt"), Mode.WRITE),
-        (table_key("app.db", "users"), Mode.READ),
-        (table_key("app.db", "items"), Mode.WRITE),
+        (server_key("s", str(tmp_path.resolve())), Mode.READ),
+        (path_key(str(tmp_path.resolve()), "d/{x}/n"), Mode.READ),
+        (path_key(str(tmp_path.resolve()), "docs"), Mode.READ),
+        (path_key(str(tmp_path.resolve()), "a.txt"), Mode.WRITE),
+        (table_key(str(tmp_path.resolve()), "app.db", "users"), Mode.READ),
+        (table_key(str(tmp_path.resolve()), "app.db", "items"), Mode.WRITE),
         (net_key("h.example"), Mode.READ),
     ]
     assert got.may_write

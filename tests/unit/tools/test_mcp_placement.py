@@ -34,10 +34,26 @@ def placed(tmp_path: Path, box: SandboxDecl, rules: str = "") -> tuple[str, Laun
     policy = load_policy(policy_path)
     backends: dict[str, Any] = {n: Named(n) for n in ("bwrap", "process", "docker")}
     boxes = Sandboxes(backends, "bwrap", policy.sandbox_for, Confinement())
-    provider = McpProvider(boxes, Workspace(tmp_path))
+    workspace = Workspace(tmp_path)
+    provider = McpProvider(boxes, workspace)
     decl = ServerDecl(name="box", command="/srv/mcp-server", sandbox=box)
     placement = provider._placer(decl)("box.tool", "a1")
-    return placement.sandbox.name, provider._launcher(decl)(placement)
+    return placement.sandbox.name, provider._launcher(decl)(placement, workspace)
+
+
+def test_a_process_works_in_the_workspace_of_its_pool_key(tmp_path: Path) -> None:
+    """The launch binds and starts in the workspace it is given, not the daemon's."""
+    (tmp_path / "other").mkdir()
+    other = Workspace(tmp_path / "other", name="other")
+    boxes = Sandboxes({"bwrap": Named("bwrap")}, "bwrap", lambda *_: None, Confinement())
+    provider = McpProvider(boxes, Workspace(tmp_path))
+    decl = ServerDecl(name="box", command="/srv/mcp-server")
+    launch = provider._launcher(decl)(provider._placer(decl)("box.tool", "a1"), other)
+    assert (launch.workspace, launch.cwd, launch.env["HOME"]) == (
+        other.root,
+        other.root,
+        str(other.root),
+    )
 
 
 def test_a_servers_image_reaches_its_launch_in_docker(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from execgate.executor.core.paths import Workspace
 from execgate.executor.sandbox import Confinement, Launch, SandboxError
 from execgate.executor.tools.decl import ServerDecl
 from execgate.executor.tools.mcp import server as server_module
@@ -29,7 +30,11 @@ class Nowhere:
         raise AssertionError(f"no start was to reach the sandbox: {launch}")
 
 
-def refuse(_placement: Placement) -> Launch:
+# The workspace the pool keys name (nothing is ever started in it).
+NO_WORKSPACE = Workspace("/")
+
+
+def refuse(_placement: Placement, _workspace: Workspace) -> Launch:
     raise SandboxError("no such program")
 
 
@@ -54,7 +59,7 @@ def test_failed_starts_back_off_doubling_to_the_cap(monkeypatch: pytest.MonkeyPa
 
     async def main() -> None:
         server = Server(ServerDecl(name="x", command="x"), refuse, place)
-        key = server.key_for("", "local", server.place("x.*", "local"))
+        key = server.key_for("", "local", server.place("x.*", "local"), NO_WORKSPACE)
         waits = [await retry_after_failing(server, key) for _ in range(8)]
         assert waits == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
         assert server.last_error == "no such program"

@@ -69,6 +69,8 @@ export class Loop {
       model: this.model.name,
       configVersion: this.options.configVersion ?? "",
       labels: { client: "typescript" },
+      // The run works where the client's calls do ("": its owner's first workspace).
+      workspace: this.client.workspace,
     });
     const tally = new Tally(monotonicStart(info.createdAt));
     const conv = new Conversation([{ role: "user", text: goal }], tally);

@@ -57,8 +57,9 @@ export function identitiesYaml(people: readonly Who[]): string {
 export interface DaemonOptions {
   // An identities file (and so tokens) for the daemon.
   readonly people?: readonly Who[];
-  // Policy file text (default: the shipped policy).
-  readonly policy?: string;
+  // Policy file text (default: the shipped policy), or a function of the daemon's root
+  // directory giving it (a policy naming directories of its own).
+  readonly policy?: string | ((root: string) => string);
   // Also listen on a loopback TCP port (needs `people`).
   readonly tcp?: boolean;
   readonly args?: readonly string[];
@@ -115,7 +116,8 @@ export class Daemon {
       args.push("--identities", join(d.root, "identities.yaml"));
     }
     if (options.policy !== undefined) {
-      writeFileSync(join(d.root, "policy.yaml"), options.policy);
+      const text = typeof options.policy === "string" ? options.policy : options.policy(d.root);
+      writeFileSync(join(d.root, "policy.yaml"), text);
       args.push("--policy", join(d.root, "policy.yaml"));
     }
     if (options.tcp) args.push("--listen", d.address, "--listen", "127.0.0.1:0");
