@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import enum
 import json
 from dataclasses import dataclass
 
+from execgate.executor.core.approval import Approval
 from execgate.executor.core.errors import ExecgateError
 from execgate.executor.core.outcomes import Outcome, Status
 
@@ -16,6 +18,16 @@ class DuplicateCall(ExecgateError):
         super().__init__(f"call_id {call_id!r} is already used in run {run_id!r}")
         self.run_id = run_id
         self.call_id = call_id
+
+
+class KeyTaken(ExecgateError):
+    """The agent's idempotency key already names another call in the journal: one that
+    a daemon sharing the journal recorded first (the unique (agent, key) index)."""
+
+    def __init__(self, agent: str, key: str) -> None:
+        super().__init__(f"idempotency_key {key!r} of {agent!r} names another call")
+        self.agent = agent
+        self.key = key
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,3 +144,31 @@ class SpanRecord:
     call_id: str
     attributes_json: str
     events_json: str
+
+
+class NoticeKind(enum.Enum):
+    """What another daemon sharing the journal recorded (`base.Notices`)."""
+
+    # A Cancel request (`cancel` holds it): the calls it targets that run here stop.
+    CANCEL = "cancel"
+    # An approval (`key`: its id) was decided or expired: a call parked here may go on.
+    APPROVAL = "approval"
+    # A run (`key`: its id) was started, appended to, or asked to stop.
+    RUN = "run"
+    # A call with an idempotency key (`key`: agent NUL key) ended.
+    CALL = "call"
+    # Notices may have been missed (the connection to the journal was re-established):
+    # re-read whatever is being waited for.
+    RESYNC = "resync"
+    # Approvals a dead daemon had parked passed to this daemon (`approvals`): park them.
+    ADOPTED = "adopted"
+    # This daemon lost its lease: it may no longer act as the holder of its locks.
+    LEASE_LOST = "lease_lost"
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    kind: NoticeKind
+    key: str = ""
+    cancel: CancelRecord | None = None
+    approvals: tuple[Approval, ...] = ()

@@ -20,7 +20,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from execgate.executor.core.errors import ConfigError
 from execgate.executor.core.paths import Workspace
-from execgate.executor.journal.store import Journal
+from execgate.executor.journal.base import JournalStore
+from execgate.executor.journal.opening import open_journal, redacted
 from execgate.executor.locks import FileLockManager, LockBackend, LockManager, NoLocks
 from execgate.executor.pipeline.dispatch import Dispatcher
 from execgate.executor.policy import Policy, default_policy_path, load_policy
@@ -101,10 +102,36 @@ def _clear_stale_socket(path: Path) -> None:
     raise ConfigError(f"another daemon is already listening on {path}")
 
 
-def build(config: ServeConfig) -> tuple[Dispatcher, Journal, ToolFile]:
+def journal_where(config: ServeConfig) -> str:
+    """Where the journal is, as logs may say it (never a password)."""
+    if config.journal:
+        return redacted(config.journal)
+    return str((config.state_dir / JOURNAL_NAME).resolve())
+
+
+def build(config: ServeConfig) -> tuple[Dispatcher, JournalStore, ToolFile]:
     policy = load_policy(config.policy or default_policy_path())
     toolset, declared = load_toolset(config.tools, _builtins(config).values())
-    journal = Journal(config.state_dir / JOURNAL_NAME)
+    journal = open_journal(
+        config.journal,
+        config.state_dir / JOURNAL_NAME,
+        lease=config.lease,
+        name=f"{socket.gethostname()}:{os.getpid()}:{config.state_dir.resolve()}",
+    )
+    try:
+        return _build(config, policy, toolset, declared, journal)
+    except BaseException:
+        journal.close()
+        raise
+
+
+def _build(
+    config: ServeConfig,
+    policy: Policy,
+    toolset: ToolSet,
+    declared: ToolFile,
+    journal: JournalStore,
+) -> tuple[Dispatcher, JournalStore, ToolFile]:
     recovered = journal.recover()
     if recovered:
         log.warning("recovered %d call(s) left running by a previous daemon", recovered)
@@ -125,7 +152,7 @@ def build(config: ServeConfig) -> tuple[Dispatcher, Journal, ToolFile]:
         policy=policy,
         workspace=Workspace(config.workspace),
         limits=config.limits,
-        locks=_lock_backend(config),
+        locks=_lock_backend(config, journal),
         sandboxes=sandboxes,
     )
     return dispatcher, journal, declared
@@ -150,10 +177,14 @@ def _builtins(config: ServeConfig) -> dict[str, Tool]:
     return builtin_tools(test_tools=config.test_tools)
 
 
-def _lock_backend(config: ServeConfig) -> LockBackend:
+def _lock_backend(config: ServeConfig, journal: JournalStore) -> LockBackend:
     match config.locks:
         case "filelock":
             return FileLockManager(config.shared_lock_dir())
+        case "postgresql":
+            from execgate.executor.locks.pg_backend import PgLockManager
+
+            return PgLockManager(journal, config.lock_space_name())
         case "none":
             log.warning("--locks none: calls are NOT scheduled; conflicting writes race")
             return NoLocks()
@@ -246,7 +277,7 @@ async def _start_servers(
 def _watchers(
     config: ServeConfig,
     dispatcher: Dispatcher,
-    journal: Journal,
+    journal: JournalStore,
     interceptor: AuthInterceptor,
     served: mcp_wiring.ServedServers,
 ) -> list[FileWatcher[Any]]:
@@ -262,7 +293,7 @@ def _watchers(
 
 
 def _policy_watcher(
-    config: ServeConfig, dispatcher: Dispatcher, journal: Journal
+    config: ServeConfig, dispatcher: Dispatcher, journal: JournalStore
 ) -> FileWatcher[Policy]:
     """Hot reload of the policy file the daemon started with (see policy/reload.py)."""
 
@@ -276,7 +307,7 @@ def _policy_watcher(
 def _tools_watcher(
     config: ServeConfig,
     dispatcher: Dispatcher,
-    journal: Journal,
+    journal: JournalStore,
     served: mcp_wiring.ServedServers,
 ) -> FileWatcher[ToolSet]:
     """Hot reload of the tools file or directory (see tools/reload.py)."""
@@ -301,7 +332,7 @@ def _identities_watcher(
     path: Path,
     interceptor: AuthInterceptor,
     dispatcher: Dispatcher,
-    journal: Journal,
+    journal: JournalStore,
     served: mcp_wiring.ServedServers,
 ) -> FileWatcher[Identities]:
     """Hot reload of the identities file: a removed identity or token is refused from

@@ -46,6 +46,9 @@ from tests.loop_support import (
 )
 from tests.support import Streamer, wait_until
 
+# Runs on each journal store: SQLite, and PostgreSQL (tests/conftest.py).
+pytestmark = [pytest.mark.journals, pytest.mark.usefixtures("journal_store")]
+
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
