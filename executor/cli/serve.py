@@ -176,5 +176,4 @@ def _serve(args: argparse.Namespace) -> int:
 
     from execgate.executor.server.serve import journal_where, serve
 
-    asyncio.run(serve(config, on_ready=ready))
-    return 0
+    return asyncio.run(serve(config, on_ready=ready))

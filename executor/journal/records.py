@@ -151,7 +151,8 @@ class NoticeKind(enum.Enum):
 
     # A Cancel request (`cancel` holds it): the calls it targets that run here stop.
     CANCEL = "cancel"
-    # An approval (`key`: its id) was decided or expired: a call parked here may go on.
+    # An approval (`key`: its id) was made, decided or expired: Watch streams show it, and
+    # a call parked here may go on.
     APPROVAL = "approval"
     # A run (`key`: its id) was started, appended to, or asked to stop.
     RUN = "run"

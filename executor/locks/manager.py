@@ -13,6 +13,7 @@ import asyncio
 import bisect
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from .base import Abandoned, BackendClosed, Lease, LockEntry, Snapshot, WaitInfo
 from .decide import Ask, LockTable, Turns, admissible, decide, entries, under_cap, wait_info
@@ -206,7 +207,7 @@ class LockManager:
 
 
 async def _granted_or_cancelled(
-    future: asyncio.Future[Lease], cancel: asyncio.Event | None
+    future: asyncio.Future[Any], cancel: asyncio.Event | None
 ) -> None:
     """Return when `future` is done or `cancel` is set, whichever comes first.
 

@@ -96,6 +96,10 @@ class RunStore:
         # Invariant: a run id is here exactly while an append or cancel of it holds or
         # waits for its lock.
         self._locks: dict[str, _RunLock] = {}
+        # Of the runs watched here: the last seq published to their streams, and those
+        # whose cancel request was (kept while watched: `watch` drops them).
+        self._heard: dict[str, int] = {}
+        self._cancel_told: set[str] = set()
 
     async def start(self, run: Run) -> Run:
         _check_text(run.goal, MAX_GOAL_BYTES, "goal")
@@ -154,7 +158,7 @@ class RunStore:
                     "complete (end it cancelled)",
                     "events",
                 )
-            machine = copy.copy(await self._machine(run_id))
+            machine = copy.copy(await self._machine(run_id, run.last_seq))
             for moved in events:
                 _check_text(json.dumps(moved.data), MAX_DATA_BYTES, "events.data_json")
                 try:
@@ -162,8 +166,14 @@ class RunStore:
                 except BrokenHistory as exc:
                     raise RunRefused(Refusal(exc.kind.value), str(exc), "events") from None
             last = events[-1] if events else None
-            updated = await self.records.append(run_id, events)
+            try:  # another daemon sharing the journal may have appended the same seq
+                updated = await self.records.append(run_id, events)
+            except BrokenHistory as exc:
+                self._machines.pop(run_id, None)
+                raise RunRefused(Refusal(exc.kind.value), str(exc), "events") from None
             self._keep(run_id, machine)
+            if run_id in self._watchers:
+                self._heard[run_id] = max(self._heard.get(run_id, 0), updated.last_seq)
         if last is not None and last.to_state in TERMINAL:
             self.ended[run_id] = last.to_state.value
             self.on_ended(run_id)
@@ -179,6 +189,8 @@ class RunStore:
             run = await self.get(run_id)
             if run.cancel is None and not run.terminal:
                 run = await self.records.request_cancel(run_id, ask)
+                if run_id in self._watchers:
+                    self._cancel_told.add(run_id)
                 self._publish(run_id, Update(cancel=ask))
         return run
 
@@ -191,6 +203,9 @@ class RunStore:
         sent = after_seq
         try:
             run = await self.get(run_id)
+            self._heard.setdefault(run_id, run.last_seq)
+            if run.cancel is not None:
+                self._cancel_told.add(run_id)
             for moved in await self.events(run_id, after_seq):
                 sent = moved.seq
                 yield Update(event=moved)
@@ -218,14 +233,43 @@ class RunStore:
             fanout.unsubscribe(watcher)
             if not fanout:
                 del self._watchers[run_id]
+                self._heard.pop(run_id, None)
+                self._cancel_told.discard(run_id)
+
+    async def heard(self, run_id: str) -> None:
+        """Another daemon sharing the journal started, appended to or was asked to stop
+        `run_id`: the run rules here follow, and the WatchRun streams here get what is new."""
+        run = await self.records.get(run_id)
+        if run is None:
+            return
+        self.owners.setdefault(run_id, run.owner)
+        if run.terminal and run_id not in self.ended:
+            self.ended[run_id] = run.state
+            self._machines.pop(run_id, None)
+            self.on_ended(run_id)
+        if run_id not in self._watchers:
+            return
+        for moved in await self.events(run_id, self._heard.get(run_id, 0)):
+            self._publish(run_id, Update(event=moved))
+            self._heard[run_id] = moved.seq
+        if run.cancel is not None and run_id not in self._cancel_told:
+            self._cancel_told.add(run_id)
+            self._publish(run_id, Update(cancel=run.cancel))
+
+    async def reread(self) -> None:
+        """Notices may have been missed: look again at every run watched here."""
+        for run_id in list(self._watchers):
+            await self.heard(run_id)
 
     def close(self) -> None:
         for fanout in self._watchers.values():
             fanout.close("the daemon is stopping")
 
-    async def _machine(self, run_id: str) -> History:
+    async def _machine(self, run_id: str, last_seq: int) -> History:
+        """The run's machine at `last_seq` (the journal's): replayed unless the one kept
+        is there (another daemon sharing the journal may have appended since)."""
         found = self._machines.get(run_id)
-        if found is None:
+        if found is None or found.next_seq != last_seq + 1:
             found = History.replay(run_id, await self.events(run_id))
         return found
 

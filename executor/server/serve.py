@@ -49,6 +49,7 @@ from execgate.v1 import runs_pb2_grpc as rpb_grpc
 
 from . import mcp_wiring, memdebug
 from .auth import AuthInterceptor, server_credentials
+from .cluster import Cluster
 from .config import JOURNAL_NAME, Listener, ServeConfig
 from .guard import RequestGuard
 from .runs_service import RunsService
@@ -192,9 +193,14 @@ def _lock_backend(config: ServeConfig, journal: JournalStore) -> LockBackend:
             return LockManager()
 
 
-async def serve(
-    config: ServeConfig, *, on_ready: Callable[[list[str]], None] | None = None
-) -> None:
+# The exit status of a daemon that lost its lease in a shared journal (EX_TEMPFAIL: its
+# supervisor starts it again, as a new member).
+LEASE_LOST_EXIT = 75
+
+
+async def serve(config: ServeConfig, *, on_ready: Callable[[list[str]], None] | None = None) -> int:
+    """Serve until signalled (0), or until the daemon lost its lease in a shared journal
+    (LEASE_LOST_EXIT)."""
     config.check()
     memdebug.install(asyncio.get_running_loop())
     # Always: a command of the daemon's own uid must not ptrace it or read its memory.
@@ -221,6 +227,9 @@ async def serve(
         addresses = _bind(server, config)
     finally:
         os.umask(old_umask)
+    stop = asyncio.Event()
+    lost: list[bool] = []
+    cluster = Cluster(journal.notices, dispatcher, runs, lambda: _lost(stop, lost, dispatcher))
     parked = dispatcher.resume_parked(journal.approvals.left_pending())
     if parked:
         log.info("%d call(s) still await approval from before the restart", parked)
@@ -231,14 +240,24 @@ async def serve(
     watching = [asyncio.create_task(w.run()) for w in watchers]
     if on_ready is not None:
         on_ready(addresses)
-    await _until_signalled(on_second=dispatcher.force)
+    await _until_signalled(stop, on_second=dispatcher.force)
     for task in watching:
         task.cancel()
     log.info("shutting down: draining in-flight calls")
     await health_servicer.enter_graceful_shutdown()
     await _shut_down(server, config, runs, dispatcher, served)
+    await cluster.close()
     journal.close()
     os.close(lock_fd)
+    return LEASE_LOST_EXIT if lost else 0
+
+
+def _lost(stop: asyncio.Event, lost: list[bool], dispatcher: Dispatcher) -> None:
+    """The lease is gone: another daemon settled this one's calls and freed its locks.
+    Stop at once (calls in flight are killed: their records are settled already)."""
+    lost.append(True)
+    stop.set()
+    dispatcher.force()
 
 
 async def _shut_down(
@@ -413,11 +432,10 @@ def _bind(server: grpc.aio.Server, config: ServeConfig) -> list[str]:
     return addresses
 
 
-async def _until_signalled(on_second: Callable[[], None]) -> None:
-    """Returns on SIGTERM/SIGINT. A second signal forces: in-flight calls are killed
-    now (and still recorded); a third exits at once."""
+async def _until_signalled(stop: asyncio.Event, on_second: Callable[[], None]) -> None:
+    """Returns on SIGTERM/SIGINT (or once `stop` is set). A second signal forces:
+    in-flight calls are killed now (and still recorded); a third exits at once."""
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
     forced = False
 
     def on_signal(signum: int) -> None:

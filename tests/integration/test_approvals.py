@@ -90,7 +90,8 @@ def start(root: Path) -> Daemon:
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+def daemon(tmp_path_factory: pytest.TempPathFactory, journal_store: str) -> Iterator[Daemon]:
+    """The module's daemon, on the journal store of this round (journal_store)."""
     d = start(tmp_path_factory.mktemp("approvals"))
     yield d
     if d.proc is not None and d.proc.poll() is None:
@@ -120,7 +121,7 @@ def park(
     return stream, event.approval_id
 
 
-_APPROVAL_COLUMNS = ("state", "decided_by", "requester", "decided_at", "created_at")
+_APPROVAL_COLUMNS = ("state", "decided_by", "requester", "decided_at", "created_at", "comment")
 
 
 def approval_row(daemon: Daemon, approval_id: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ wakes it. `left_pending` takes only the approvals no live daemon holds.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from execgate.executor.core import clock
@@ -28,14 +29,24 @@ COLUMNS = (
 class PgApprovals:
     """The approvals of a PostgreSQL journal (`base.ApprovalStore`)."""
 
-    def __init__(self, db: PgDb, daemon_id: int, notify: Any = None) -> None:
+    def __init__(
+        self,
+        db: PgDb,
+        daemon_id: int,
+        notify: Callable[[Conn, str], Awaitable[None]] | None = None,
+    ) -> None:
         self._db = db
         self._me = daemon_id
-        # notices.Notices.approval_decided, set by the store (None: nobody to tell).
+        # notices.PgNotices.approval_changed, set by the store (None: nobody to tell).
         self.notify = notify
 
     async def insert(self, approval: Approval, decision: PolicyRecord | None) -> None:
-        await self._db.write(lambda c: self._insert(c, approval, decision), durable=True)
+        async def write(conn: Conn) -> None:
+            await self._insert(conn, approval, decision)
+            if self.notify is not None:  # other daemons' Watch streams show it
+                await self.notify(conn, approval.id)
+
+        await self._db.write(write, durable=True)
 
     async def transition(
         self, approval_id: str, state: ApprovalState, by: str, comment: str

@@ -45,7 +45,7 @@ class PgNotices:
     async def cancelled(self, conn: Conn, rec: CancelRecord) -> None:
         await self._send(conn, NoticeKind.CANCEL, "", asdict(rec))
 
-    async def approval_decided(self, conn: Conn, approval_id: str) -> None:
+    async def approval_changed(self, conn: Conn, approval_id: str) -> None:
         await self._send(conn, NoticeKind.APPROVAL, approval_id)
 
     async def run_changed(self, conn: Conn, run_id: str) -> None:

@@ -14,9 +14,17 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+import psycopg
+
 from execgate.executor.core import clock
 from execgate.executor.core.run import CancelAsk, Run
-from execgate.executor.core.runstate import TERMINAL, State, Transition
+from execgate.executor.core.runstate import (
+    TERMINAL,
+    Breakage,
+    BrokenHistory,
+    State,
+    Transition,
+)
 
 from ..records import RunClaim, RunConflict
 from .calls import owned_by
@@ -63,7 +71,12 @@ class PgRuns:
             await conn.execute("SELECT 1 FROM runs WHERE run_id = %s FOR UPDATE", (run_id,))
             if retried() and events and await _landed(conn, run_id, events):
                 return (await _run_rows(conn, "WHERE run_id = %s", (run_id,)))[0]
-            run = await _insert_events(conn, run_id, events)
+            try:
+                run = await _insert_events(conn, run_id, events)
+            except psycopg.errors.UniqueViolation as exc:
+                seq = events[0].seq if events else None
+                why = "another daemon sharing the journal recorded this seq first"
+                raise BrokenHistory(run_id, seq, Breakage.DUPLICATE, why) from exc
             await self._tell(conn, run_id)
             return run
 

@@ -51,7 +51,7 @@ class PgJournal(PgCalls):
         self.presence = presence
         self.notices = PgNotices(presence)
         self.call_ended = self.notices.call_ended
-        self.approvals = PgApprovals(db, presence.daemon_id, self.notices.approval_decided)
+        self.approvals = PgApprovals(db, presence.daemon_id, self.notices.approval_changed)
         self.runs = PgRuns(db, self.notices.run_changed)
         self.cancels = PgCancels(db)
         self.cancels.notify = self.notices.cancelled
