@@ -206,9 +206,7 @@ class LockManager:
             waiter.future.set_result(lease)
 
 
-async def _granted_or_cancelled(
-    future: asyncio.Future[Any], cancel: asyncio.Event | None
-) -> None:
+async def _granted_or_cancelled(future: asyncio.Future[Any], cancel: asyncio.Event | None) -> None:
     """Return when `future` is done or `cancel` is set, whichever comes first.
 
     `asyncio.wait` never cancels the future it watches, so only the manager

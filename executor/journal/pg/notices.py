@@ -19,7 +19,7 @@ from execgate.executor.core.approval import Approval
 
 from ..records import CancelRecord, Notice, NoticeKind
 from .db import Conn
-from .presence import RECORDS_CHANNEL, Presence
+from .presence import RECORDS_CHANNEL, Presence, send_notice
 
 log = logging.getLogger("execgate.journal")
 
@@ -57,8 +57,7 @@ class PgNotices:
     async def _send(
         self, conn: Conn, kind: NoticeKind, key: str, cancel: dict[str, object] | None = None
     ) -> None:
-        payload = json.dumps({"from": self._me, "kind": kind.value, "key": key, "cancel": cancel})
-        await conn.execute("SELECT pg_notify(%s, %s)", (RECORDS_CHANNEL, payload))
+        await send_notice(conn, self._me, kind, key, cancel)
 
     # -- receiving (on the db's loop) -------------------------------------------------------
 

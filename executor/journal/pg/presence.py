@@ -27,6 +27,7 @@ was already settled by its reaper.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
@@ -40,6 +41,7 @@ from execgate.executor.core.approval import Approval
 from execgate.executor.core.errors import ExecgateError
 
 from ..codec import outcome_to_json
+from ..records import NoticeKind
 from ..recover import interrupted_outcome
 from .approvals import COLUMNS, approval_of
 from .db import Conn, PgDb
@@ -240,7 +242,7 @@ class Presence:
             "UPDATE daemons SET state = 'reaped', ended_at = %s, ended_by = %s WHERE id = ANY(%s)",
             (clock.now(), self.daemon_id, dead),
         )
-        settled = await settle_running(conn, dead)
+        settled = await settle_running(conn, dead, self.daemon_id)
         await conn.execute("DELETE FROM lock_entries WHERE daemon = ANY(%s)", (dead,))
         await conn.execute("SELECT pg_notify(%s, '*')", (LOCKS_CHANNEL,))
         adopted = await _adopt_approvals(conn, dead, self.daemon_id)
@@ -265,31 +267,41 @@ class Presence:
         await conn.execute("SELECT pg_notify(%s, '*')", (LOCKS_CHANNEL,))
 
 
-async def settle_running(conn: Conn, daemons: list[int] | None) -> int:
+async def settle_running(conn: Conn, daemons: list[int] | None, by: int) -> int:
     """Every call left running by `daemons` (None: by any daemon no longer alive) becomes
-    interrupted, with a `recovered` mark."""
+    interrupted, with a `recovered` mark; retries waiting for a keyed one are told."""
+    cols = "seq, may_write, created_at, agent, idempotency_key"
     if daemons is None:
         cur = await conn.execute(
-            "SELECT seq, may_write, created_at FROM calls c WHERE state = 'running' AND NOT "
+            f"SELECT {cols} FROM calls c WHERE state = 'running' AND NOT "
             "EXISTS (SELECT 1 FROM daemons d WHERE d.id = c.daemon AND d.state = 'alive') "
             "FOR UPDATE"
         )
     else:
         cur = await conn.execute(
-            "SELECT seq, may_write, created_at FROM calls "
-            "WHERE state = 'running' AND daemon = ANY(%s) FOR UPDATE",
+            f"SELECT {cols} FROM calls WHERE state = 'running' AND daemon = ANY(%s) FOR UPDATE",
             (daemons,),
         )
     rows = await cur.fetchall()
     now = clock.now()
-    for seq, may_write, created_at in rows:
+    for seq, may_write, created_at, agent, key in rows:
         outcome = interrupted_outcome(bool(may_write), created_at)
         await conn.execute(
             "UPDATE calls SET state='finished', finished_at=%s, status=%s, outcome_json=%s "
             "WHERE seq=%s",
             (now, outcome.status.value, outcome_to_json(outcome), seq),
         )
+        if key is not None:
+            await send_notice(conn, by, NoticeKind.CALL, f"{agent}\0{key}")
     return len(rows)
+
+
+async def send_notice(
+    conn: Conn, sender: int, kind: NoticeKind, key: str, cancel: dict[str, object] | None = None
+) -> None:
+    """NOTIFY the other daemons (delivered if and when the transaction commits)."""
+    payload = json.dumps({"from": sender, "kind": kind.value, "key": key, "cancel": cancel})
+    await conn.execute("SELECT pg_notify(%s, %s)", (RECORDS_CHANNEL, payload))
 
 
 async def _adopt_approvals(conn: Conn, dead: list[int], me: int) -> list[Approval]:

@@ -64,7 +64,7 @@ class PgJournal(PgCalls):
         shows only at its lease's end is reaped then, by whichever daemon's heartbeat
         comes first."""
         return self.presence.reap_now() + self.db.write_sync(
-            lambda c: settle_running(c, None), durable=True
+            lambda c: settle_running(c, None, self.presence.daemon_id), durable=True
         )
 
     def close(self) -> None:
