@@ -163,10 +163,7 @@ def journal_rows(
 
     url = journal_url(daemon_root)
     if url is not None:
-        import psycopg
-
-        with psycopg.connect(url) as conn:
-            return [tuple(r) for r in conn.execute(query.replace("?", "%s"), params).fetchall()]
+        return pg_rows(url, query, params)
     import sqlite3
 
     conn = sqlite3.connect(f"file:{state_dir / 'journal.db'}?mode=ro", uri=True)
@@ -174,3 +171,11 @@ def journal_rows(
         return conn.execute(query, params).fetchall()
     finally:
         conn.close()
+
+
+def pg_rows(url: str, query: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    """Rows of `query` (SQLite's ? placeholders) from the PostgreSQL database at `url`."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        return [tuple(r) for r in conn.execute(query.replace("?", "%s"), params).fetchall()]

@@ -29,7 +29,7 @@ from execgate.client import (
 )
 from tests.auth_support import Who, write_identities
 from tests.daemon import Daemon, give, reachable_workspace, scaled
-from tests.pg_support import PgServer, journal_rows
+from tests.pg_support import PgServer, pg_rows
 from tests.support import Streamer, wait_until
 
 pytestmark = pytest.mark.slow
@@ -72,12 +72,13 @@ class Trio:
         return Client(self.daemons[i].address, token=TOKENS[who])
 
     def rows(self, query: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
-        return journal_rows(self.daemons[0].root, self.daemons[0].state_dir, query, params)
+        return pg_rows(self.url, query, params)
 
 
-@pytest.fixture
-def trio(tmp_path: Path, pg_server: PgServer) -> Iterator[Trio]:
-    url = pg_server.database("t" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:16])
+@contextlib.contextmanager
+def three_daemons(tmp_path: Path, server: PgServer, lease: float) -> Iterator[Trio]:
+    """Three daemons on one workspace and one database, each with a lease of `lease`."""
+    url = server.database("t" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:16])
     workspace = tmp_path / "ws"
     reachable_workspace(workspace)
     identities = write_identities(tmp_path / "identities.yaml", PEOPLE)
@@ -88,7 +89,7 @@ def trio(tmp_path: Path, pg_server: PgServer) -> Iterator[Trio]:
         (tmp_path / f"d{i}").mkdir()
         d = Daemon(
             tmp_path / f"d{i}",
-            *("--journal", url, "--locks", "postgresql", "--lease", str(LEASE)),
+            *("--journal", url, "--locks", "postgresql", "--lease", str(lease)),
             *("--identities", str(identities), "--policy", str(policy)),
             *("--grace", str(GRACE)),
         )
@@ -104,9 +105,18 @@ def trio(tmp_path: Path, pg_server: PgServer) -> Iterator[Trio]:
                 d.stop()
 
 
+@pytest.fixture
+def trio(tmp_path: Path, pg_server: PgServer) -> Iterator[Trio]:
+    with three_daemons(tmp_path, pg_server, LEASE) as three:
+        yield three
+
+
 def _file(trio: Trio, name: str, text: str) -> Path:
+    """A file the commands may change: under bwrap a root daemon's commands are uid 0
+    without capabilities, under `process` the run-as user."""
     path = trio.workspace / name
     path.write_text(text)
+    path.chmod(0o666)
     return give(path)
 
 
@@ -301,10 +311,14 @@ def test_an_idempotent_retry_on_another_daemon_after_the_first_died_never_runs_t
 
 
 def test_a_server_restart_under_load_loses_nothing_acknowledged(
-    trio: Trio, pg_server: PgServer
+    tmp_path: Path, pg_server: PgServer
 ) -> None:
-    (trio.workspace / "out").mkdir()
-    give(trio.workspace / "out")
+    # A lease longer than the restart: nobody is reaped, every daemon carries on.
+    with three_daemons(tmp_path, pg_server, 30.0) as trio:
+        _restart_under_load(trio, pg_server)
+
+
+def _restart_under_load(trio: Trio, pg_server: PgServer) -> None:
     acknowledged: dict[str, Outcome] = {}
     failures: list[BaseException] = []
     stop = threading.Event()
