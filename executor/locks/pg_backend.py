@@ -9,7 +9,9 @@ has the design):
   inside the lock space's critical section (a transaction-level advisory lock) that
   also runs the grant pass and NOTIFYs the space on commit;
 - a waiting daemon is woken by that notification (LISTEN on its presence session),
-  runs one grant pass for all its waiters and resolves those granted; it never polls.
+  which names the tickets granted: it resolves its own at once, with no query; it
+  never polls. A reap (which frees entries without a pass) notifies `*`: a daemon with
+  waiters then runs one grant pass of its own for all of them.
   As a fallback for a notification lost to a broken session it re-reads when the
   session is back (RESYNC) and, should even that miss one, every `reread` seconds
   while it has waiters;
@@ -30,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from execgate.executor.journal.base import JournalStore
-from execgate.executor.journal.pg.locktable import Pass, PgLockTable, Row
+from execgate.executor.journal.pg.locktable import Pass, PgLockTable, Row, told
 from execgate.executor.journal.pg.presence import LOCKS_CHANNEL
 from execgate.executor.journal.pg.store import PgJournal
 
@@ -228,12 +230,25 @@ class PgLockManager:
     # -- waking the waiters -------------------------------------------------------------------
 
     def _notified(self, payload: str | None) -> None:
-        """A notification on the locks channel (on the journal's loop)."""
+        """A notification on the locks channel (on the journal's loop): the tickets a
+        change granted (no query needed), or a reap or a resync (a pass of our own)."""
         loop = self._loop
         if loop is None or loop.is_closed():
             return
-        if payload is None or payload in ("*", self._table.space):
+        if payload is None or payload == "*":
             loop.call_soon_threadsafe(self._kick)
+            return
+        granted = told(payload, self._table.space)
+        if granted:
+            loop.call_soon_threadsafe(self._granted, granted)
+
+    def _granted(self, tickets: frozenset[int]) -> None:
+        """Another daemon's change granted these tickets (on the daemon's loop)."""
+        self._gen += 1
+        for ticket in tickets:
+            waiter = self._waiters.get(ticket)
+            if waiter is not None and not waiter.future.done():
+                waiter.future.set_result(None)
 
     def _kick(self) -> None:
         """Run a grant pass for our waiters (one at a time; another after it if asked)."""

@@ -53,13 +53,16 @@ class PgCalls:
 
     async def record_intent(self, rec: CallRecord) -> None:
         """Durably record that a call that may write is about to start."""
-        await self._db.write(lambda c: self._insert(c, rec, None, ""), durable=True)
+        await self._db.write(lambda c: self._insert(c, rec, None, ""), durable=True, atomic=False)
 
     def record_intent_nowait(self, rec: CallRecord) -> None:
         """Record a read-only call's start without waiting (nothing to reconcile)."""
         slot = (rec.run_id, rec.call_id)
         future = self._db.write_nowait(
-            lambda c: self._insert(c, rec, None, ""), durable=False, expected=(DuplicateCall,)
+            lambda c: self._insert(c, rec, None, ""),
+            durable=False,
+            atomic=False,
+            expected=(DuplicateCall,),
         )
         self._pending[slot] = future
         future.add_done_callback(lambda f: self._landed(slot, f))
@@ -92,10 +95,12 @@ class PgCalls:
             if not retried() or found is None or found[0] != text:  # not ours to finish
                 raise DuplicateCall(run_id, call_id)
 
-        await self._db.write(write, durable=durable)
+        await self._db.write(write, durable=durable, atomic=False)
 
     async def record_finished(self, rec: CallRecord, outcome: Outcome, raw: str = "") -> None:
-        await self._db.write(lambda c: self._insert(c, rec, outcome, raw), durable=False)
+        await self._db.write(
+            lambda c: self._insert(c, rec, outcome, raw), durable=False, atomic=False
+        )
 
     async def record_refusal(self, rec: CallRecord, outcome: Outcome) -> None:
         async def write(conn: Conn) -> None:

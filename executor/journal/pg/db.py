@@ -78,14 +78,17 @@ class PgDb:
         # Invariant: every task this db started on its loop and not yet finished.
         self._tasks: set[asyncio.Task[Any]] = set()
         try:
-            self.pool: AsyncConnectionPool[Conn] = self.call(self._open(url, pool_size))
+            self.pool: AsyncConnectionPool[Conn] = self.call(self._open(url, pool_size, True))
+            self.lazy: AsyncConnectionPool[Conn] = self.call(self._open(url, pool_size, False))
             for step in self.call(self._migrate()):
                 log.info("journal: migrated to schema %d: %s", step.version, step.what)
         except BaseException:
             self._stop_loop()
             raise
 
-    async def _open(self, url: str, size: int) -> AsyncConnectionPool[Conn]:
+    async def _open(self, url: str, size: int, durable: bool) -> AsyncConnectionPool[Conn]:
+        """A pool whose commits are durable (the server's `synchronous_commit`), or not
+        waited for on disk (`off` for the whole session: no SET per transaction)."""
         pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
             url,
             min_size=1,
@@ -94,10 +97,13 @@ class PgDb:
             timeout=10.0,
             # Statements outside a transaction block commit on their own (reads need no
             # BEGIN and ROLLBACK round trips); writes open theirs (`transaction`).
-            kwargs={"autocommit": True},
-            check=AsyncConnectionPool.check_connection,
+            kwargs={"autocommit": True}
+            if durable
+            else {"autocommit": True, "options": "-c synchronous_commit=off"},
+            # No check at checkout (a round trip per transaction): a connection the
+            # server dropped fails its statement and the job is retried (`_retrying`).
             reconnect_timeout=self.retry_for,
-            name="execgate-journal",
+            name="execgate-journal" if durable else "execgate-journal-lazy",
         )
         try:
             await pool.open(wait=True, timeout=10.0)
@@ -135,16 +141,22 @@ class PgDb:
 
     # -- transactions ----------------------------------------------------------------
 
-    async def write(self, job: Job[T], *, durable: bool) -> T:
-        """Run `job` in a transaction and wait for its commit."""
-        return await self.on_loop(self.transaction(job, durable=durable))
+    async def write(self, job: Job[T], *, durable: bool, atomic: bool = True) -> T:
+        """Run `job` in a transaction and wait for its commit. Not `atomic`: each of its
+        statements commits on its own (one round trip for a one-statement write)."""
+        return await self.on_loop(self._retrying(job, durable, atomic))
 
     def write_nowait(
-        self, job: Job[Any], *, durable: bool, expected: tuple[type[BaseException], ...] = ()
+        self,
+        job: Job[Any],
+        *,
+        durable: bool,
+        atomic: bool = True,
+        expected: tuple[type[BaseException], ...] = (),
     ) -> concurrent.futures.Future[Any]:
-        """Run `job` in a transaction without waiting; its future. A failure is logged (an
+        """Run `job` as `write` does, without waiting; its future. A failure is logged (an
         `expected` one, a normal answer such as a taken call id, at DEBUG)."""
-        future = self.submit(self.transaction(job, durable=durable))
+        future = self.submit(self._retrying(job, durable, atomic))
         future.add_done_callback(lambda f: _log_failure(f, expected))
         return future
 
@@ -155,28 +167,26 @@ class PgDb:
     async def read(self, job: Job[T]) -> T:
         """Run `job`'s reads (each statement on its own: a job that needs one snapshot
         opens a transaction itself)."""
-        return await self.on_loop(self._retrying(job, None))
+        return await self.on_loop(self._retrying(job, False, False))
 
     def read_now(self, job: Job[T]) -> T:
-        return self.call(self._retrying(job, None))
+        return self.call(self._retrying(job, False, False))
 
     async def transaction(self, job: Job[T], *, durable: bool) -> T:
         """On the db's loop: `job` in one transaction, retried while the server is away."""
-        return await self._retrying(job, durable)
+        return await self._retrying(job, durable, True)
 
-    async def _retrying(self, job: Job[T], durable: bool | None) -> T:
-        """`job` on a pooled connection: in a transaction (`durable` True or False) or
-        not (None); retried with backoff while the server is unreachable."""
+    async def _retrying(self, job: Job[T], durable: bool, atomic: bool) -> T:
+        """`job` on a connection of the durable or the lazy pool, in a transaction if
+        `atomic`; retried with backoff while the server is unreachable."""
         started = time.monotonic()
         delay = 0.05
         while True:
             try:
-                async with self.pool.connection() as conn:
-                    if durable is None:
+                async with (self.pool if durable else self.lazy).connection() as conn:
+                    if not atomic:
                         return await job(conn)
                     async with conn.transaction():
-                        if not durable:
-                            await conn.execute("SET LOCAL synchronous_commit = off")
                         return await job(conn)
             except psycopg.OperationalError as exc:
                 waited = time.monotonic() - started
@@ -202,6 +212,7 @@ class PgDb:
             if task is not asyncio.current_task():
                 task.cancel()
         await self.pool.close()
+        await self.lazy.close()
 
     def _stop_loop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)

@@ -9,8 +9,11 @@ when the session dies), never held across an await of anything but the server.
 
 A change runs the grant pass in the same transaction (`rule` over the rows in
 fair order returns the tickets to grant) and, if anything was granted or removed,
-NOTIFYs `execgate_locks` with the space, delivered at commit: waiting daemons then
-run a pass of their own and learn their grants (`PgLockManager`). Lock rows need
+NOTIFYs `execgate_locks` with the space and the tickets granted, delivered at commit:
+a waiting daemon learns its grants from the payload, with no query (`PgLockManager`).
+Since every change grants whatever it made grantable, a notification that grants
+nothing of a daemon's leaves its waiters waiting. A reap deletes entries without a
+pass: it notifies `*`, and every daemon with waiters runs a pass of its own. Lock rows need
 no durability (locks mean nothing after every daemon is gone): commits are not
 waited for on disk.
 
@@ -141,7 +144,9 @@ class PgLockTable:
                 "UPDATE lock_entries SET granted = true WHERE ticket = ANY(%s)", (list(granted),)
             )
             rows = [r._replace(granted=True) if r.ticket in granted else r for r in rows]
-        if granted or changed:
+        if granted:
+            await self._notify(conn, granted)
+        elif changed:
             await self._notify(conn)
         return Pass(rows, frozenset(granted))
 
@@ -153,5 +158,25 @@ class PgLockTable:
         )
         return [Row(*r) for r in await cur.fetchall()]
 
-    async def _notify(self, conn: Conn) -> None:
-        await conn.execute("SELECT pg_notify(%s, %s)", (LOCKS_CHANNEL, self.space))
+    async def _notify(self, conn: Conn, granted: set[int] | None = None) -> None:
+        await conn.execute("SELECT pg_notify(%s, %s)", (LOCKS_CHANNEL, notice(self.space, granted)))
+
+
+# A notification's payload: the space, and the tickets the change granted ("" if none, or
+# too many to say: then every waiting daemon runs a pass of its own). 8000 bytes at most.
+MAX_TOLD = 500
+
+
+def notice(space: str, granted: set[int] | None) -> str:
+    if not granted or len(granted) > MAX_TOLD:
+        return space
+    return space + "|" + ",".join(map(str, sorted(granted)))
+
+
+def told(payload: str, space: str) -> frozenset[int] | None:
+    """The tickets a notification about `space` says were granted (empty: none, a pass
+    found nothing more to grant); None: not about this space."""
+    name, _, tickets = payload.partition("|")
+    if name != space:
+        return None
+    return frozenset(int(t) for t in tickets.split(",") if t)
