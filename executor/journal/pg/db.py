@@ -172,9 +172,19 @@ class PgDb:
     def read_now(self, job: Job[T]) -> T:
         return self.call(self._retrying(job, False, False))
 
-    async def transaction(self, job: Job[T], *, durable: bool) -> T:
-        """On the db's loop: `job` in one transaction, retried while the server is away."""
-        return await self._retrying(job, durable, True)
+    async def transaction(self, job: Job[T], *, durable: bool, pipelined: bool = False) -> T:
+        """On the db's loop: `job` in one transaction, retried while the server is away.
+        `pipelined`: in pipeline mode (statements sent without waiting for each result
+        until one is read: BEGIN and the statements before the first read, and the last
+        ones with COMMIT, each cost one round trip together)."""
+        if not pipelined:
+            return await self._retrying(job, durable, True)
+
+        async def in_pipeline(conn: Conn) -> T:
+            async with conn.pipeline(), conn.transaction():
+                return await job(conn)
+
+        return await self._retrying(in_pipeline, durable, False)
 
     async def _retrying(self, job: Job[T], durable: bool, atomic: bool) -> T:
         """`job` on a connection of the durable or the lazy pool, in a transaction if

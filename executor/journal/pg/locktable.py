@@ -80,7 +80,7 @@ class PgLockTable:
             assert row is not None
             return int(row[0]), await self._pass(conn, rule, changed=False)
 
-        return await self.db.transaction(step, durable=False)
+        return await self.db.transaction(step, durable=False, pipelined=True)
 
     async def remove(self, ticket: int, rule: Rule) -> Pass:
         """Delete an entry (a release, or a waiter giving up) and run the grant pass."""
@@ -88,11 +88,12 @@ class PgLockTable:
         async def step(conn: Conn) -> Pass:
             await self._enter(conn)
             cur = await conn.execute(
-                "DELETE FROM lock_entries WHERE ticket = %s AND daemon = %s", (ticket, self._me)
+                "DELETE FROM lock_entries WHERE ticket = %s AND daemon = %s RETURNING ticket",
+                (ticket, self._me),
             )
-            return await self._pass(conn, rule, changed=cur.rowcount > 0)
+            return await self._pass(conn, rule, changed=await cur.fetchone() is not None)
 
-        return await self.db.transaction(step, durable=False)
+        return await self.db.transaction(step, durable=False, pipelined=True)
 
     async def grant_pass(self, rule: Rule) -> Pass:
         """Run the grant pass alone (a waiter woken by a notification, or re-reading)."""
@@ -101,7 +102,7 @@ class PgLockTable:
             await self._enter(conn)
             return await self._pass(conn, rule, changed=False)
 
-        return await self.db.transaction(step, durable=False)
+        return await self.db.transaction(step, durable=False, pipelined=True)
 
     async def rows(self) -> list[Row]:
         return await self.db.read(self._rows)
