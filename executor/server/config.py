@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,8 @@ DEFAULT_WORKSPACE = Path("workspace")
 SOCKET_NAME = "execgate.sock"
 JOURNAL_NAME = "journal.db"
 LOCK_BACKENDS = ("inprocess", "filelock", "postgresql", "none")
+# A lock space's name (it travels in the lock table's notifications).
+LOCK_SPACE = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,6 +142,10 @@ class ServeConfig:
     def check(self) -> None:
         check_limits(self.limits)
         ranges.Range(low=1.0, high=3600).check("lease", self.lease)
+        if self.lock_space and not LOCK_SPACE.fullmatch(self.lock_space):
+            raise ConfigError(
+                f"--lock-space {self.lock_space!r}: 1 to 100 letters, digits or . _ : -"
+            )
         if self.locks == "postgresql" and not self.journal:
             raise ConfigError(
                 "--locks postgresql keeps its lock table in the journal's database: "
