@@ -105,6 +105,10 @@ class CancelRecord:
     batch_id: str = ""
     call_id: str = ""
     grace: float | None = None
+    # Set for a requester who may stop only its own calls (an agent): the identity every
+    # targeted call must belong to. Not stored: it travels to the other daemons sharing
+    # the journal with the request (`Notice`), which reach only that agent's calls.
+    only_agent: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,7 +110,8 @@ class InFlight:
 
     def heard(self, rec: CancelRecord) -> list[str]:
         """A Cancel another daemon sharing the journal recorded (and checked): bar its
-        run if it names a whole run, and reach the targeted calls running here."""
+        run if it names a whole run, and reach the targeted calls running here (only
+        the requester's own, when it may stop no one else's)."""
         order = CancelOrder(
             run_id=rec.run_id,
             call_id=rec.call_id,
@@ -119,6 +120,7 @@ class InFlight:
             grace=rec.grace,
             requester=rec.requester,
             at=rec.at,
+            only_agent=rec.only_agent,
         )
         if order.whole_run and order.run_id not in self.barred:
             self.barred[order.run_id] = RunBar(order.at, order.reason, order.requester)
@@ -196,4 +198,5 @@ def _record(order: CancelOrder) -> CancelRecord:
         batch_id=order.batch_id,
         call_id=order.call_id,
         grace=order.grace,
+        only_agent=order.only_agent,
     )
