@@ -21,14 +21,17 @@ import pytest
 from execgate.client import (
     Call,
     CallNotFound,
+    CancelNotice,
     Client,
     EventKind,
     ExecgateClientError,
     Outcome,
     Status,
 )
+from execgate.client.loop.states import Machine, State, Transition
 from tests.auth_support import Who, write_identities
 from tests.daemon import Daemon, give, reachable_workspace, scaled
+from tests.loop_support import Background
 from tests.pg_support import PgServer, pg_rows
 from tests.support import Streamer, wait_until
 
@@ -374,3 +377,38 @@ def _restart_under_load(trio: Trio, pg_server: PgServer) -> None:
         for i in range(3):
             c = stack.enter_context(trio.client(i))
             assert c.execute_one("noop", echo="after").status is Status.SUCCESS
+
+
+def test_a_run_is_watched_listed_and_appended_to_from_any_daemon(trio: Trio) -> None:
+    with trio.client(0) as c1, trio.client(1) as c2, trio.client(2, "olga") as olga:
+        run_id = c1.runs.start("watched from elsewhere").run_id
+        machine = Machine(run_id)
+        c1.runs.append(run_id, [machine.advance(State.REQUESTING_MODEL, "go")])
+        seen: list[Transition | CancelNotice] = []
+
+        def watch() -> list[Transition | CancelNotice]:
+            seen.extend(olga.runs.watch(run_id))  # an operator, through daemon 3
+            return seen
+
+        watcher = Background(watch)
+        wait_until(lambda: len(seen) == 1, "the history, through daemon 3")
+        # Appended through daemon 2: daemon 1's cached history is stale, not trusted.
+        c2.runs.append(run_id, [machine.advance(State.VALIDATING, "replied")])
+        wait_until(lambda: len(seen) == 2, "daemon 2's event, on daemon 3's stream")
+        c1.runs.cancel(run_id, reason="enough")
+        wait_until(lambda: len(seen) == 3, "daemon 1's cancel, on daemon 3's stream")
+        c1.runs.append(run_id, [machine.advance(State.CANCELLED, "cancelled: enough")])
+        got = watcher.result(timeout=scaled(15))
+        assert [u.seq for u in got if isinstance(u, Transition)] == [1, 2, 3]
+        assert [n.reason for n in got if isinstance(n, CancelNotice)] == ["enough"]
+        # Every daemon lists it, ended; and refuses its calls (the run ended elsewhere).
+        for c in (c1, c2):
+            assert [r.run_id for r in c.runs.find(states=["cancelled"])] == [run_id]
+        wait_until(
+            lambda: (
+                c2.execute([Call(tool="noop", arguments={})], run_id=run_id)[0].status
+                is Status.REJECTED
+            ),
+            "daemon 2 refusing calls of the ended run",
+            timeout=scaled(10),
+        )
