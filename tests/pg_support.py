@@ -179,3 +179,11 @@ def pg_rows(url: str, query: str, params: tuple[object, ...] = ()) -> list[tuple
 
     with psycopg.connect(url) as conn:
         return [tuple(r) for r in conn.execute(query.replace("?", "%s"), params).fetchall()]
+
+
+def pg_execute(url: str, statement: str, params: tuple[object, ...] = ()) -> int:
+    """Run one statement (SQLite's ? placeholders) and commit; the rows it changed."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        return conn.execute(statement.replace("?", "%s"), params).rowcount

@@ -224,3 +224,71 @@ def _hold(url: str, lease: float) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "hold":
         _hold(sys.argv[2], float(sys.argv[3]))
+
+
+def test_a_daemon_that_lost_its_lease_cannot_commit_as_the_holder(url: str) -> None:
+    """Its lease runs out (here: set to the past, as a hung or cut-off daemon's would): the
+    other daemon reaps it -- its running call settled, its lock entries gone -- and the
+    lost daemon may no longer record an intent under the locks it was granted, learns it
+    lost its lease, and its waiters fail."""
+    from execgate.executor.core.outcomes import Outcome, Status
+    from execgate.executor.journal.pg.presence import LeaseLost
+    from execgate.executor.journal.records import CallRecord, DuplicateCall
+    from execgate.executor.locks import LockError
+    from tests.pg_support import pg_execute, pg_rows
+
+    def rec(call_id: str) -> CallRecord:
+        return CallRecord(
+            run_id="r",
+            call_id=call_id,
+            batch_id="b",
+            tool="write_file",
+            arguments_json="{}",
+            request_hash="h",
+            idempotency_key="",
+            agent="bot",
+            may_write=True,
+            created_at=time.time(),
+        )
+
+    async def body() -> None:
+        lost_journal = PgJournal(url, lease=60.0)
+        lost = PgLockManager(lost_journal, SPACE)
+        told: list[bool] = []
+        lost_journal.presence.on_lost.append(lambda: told.append(True))
+        try:
+            with daemon(url, lease=60.0) as other:
+                held = await lost.acquire("lost:w", W(SHARED))
+                await lost_journal.record_intent(rec("running"))
+                waiting = asyncio.create_task(lost.acquire("lost:later", W(SHARED)))
+                theirs = asyncio.create_task(other.acquire("other:w", W(SHARED)))
+                await until(lambda: len(other.snapshot().waiters) == 2)
+                me = lost_journal.presence.daemon_id
+                expire = "UPDATE daemons SET lease_until = now() - interval '1 s' WHERE id = ?"
+                assert pg_execute(url, expire, (me,)) == 1
+                # The other daemon's heartbeat (a third of its lease) is too slow for a
+                # test: it reaps now, as its heartbeat would.
+                reaper = PgJournal(url, lease=60.0)
+                try:
+                    assert reaper.presence.reap_now() == 1
+                finally:
+                    reaper.close()
+                (await asyncio.wait_for(theirs, 10)).release()
+                with pytest.raises(LeaseLost):
+                    await lost_journal.record_intent(rec("fenced"))
+                with pytest.raises(DuplicateCall):  # settled by the reaper: not ours
+                    await lost_journal.record_outcome(
+                        "r", "running", Outcome(status=Status.SUCCESS), "", durable=True
+                    )
+                await until(lambda: bool(told), limit=30)  # its own heartbeat found out
+                with pytest.raises(LockError):
+                    await asyncio.wait_for(waiting, 10)
+                held.release()
+                settled = pg_rows(url, "SELECT status FROM calls WHERE call_id = 'running'")
+                assert settled == [("unknown_outcome",)]
+                assert pg_rows(url, "SELECT count(*) FROM calls WHERE call_id = 'fenced'") == [(0,)]
+        finally:
+            lost.close()
+            lost_journal.close()
+
+    run_async(body, timeout=60)
