@@ -412,3 +412,32 @@ def test_a_run_is_watched_listed_and_appended_to_from_any_daemon(trio: Trio) -> 
             "daemon 2 refusing calls of the ended run",
             timeout=scaled(10),
         )
+
+
+def test_a_call_parked_on_a_daemon_that_died_is_adopted_and_runs_once_approved(
+    trio: Trio,
+) -> None:
+    d1 = trio.daemons[0]
+    call = Call(tool="run_command", arguments={"argv": ["touch", "adopted.txt"]}, call_id="ask-2")
+    stream = Streamer(d1.address, [call], token=TOKENS["bot"], run_id="adopt")
+    wait_until(lambda: stream.seen(EventKind.AWAITING_APPROVAL, "ask-2"), "ask-2 parked on d1")
+    d1.kill()
+    stream.join()
+    # Its reaper parks the call itself: the approval's daemon is a live one again.
+    parked_on = "SELECT d.state FROM approvals a JOIN daemons d ON d.id = a.daemon"
+    wait_until(lambda: trio.rows(parked_on) == [("alive",)], "adopted", scaled(LEASE + 10))
+    with trio.client(2, "alice") as alice:
+        (pending,) = alice.approvals_pending()
+        alice.approve(pending.approval_id, "after its daemon died")
+    found: list[Outcome] = []
+
+    def recorded() -> bool:
+        with trio.client(1) as c, contextlib.suppress(CallNotFound):
+            outcome = c.get_call("ask-2", run_id="adopt").outcome
+            found.extend([outcome] if outcome is not None else [])
+        return bool(found)
+
+    wait_until(recorded, "ask-2 run by its adopter", scaled(30))
+    assert found[0].status is Status.SUCCESS, found[0]
+    assert (trio.workspace / "adopted.txt").exists()
+    assert trio.rows("SELECT count(*) FROM calls WHERE call_id = 'ask-2'") == [(1,)]
