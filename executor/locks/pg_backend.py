@@ -112,25 +112,40 @@ class PgLockManager:
         text = json.dumps([[parts, mode.name] for parts, mode in ask.items])
         gen = self._gen
         ticket, done = await self._enqueue(owner, text, ask)
-        if ticket in done.granted:
-            return self._lease(owner, plan, ticket)
+        if ticket not in done.granted:
+            if on_wait is not None:
+                info = self._why(done.rows, ticket, ask)
+                told: Callable[[], None] = lambda: on_wait(info)  # noqa: E731
+            else:
+                told = _nothing
+            await self._wait(ticket, owner, gen, cancel, told)
+        return self._lease(owner, plan, ticket)
+
+    async def _wait(
+        self,
+        ticket: int,
+        owner: str,
+        gen: int,
+        cancel: asyncio.Event | None,
+        told: Callable[[], None],
+    ) -> None:
+        """Until the entry is granted; gone from the table if it never is."""
+        assert self._loop is not None
         waiter = _Waiter(self._loop.create_future(), self._passes)
         self._waiters[ticket] = waiter
         try:
-            if on_wait is not None:
-                on_wait(self._why(done.rows, ticket, ask))
-            if self._gen != gen:  # notified while enqueuing: that pass could not see us
+            told()
+            if self._gen != gen:  # notified while enqueuing: that news could not name us
                 self._kick()
             await _granted_or_cancelled(waiter.future, cancel)
             if not waiter.future.done():
                 raise Abandoned(owner)
             waiter.future.result()
         except BaseException:
-            self._waiters.pop(ticket, None)
             self._remove_soon(ticket)  # waiting, or granted just now: either way, gone
             raise
-        self._waiters.pop(ticket, None)
-        return self._lease(owner, plan, ticket)
+        finally:
+            self._waiters.pop(ticket, None)
 
     def snapshot(self) -> Snapshot:
         """Every live daemon's holders and waiters in the space, in fair order (blocking)."""
@@ -323,6 +338,10 @@ class PgLockManager:
     def _check_open(self) -> None:
         if self._closed:
             raise BackendClosed("the postgresql lock manager is closed")
+
+
+def _nothing() -> None:
+    pass
 
 
 def _flow(row: Row) -> str:

@@ -227,12 +227,9 @@ async def serve(config: ServeConfig, *, on_ready: Callable[[list[str]], None] | 
         addresses = _bind(server, config)
     finally:
         os.umask(old_umask)
-    stop = asyncio.Event()
-    lost: list[bool] = []
-    cluster = Cluster(journal.notices, dispatcher, runs, lambda: _lost(stop, lost, dispatcher))
-    parked = dispatcher.resume_parked(journal.approvals.left_pending())
-    if parked:
-        log.info("%d call(s) still await approval from before the restart", parked)
+    stopping = _Stopping(dispatcher)
+    cluster = Cluster(journal.notices, dispatcher, runs, stopping.lease_lost)
+    _resume_parked(dispatcher, journal)
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
@@ -240,7 +237,7 @@ async def serve(config: ServeConfig, *, on_ready: Callable[[list[str]], None] | 
     watching = [asyncio.create_task(w.run()) for w in watchers]
     if on_ready is not None:
         on_ready(addresses)
-    await _until_signalled(stop, on_second=dispatcher.force)
+    await _until_signalled(stopping.event, on_second=dispatcher.force)
     for task in watching:
         task.cancel()
     log.info("shutting down: draining in-flight calls")
@@ -249,15 +246,29 @@ async def serve(config: ServeConfig, *, on_ready: Callable[[list[str]], None] | 
     await cluster.close()
     journal.close()
     os.close(lock_fd)
-    return LEASE_LOST_EXIT if lost else 0
+    return LEASE_LOST_EXIT if stopping.lost else 0
 
 
-def _lost(stop: asyncio.Event, lost: list[bool], dispatcher: Dispatcher) -> None:
-    """The lease is gone: another daemon settled this one's calls and freed its locks.
-    Stop at once (calls in flight are killed: their records are settled already)."""
-    lost.append(True)
-    stop.set()
-    dispatcher.force()
+def _resume_parked(dispatcher: Dispatcher, journal: JournalStore) -> None:
+    parked = dispatcher.resume_parked(journal.approvals.left_pending())
+    if parked:
+        log.info("%d call(s) still await approval from before the restart", parked)
+
+
+class _Stopping:
+    """Why the daemon stops: a signal, or the lease it lost in a shared journal."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.event = asyncio.Event()
+        self.lost = False
+        self._dispatcher = dispatcher
+
+    def lease_lost(self) -> None:
+        """Another daemon settled this one's calls and freed its locks: stop at once
+        (calls in flight are killed; their records are settled already)."""
+        self.lost = True
+        self.event.set()
+        self._dispatcher.force()
 
 
 async def _shut_down(

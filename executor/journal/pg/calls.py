@@ -187,17 +187,8 @@ class PgCalls:
             rec.decision.to_json() if rec.decision is not None else None,
             me,
         )
-        marks = ", ".join(["%s"] * len(values))
-        if outcome is None:
-            # Fenced: only a daemon holding its lease starts a call (it holds its locks).
-            sql = _INSERT + f"SELECT {marks} WHERE {Presence.ALIVE_SQL}"
-            params: tuple[Any, ...] = (*values, me)
-        else:
-            sql = _INSERT + f"VALUES ({marks})"
-            params = values
-        sql += " ON CONFLICT ON CONSTRAINT calls_run_call DO NOTHING"
         try:
-            cur = await conn.execute(sql, params)
+            cur = await conn.execute(_insert_sql(outcome is None, len(values)), (*values, me))
         except psycopg.errors.UniqueViolation as exc:  # the key: another daemon's call
             raise KeyTaken(rec.agent, rec.idempotency_key or "") from exc
         if cur.rowcount == 1:
@@ -209,6 +200,17 @@ class PgCalls:
             raise LeaseLost(me)
         if not retried() or tuple(found) != (me, rec.request_hash, rec.created_at, rec.batch_id):
             raise DuplicateCall(rec.run_id, rec.call_id)
+
+
+def _insert_sql(fenced: bool, n: int) -> str:
+    """The insert of a call's row; a running one is fenced: only a daemon holding its
+    lease starts a call (it holds the call's locks). Its last parameter: the daemon."""
+    marks = ", ".join(["%s"] * n)
+    if fenced:
+        body = f"SELECT {marks} WHERE {Presence.ALIVE_SQL}"
+    else:
+        body = f"SELECT {marks} WHERE %s IS NOT NULL"  # the same parameters either way
+    return _INSERT + body + " ON CONFLICT ON CONSTRAINT calls_run_call DO NOTHING"
 
 
 async def _settled(future: concurrent.futures.Future[Any]) -> None:
