@@ -35,7 +35,8 @@ from tests.loop_support import Background
 from tests.pg_support import PgServer, pg_rows
 from tests.support import Streamer, wait_until
 
-pytestmark = pytest.mark.slow
+# Three daemons start per test: minutes on a loaded machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 LEASE = 2.0
 GRACE = 1.0
