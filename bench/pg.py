@@ -48,7 +48,9 @@ if str(ROOT) not in sys.path:  # `python bench/pg.py` puts bench/ first, not the
 from bench.dispatch import environment  # noqa: E402
 from bench.schedule import (  # noqa: E402
     BenchError,
+    Spec,
     check_ok,
+    conflicts,
     counter_paths,
     critical_path,
     lost_updates,
@@ -203,21 +205,44 @@ async def schedules(
                 check_ok(outcomes, calls, tag)
                 measured = [_ran(o) for o in outcomes]
                 cp, _ = critical_path(preds, measured)
+                granted = sorted(range(len(batch)), key=lambda i: _at(outcomes[i], "lock_granted"))
+                cp_actual, _ = critical_path(*in_order(batch, granted, measured))
                 finals = [read_counter(ws / p) for p in paths]
                 row[name] = {
                     "makespan_s": makespan,
                     "cp_measured_s": cp,
                     "ratio": makespan / cp,
+                    "cp_grant_order_s": cp_actual,
+                    "ratio_grant_order": makespan / cp_actual,
                     "lost_updates": lost_updates(batch, finals, args.files),
                 }
+            t, o = row["three_pg"], row["one_sqlite"]
             print(
-                f"  batch {b + 1}: three daemons on PostgreSQL {row['three_pg']['ratio']:.3f} x "
-                f"CP (lost {row['three_pg']['lost_updates']}); one daemon, SQLite "
-                f"{row['one_sqlite']['ratio']:.3f} x CP (lost {row['one_sqlite']['lost_updates']})",
+                f"  batch {b + 1}: three daemons on PostgreSQL {t['ratio']:.3f} x CP "
+                f"({t['ratio_grant_order']:.3f} x CP in grant order; lost {t['lost_updates']}); "
+                f"one daemon, SQLite {o['ratio']:.3f} x CP (lost {o['lost_updates']})",
                 flush=True,
             )
             rows.append(row)
     return rows
+
+
+def in_order(
+    batch: list[Spec], order: list[int], measured: list[float]
+) -> tuple[list[list[int]], list[float]]:
+    """The conflict DAG of the calls taken in `order` (the order the lock table granted
+    them) instead of proposal order, and their durations in that order: its critical path
+    is the bound for the order the daemons chose, so the ratio to it is what the
+    scheduling itself cost (hand-offs, intents), not the order."""
+    taken = [batch[i] for i in order]
+    preds = [[a for a in range(b) if conflicts(taken[a], taken[b])] for b in range(len(taken))]
+    return preds, [measured[i] for i in order]
+
+
+def _at(o: Outcome, phase: str) -> float:
+    m = o.mark(phase)
+    assert m is not None, (o.call_id, phase)
+    return m.at
 
 
 def _ran(o: Outcome) -> float:
@@ -277,11 +302,13 @@ async def measure(root: Path, url: str, args: argparse.Namespace) -> dict[str, A
         rows = await schedules(ds[:3], ds[3], args)
     out["schedule"] = rows
     three = [r["three_pg"]["ratio"] for r in rows]
+    actual = [r["three_pg"]["ratio_grant_order"] for r in rows]
     one = [r["one_sqlite"]["ratio"] for r in rows]
     lost = sum(r["three_pg"]["lost_updates"] for r in rows)
     print(
-        f"  ratio median: three daemons {statistics.median(three):.3f} (max {max(three):.3f}), "
-        f"one daemon {statistics.median(one):.3f}; goal <= {SCHEDULE_GOAL}: "
+        f"  ratio median: three daemons {statistics.median(three):.3f} (max {max(three):.3f}; "
+        f"in grant order {statistics.median(actual):.3f}), one daemon "
+        f"{statistics.median(one):.3f}; goal <= {SCHEDULE_GOAL}: "
         f"{'MET' if statistics.median(three) <= SCHEDULE_GOAL else 'NOT MET'}; lost updates {lost}"
     )
     if lost:
