@@ -215,12 +215,16 @@ async def schedules(
                     "cp_grant_order_s": cp_actual,
                     "ratio_grant_order": makespan / cp_actual,
                     "lost_updates": lost_updates(batch, finals, args.files),
+                    **costs(batch, outcomes),
                 }
             t, o = row["three_pg"], row["one_sqlite"]
             print(
                 f"  batch {b + 1}: three daemons on PostgreSQL {t['ratio']:.3f} x CP "
                 f"({t['ratio_grant_order']:.3f} x CP in grant order; lost {t['lost_updates']}); "
-                f"one daemon, SQLite {o['ratio']:.3f} x CP (lost {o['lost_updates']})",
+                f"one daemon, SQLite {o['ratio']:.3f} x CP (lost {o['lost_updates']})\n"
+                f"    median hand-off {t['handoff_ms']:.1f} / {o['handoff_ms']:.1f} ms, "
+                f"writer's intent {t['intent_write_ms']:.1f} / {o['intent_write_ms']:.1f} ms "
+                "(three daemons / one)",
                 flush=True,
             )
             rows.append(row)
@@ -237,6 +241,30 @@ def in_order(
     taken = [batch[i] for i in order]
     preds = [[a for a in range(b) if conflicts(taken[a], taken[b])] for b in range(len(taken))]
     return preds, [measured[i] for i in order]
+
+
+def costs(batch: list[Spec], outcomes: list[Outcome]) -> dict[str, float]:
+    """Median ms of what a conflicting call pays: the hand-off (LOCK_GRANTED after the
+    conflicting call it waited for FINISHED) and a writer's intent (STARTED after
+    LOCK_GRANTED: the durable journal write)."""
+    handoffs = []
+    for j, oj in enumerate(outcomes):
+        granted, queued = _at(oj, "lock_granted"), _at(oj, "queued")
+        before = [
+            _at(outcomes[i], "finished")
+            for i in range(len(batch))
+            if i != j
+            and conflicts(batch[i], batch[j])
+            and queued < _at(outcomes[i], "finished") <= granted
+        ]
+        if before:
+            handoffs.append(granted - max(before))
+    pairs = zip(batch, outcomes, strict=True)
+    intents = [_at(o, "started") - _at(o, "lock_granted") for s, o in pairs if s.write]
+    return {
+        "handoff_ms": statistics.median(handoffs) * 1e3 if handoffs else 0.0,
+        "intent_write_ms": statistics.median(intents) * 1e3 if intents else 0.0,
+    }
 
 
 def _at(o: Outcome, phase: str) -> float:
