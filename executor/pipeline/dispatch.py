@@ -169,6 +169,11 @@ class Dispatcher:
             case NoticeKind.RESYNC:
                 self._idempotency.reread()
                 await self.approvals.reread()
+                # Whole-run cancels recorded meanwhile: bar the runs, stop their calls here.
+                barred = await asyncio.to_thread(self.journal.cancels.barred_runs)
+                for run_id, rec in barred.items():
+                    if run_id not in self._inflight.barred:
+                        self._inflight.heard(rec)
             case NoticeKind.ADOPTED:
                 self.resume_parked(list(notice.approvals))
             case _:  # runs and the lease are the server's
