@@ -8,6 +8,7 @@ root) on a Unix socket in that directory, no TCP; torn down at the end.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import glob
 import os
@@ -20,6 +21,17 @@ from pathlib import Path
 
 # Run the server as this user when the tests run as root (initdb refuses root).
 SERVER_USER = "postgres"
+
+
+# Servers started and not yet stopped: stopped when this process exits, so that a run that
+# ends early (a timeout, an interrupt) leaves no server behind.
+_running: set[PgServer] = set()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for server in list(_running):
+        server.stop()
 
 
 def bin_dir() -> Path | None:
@@ -72,6 +84,7 @@ class PgServer:
         return f"postgresql:///{database}?host={self.sockets}&user=postgres"
 
     def start(self) -> PgServer:
+        _running.add(self)
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "log"), "-w", "start")
         return self
 
@@ -90,6 +103,7 @@ class PgServer:
         )
 
     def stop(self) -> None:
+        _running.discard(self)
         with contextlib.suppress(subprocess.CalledProcessError):
             self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
         shutil.rmtree(self.root, ignore_errors=True)
