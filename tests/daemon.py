@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -36,6 +37,16 @@ def load_factor() -> float:
 def scaled(seconds: float) -> float:
     """`seconds`, stretched for the machine's current load (`load_factor`)."""
     return seconds * load_factor()
+
+
+# The `--journal` a daemon of a given root directory gets, when the test runs on PostgreSQL
+# (set by tests/conftest.py's `journal_store` fixture; None: the SQLite default).
+journal_for: Callable[[Path], str] | None = None
+
+
+def journal_url(root: Path) -> str | None:
+    """The PostgreSQL journal a daemon of `root` uses now, None for SQLite."""
+    return journal_for(root) if journal_for is not None else None
 
 
 # Every daemon this process started and has not stopped or killed: killed when this process
@@ -113,6 +124,9 @@ class Daemon:
             "--test-tools",
             *self.extra_args,
         ]
+        url = journal_url(self.root)
+        if url is not None and "--journal" not in self.extra_args:
+            cmd += ["--journal", url]
         if self.uid is not None:  # setpriv execs the daemon: the pid stays the daemon's
             cmd = ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", *cmd]
         log = open(self.log_path, "ab")  # noqa: SIM115 -- owned by the child's lifetime

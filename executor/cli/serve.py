@@ -84,9 +84,30 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument(
         "--locks",
         default="inprocess",
-        choices=["inprocess", "filelock", "none"],
-        help="lock backend: inprocess (default); filelock when several daemons share a "
-        "workspace; none turns scheduling off (tests only, with --test-tools)",
+        choices=["inprocess", "filelock", "postgresql", "none"],
+        help="lock backend: inprocess (default); filelock when several daemons on one host "
+        "share a workspace; postgresql when daemons on several hosts do (needs --journal "
+        "postgresql://...); none turns scheduling off (tests only, with --test-tools)",
+    )
+    p.add_argument(
+        "--journal",
+        default="",
+        metavar="URL",
+        help="the journal: a postgresql://... URL shared by several daemons (docs/deploy.md; "
+        "libpq's PG* variables apply, PGPASSWORD included); default: SQLite in --state-dir",
+    )
+    p.add_argument(
+        "--lease",
+        type=float,
+        default=10.0,
+        help="seconds this daemon's lease in a PostgreSQL journal lasts unrenewed: a daemon "
+        "that died is reaped (its calls settled, its locks freed) within about this long",
+    )
+    p.add_argument(
+        "--lock-space",
+        default="",
+        help="postgresql lock backend: daemons with the same lock space share one lock table "
+        "(default: derived from the workspace's real path)",
     )
     p.add_argument(
         "--lock-dir",
@@ -133,13 +154,16 @@ def _serve(args: argparse.Namespace) -> int:
         tls=cli_identity.tls_files(args),
         locks=args.locks,
         lock_dir=args.lock_dir,
+        journal=args.journal,
+        lease=args.lease,
+        lock_space=args.lock_space,
         sandbox=cli_sandbox.config_from(args),
     )
 
     def ready(addresses: list[str]) -> None:
         print(
             f"execgate listening on {', '.join(addresses)} "
-            f"(workspace {config.workspace.resolve()}, journal {config.state_dir.resolve()})",
+            f"(workspace {config.workspace.resolve()}, journal {journal_where(config)})",
             flush=True,
         )
         if args.local_identities:
@@ -150,7 +174,6 @@ def _serve(args: argparse.Namespace) -> int:
                 flush=True,
             )
 
-    from execgate.executor.server.serve import serve
+    from execgate.executor.server.serve import journal_where, serve
 
-    asyncio.run(serve(config, on_ready=ready))
-    return 0
+    return asyncio.run(serve(config, on_ready=ready))

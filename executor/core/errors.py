@@ -30,6 +30,12 @@ and holds this drawing to the code: tests/unit/test_error_trees.py).
     ├── BrokenHistory               core.runstate       a run's recorded transitions do not fit
     │                                                   the table (run_id, seq, kind)
     ├── DuplicateCall               journal.records     (run_id, call_id) already journaled
+    ├── KeyTaken                    journal.records     an idempotency key another call holds
+    │                                                   (agent, key)
+    ├── PgUnavailable               journal.pg.db       the PostgreSQL journal unreachable
+    │                                                   (waited, why)
+    ├── LeaseLost                   journal.pg.presence  this daemon's lease is gone
+    │                                                   (daemon_id)
     ├── LockError                   locks.base          root of the lock room
     │   ├── Abandoned               locks.base          a waiter gave up (owner)
     │   └── BackendClosed           locks.base          the lock backend was closed

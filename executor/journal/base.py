@@ -21,7 +21,7 @@ What every backend must keep (the outcome and recovery guarantees rest on it):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from execgate.executor.core.approval import Approval, ApprovalState
@@ -34,6 +34,7 @@ from .records import (
     CallRecord,
     CancelRecord,
     Durable,
+    Notice,
     PolicyRecord,
     RunClaim,
     RunConflict,
@@ -45,6 +46,7 @@ __all__ = [
     "CallStore",
     "CancelStore",
     "JournalStore",
+    "NoticeStore",
     "ReloadStore",
     "RunRecordStore",
     "SpanStore",
@@ -235,6 +237,18 @@ class SpanStore(Protocol):
         ...
 
 
+class NoticeStore(Protocol):
+    """What other daemons sharing this journal recorded that this one must act on: a
+    cancel, a decided approval, a run's change, a keyed call's end. A journal only one
+    daemon writes (SQLite) never has any."""
+
+    def subscribe(self, fn: Callable[[Notice], None]) -> Callable[[], None]:
+        """Call `fn` on the calling thread's running event loop with each notice from
+        now on (and `NoticeKind.RESYNC` when some may have been missed); returns the
+        unsubscriber."""
+        ...
+
+
 class JournalStore(CallStore, Protocol):
     """One journal backend: the calls, and the store of every other record kind."""
 
@@ -252,6 +266,9 @@ class JournalStore(CallStore, Protocol):
 
     @property
     def spans(self) -> SpanStore: ...
+
+    @property
+    def notices(self) -> NoticeStore: ...
 
     def recover(self) -> int:
         """At startup, before serving: settle every call a previous daemon left running

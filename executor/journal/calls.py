@@ -16,7 +16,7 @@ from execgate.executor.core.outcomes import Outcome
 
 from .codec import outcome_from_json, outcome_to_json
 from .db import SqliteDb
-from .records import CallFilter, CallRecord, DuplicateCall, PolicyRecord
+from .records import CallFilter, CallRecord, DuplicateCall, KeyTaken, PolicyRecord
 from .schema import RECORD_COLUMNS
 from .writer import Started
 
@@ -155,6 +155,8 @@ def _insert(conn: sqlite3.Connection, rec: CallRecord, outcome: Outcome | None, 
     except sqlite3.IntegrityError as exc:
         if "calls.run_id, calls.call_id" in str(exc):
             raise DuplicateCall(rec.run_id, rec.call_id) from exc
+        if "calls.agent, calls.idempotency_key" in str(exc):
+            raise KeyTaken(rec.agent, rec.idempotency_key) from exc
         raise
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import enum
 import functools
 import json
 from dataclasses import dataclass
 from typing import Protocol
 
+from execgate.executor.core.approval import Approval
 from execgate.executor.core.errors import ExecgateError
 from execgate.executor.core.outcomes import Outcome, Status
 from execgate.executor.core.requests import DEFAULT_WORKSPACE
@@ -33,6 +35,16 @@ class Durable(Protocol):
     async def done(self) -> None:
         """Await the same on the event loop."""
         ...
+
+
+class KeyTaken(ExecgateError):
+    """The agent's idempotency key already names another call in the journal: one that
+    a daemon sharing the journal recorded first (the unique (agent, key) index)."""
+
+    def __init__(self, agent: str, key: str) -> None:
+        super().__init__(f"idempotency_key {key!r} of {agent!r} names another call")
+        self.agent = agent
+        self.key = key
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +130,10 @@ class CancelRecord:
     batch_id: str = ""
     call_id: str = ""
     grace: float | None = None
+    # Set for a requester who may stop only its own calls (an agent): the identity every
+    # targeted call must belong to. Not stored: it travels to the other daemons sharing
+    # the journal with the request (`Notice`), which reach only that agent's calls.
+    only_agent: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,3 +173,32 @@ class SpanRecord:
     call_id: str
     attributes_json: str
     events_json: str
+
+
+class NoticeKind(enum.Enum):
+    """What another daemon sharing the journal recorded (`base.Notices`)."""
+
+    # A Cancel request (`cancel` holds it): the calls it targets that run here stop.
+    CANCEL = "cancel"
+    # An approval (`key`: its id) was made, decided or expired: Watch streams show it, and
+    # a call parked here may go on.
+    APPROVAL = "approval"
+    # A run (`key`: its id) was started, appended to, or asked to stop.
+    RUN = "run"
+    # A call with an idempotency key (`key`: agent NUL key) ended.
+    CALL = "call"
+    # Notices may have been missed (the connection to the journal was re-established):
+    # re-read whatever is being waited for.
+    RESYNC = "resync"
+    # Approvals a dead daemon had parked passed to this daemon (`approvals`): park them.
+    ADOPTED = "adopted"
+    # This daemon lost its lease: it may no longer act as the holder of its locks.
+    LEASE_LOST = "lease_lost"
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    kind: NoticeKind
+    key: str = ""
+    cancel: CancelRecord | None = None
+    approvals: tuple[Approval, ...] = ()

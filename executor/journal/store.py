@@ -20,6 +20,7 @@ from .approvals import SqliteApprovals
 from .calls import SqliteCalls
 from .cancels import SqliteCancels
 from .db import SqliteDb
+from .notices import NoNotices
 from .records import CallFilter, CallRecord, DuplicateCall, PolicyRecord
 from .recover import recover_running
 from .reloads import SqliteReloads
@@ -41,6 +42,7 @@ class Journal(SqliteCalls):
         self.cancels = SqliteCancels(db)
         self.reloads = SqliteReloads(db)
         self.spans = SqliteSpans(db)
+        self.notices = NoNotices()  # one daemon writes it: nothing happens elsewhere
 
     def recover(self) -> int:
         """Settle calls a previous daemon left running. Returns how many."""

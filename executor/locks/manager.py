@@ -13,6 +13,7 @@ import asyncio
 import bisect
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from .base import Abandoned, BackendClosed, Lease, LockEntry, Snapshot, WaitInfo
 from .decide import Ask, LockTable, Turns, admissible, decide, entries, under_cap, wait_info
@@ -205,9 +206,7 @@ class LockManager:
             waiter.future.set_result(lease)
 
 
-async def _granted_or_cancelled(
-    future: asyncio.Future[Lease], cancel: asyncio.Event | None
-) -> None:
+async def _granted_or_cancelled(future: asyncio.Future[Any], cancel: asyncio.Event | None) -> None:
     """Return when `future` is done or `cancel` is set, whichever comes first.
 
     `asyncio.wait` never cancels the future it watches, so only the manager

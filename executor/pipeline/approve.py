@@ -249,6 +249,28 @@ class Approvals:
         finally:
             self._watchers.unsubscribe(watcher)
 
+    async def heard(self, approval_id: str) -> None:
+        """Another daemon sharing the journal made or decided this approval: tell the
+        watchers here, and let the call parked here go on once it is decided."""
+        found = await self.get(approval_id)
+        if found is None:
+            return
+        self._publish(found)
+        waiter = self._waiting.get(approval_id)
+        if found.state is not ApprovalState.PENDING and waiter is not None and not waiter.done():
+            waiter.set_result(found)
+
+    async def reread(self) -> None:
+        """Notices from other daemons may have been missed: look at every parked call."""
+        for approval_id in list(self._waiting):
+            found = await self.get(approval_id)
+            waiter = self._waiting.get(approval_id)
+            if found is None or found.state is ApprovalState.PENDING or waiter is None:
+                continue
+            if not waiter.done():
+                self._publish(found)
+                waiter.set_result(found)
+
     def waiting(self) -> int:
         """Calls parked here now."""
         return len(self._waiting)

@@ -30,6 +30,7 @@ from execgate.executor.core.errors import ToolError
 from execgate.executor.core.outcomes import Mark, Outcome, Phase, mark
 from execgate.executor.core.paths import Workspace
 from execgate.executor.journal.base import JournalStore
+from execgate.executor.journal.records import KeyTaken, Notice, NoticeKind
 from execgate.executor.locks import LockBackend
 from execgate.executor.policy import Policy
 from execgate.executor.sandbox.registry import Sandboxes
@@ -151,6 +152,34 @@ class Dispatcher:
     async def cancel(self, order: CancelOrder) -> list[str]:
         """Record the request, then ask the targeted calls to stop; returns the ids reached."""
         return await self._inflight.cancel(order)
+
+    async def heard(self, notice: Notice) -> None:
+        """What another daemon sharing the journal recorded, for the calls here: a cancel
+        reaches the targeted calls running here, a decision the call parked here, a
+        keyed call's end the calls waiting for it; approvals a dead daemon had parked
+        are parked here (its reaper adopted them)."""
+        match notice.kind:
+            case NoticeKind.CANCEL if notice.cancel is not None:
+                reached = self._inflight.heard(notice.cancel)
+                if reached:
+                    log.info("cancel from another daemon reached %s", ", ".join(reached))
+            case NoticeKind.APPROVAL:
+                await self.approvals.heard(notice.key)
+            case NoticeKind.CALL:
+                agent, _, key = notice.key.partition("\0")
+                self._idempotency.heard(agent, key)
+            case NoticeKind.RESYNC:
+                self._idempotency.reread()
+                await self.approvals.reread()
+                # Whole-run cancels recorded meanwhile: bar the runs, stop their calls here.
+                barred = await asyncio.to_thread(self.journal.cancels.barred_runs)
+                for run_id, rec in barred.items():
+                    if run_id not in self._inflight.barred:
+                        self._inflight.heard(rec)
+            case NoticeKind.ADOPTED:
+                self.resume_parked(list(notice.approvals))
+            case _:  # runs and the lease are the server's
+                return
 
     def resume_parked(self, pending: list[Approval]) -> int:
         """Park again the calls a previous daemon left awaiting approval (no stream
@@ -342,6 +371,16 @@ class Dispatcher:
                     return
         await self._endings.refuse_duplicate(req, batch, queued)
 
+    async def _taken_elsewhere(self, approved: Approved, batch: Batch) -> Outcome:
+        """The call's idempotency key was taken, as it was about to start, by a call of
+        another daemon sharing the journal: answered with that call's outcome."""
+        req, valid = approved.request, approved.valid
+        replay = await self._idempotency.elsewhere(
+            batch.agent, req.idempotency_key, valid.request_hash
+        )
+        await self._endings.replay(valid, batch, replay, approved)
+        return replay.outcome
+
     async def _admitted(
         self, approved: Approved, batch: Batch, active: Active, queued: Mark
     ) -> None:
@@ -358,6 +397,8 @@ class Dispatcher:
             outcome: Outcome | BaseException = RuntimeError("call did not finish")
             try:
                 outcome = await self._scheduler.schedule(approved, batch, active, queued)
+            except KeyTaken:  # another daemon's call holds the key: never run twice
+                outcome = await self._taken_elsewhere(approved, batch)
             finally:
                 if req.idempotency_key:
                     self._idempotency.release(batch.agent, req.idempotency_key, outcome)

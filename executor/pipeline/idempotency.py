@@ -36,11 +36,19 @@ class _Owner:
     confirmed: bool = False
 
 
+# Seconds between two looks at the journal while a call of another daemon holds a key,
+# should the notice of its end be lost (a broken journal session): a fallback only.
+REREAD = 5.0
+
+
 class Idempotency:
     def __init__(self, journal: CallStore) -> None:
         self._journal = journal
         # Invariant: a key is here exactly while its owning call is unfinished.
         self._inflight: dict[tuple[str, str], _Owner] = {}
+        # Calls waiting for a keyed call another daemon runs: one future per wait, here
+        # only while it waits (`heard` resolves them).
+        self._elsewhere: dict[tuple[str, str], set[asyncio.Future[None]]] = {}
 
     async def claim(
         self,
@@ -76,12 +84,49 @@ class Idempotency:
         except BaseException as exc:
             self._settle(slot, exc)
             raise
-        if recorded.outcome is None:  # running in the journal but not here: cannot join
-            replay = Replay(_unsettled(), recorded.call_id, recorded.run_id)
+        if recorded.outcome is None:  # running on another daemon sharing the journal
+            try:
+                replay = await self.elsewhere(agent, key, request_hash)
+            except BaseException as exc:
+                self._settle(slot, exc)
+                raise
         else:
             replay = Replay(recorded.outcome, recorded.call_id, recorded.run_id)
         self._settle(slot, replay)
         return replay
+
+    async def elsewhere(self, agent: str, key: str, request_hash: str) -> Replay:
+        """The outcome of the call holding `key` in the journal that runs on another
+        daemon: waited for until that daemon records it (or, if it died, its reaper
+        settles it UNKNOWN_OUTCOME). Woken by `heard`; re-reads every REREAD seconds."""
+        slot = (agent, key)
+        while True:
+            heard: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            waits = self._elsewhere.setdefault(slot, set())
+            waits.add(heard)
+            try:
+                recorded = await self._journal.by_idempotency_key(agent, key)
+                if recorded is None:  # never kept (its daemon's intent failed): unknown
+                    return Replay(_unsettled(), "", "")
+                check_hash(recorded.request_hash, request_hash)
+                if recorded.outcome is not None:
+                    return Replay(recorded.outcome, recorded.call_id, recorded.run_id)
+                await asyncio.wait([heard], timeout=REREAD)
+            finally:
+                waits.discard(heard)
+                if not waits:
+                    self._elsewhere.pop(slot, None)
+
+    def heard(self, agent: str, key: str) -> None:
+        """Another daemon recorded the end of the call holding (agent, key)."""
+        for waiter in self._elsewhere.get((agent, key), ()):
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def reread(self) -> None:
+        """Notices may have been missed: every wait for another daemon's call looks again."""
+        for agent, key in list(self._elsewhere):
+            self.heard(agent, key)
 
     async def join_in_flight(
         self, agent: str, key: str, request_hash: str, run_id: str, call_id: str

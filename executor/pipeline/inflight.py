@@ -108,6 +108,27 @@ class InFlight:
             active.scope.cancel(order.reason, order.grace, requester=order.requester, at=order.at)
         return [call for call, _ in targets]
 
+    def heard(self, rec: CancelRecord) -> list[str]:
+        """A Cancel another daemon sharing the journal recorded (and checked): bar its
+        run if it names a whole run, and reach the targeted calls running here (only
+        the requester's own, when it may stop no one else's)."""
+        order = CancelOrder(
+            run_id=rec.run_id,
+            call_id=rec.call_id,
+            batch_id=rec.batch_id,
+            reason=rec.reason,
+            grace=rec.grace,
+            requester=rec.requester,
+            at=rec.at,
+            only_agent=rec.only_agent,
+        )
+        if order.whole_run and order.run_id not in self.barred:
+            self.barred[order.run_id] = RunBar(order.at, order.reason, order.requester)
+        targets = self._targets(order)
+        for _, active in targets:
+            active.scope.cancel(order.reason, order.grace, requester=order.requester, at=order.at)
+        return [call for call, _ in targets]
+
     def _targets(self, order: CancelOrder, *, anyones: bool = False) -> list[tuple[str, Active]]:
         """(call id, call) of each in-flight call the order names and may reach (with
         `anyones`: also those of other agents, which an `only_agent` order may not)."""
@@ -177,4 +198,5 @@ def _record(order: CancelOrder) -> CancelRecord:
         batch_id=order.batch_id,
         call_id=order.call_id,
         grace=order.grace,
+        only_agent=order.only_agent,
     )

@@ -100,8 +100,11 @@ class Update:
 
 
 class RunStore:
-    def __init__(self, records: RunRecordStore) -> None:
+    def __init__(self, records: RunRecordStore, *, shared: bool = False) -> None:
         self.records = records
+        # Other daemons append to the same journal (PostgreSQL): what is kept in memory
+        # (machines, owners) is checked against the journal's run row before it is used.
+        self.shared = shared
         # run id -> terminal state, for the dispatcher (no tool call of an ended run).
         self.ended: dict[str, str] = records.ended()
         # run id -> owner, for the dispatcher: only the owner's calls join a started run.
@@ -120,6 +123,10 @@ class RunStore:
         self._locks: dict[str, _RunLock] = {}
         # The background fsyncs of Durability.SOON writes (a step's end).
         self.syncs = Syncs(records.sync)
+        # Of the runs watched here: the last seq published to their streams, and those
+        # whose cancel request was (kept while watched: `watch` drops them).
+        self._heard: dict[str, int] = {}
+        self._cancel_told: set[str] = set()
 
     async def start(self, run: Run) -> Run:
         _check_text(run.goal, MAX_GOAL_BYTES, "goal")
@@ -179,7 +186,7 @@ class RunStore:
                     "complete (end it cancelled)",
                     "events",
                 )
-            updated = await self._store(run_id, events, Durability.NOW)
+            updated = await self._store(run_id, events, Durability.NOW, run.last_seq)
         self._appended(run_id, events)
         return updated
 
@@ -198,20 +205,16 @@ class RunStore:
             why = "events: a step's transitions end by entering running_tools"
             raise RunRefused(Refusal.MALFORMED, why, "events")
         async with self._lock(run_id):
-            # The owner and the state come from memory (both kept exactly: `owners` by
-            # start, the machine by every append under this lock): no read on the way.
-            owner = self.owners.get(run_id)
-            if owner is None:
-                raise RunRefused(Refusal.NOT_FOUND, f"no run {run_id!r}", "run_id")
+            owner, last_seq = await self._owner(run_id)
             if who != owner:
                 raise RunRefused(Refusal.FORBIDDEN, f"run {run_id!r} belongs to {owner}")
-            machine = await self._machine(run_id)
+            machine = await self._machine(run_id, last_seq)
             if machine.state in TERMINAL:
                 why = f"run {run_id!r} ended ({machine.state.value})"
                 raise RunRefused(Refusal.ENDED, why, "events")
             if events[0].seq < machine.next_seq and await self._recorded(run_id, events):
                 return await self.get(run_id)
-            opened = await self._store(run_id, events, Durability.FOLLOWING)
+            opened = await self._store(run_id, events, Durability.FOLLOWING, last_seq)
         self._appended(run_id, events)
         return opened
 
@@ -225,7 +228,8 @@ class RunStore:
         ended the step (left running_tools and awaiting_approval), nothing more is
         recorded for it -- a step never ends twice."""
         async with self._lock(run_id):
-            machine = await self._machine(run_id)
+            last_seq = (await self.get(run_id)).last_seq if self.shared else None
+            machine = await self._machine(run_id, last_seq)
             others = await self.events(run_id, seen) if machine.next_seq - 1 > seen else []
             for i, moved in enumerate(others):
                 if moved.to_state not in IN_BATCH:
@@ -233,7 +237,7 @@ class RunStore:
             moves = compose(machine.state, machine.next_seq)
             if not moves:
                 return StepMoves(await self.get(run_id), tuple(others), ended=False)
-            updated = await self._store(run_id, moves, durability)
+            updated = await self._store(run_id, moves, durability, last_seq)
         self._appended(run_id, moves)
         ended = moves[-1].to_state not in IN_BATCH
         return StepMoves(updated, (*others, *moves), ended=ended)
@@ -248,10 +252,29 @@ class RunStore:
             for s, e in zip(stored, events, strict=True)
         )
 
-    async def _store(self, run_id: str, events: list[Transition], durability: Durability) -> Run:
-        """Check `events` against the run's machine, append them, keep the machine
-        moved. Under the run's lock."""
-        machine = copy.copy(await self._machine(run_id))
+    async def _owner(self, run_id: str) -> tuple[str, int | None]:
+        """The run's owner, and its last seq when the journal is shared (None: the
+        machine kept here is exact). Alone on its journal the owner comes from memory
+        (`owners`, kept by start): no read on the way."""
+        if self.shared:
+            run = await self.get(run_id)
+            self.owners.setdefault(run_id, run.owner)
+            return run.owner, run.last_seq
+        owner = self.owners.get(run_id)
+        if owner is None:
+            raise RunRefused(Refusal.NOT_FOUND, f"no run {run_id!r}", "run_id")
+        return owner, None
+
+    async def _store(
+        self,
+        run_id: str,
+        events: list[Transition],
+        durability: Durability,
+        last_seq: int | None,
+    ) -> Run:
+        """Check `events` against the run's machine (at `last_seq`, the journal's, when
+        known), append them, keep the machine moved. Under the run's lock."""
+        machine = copy.copy(await self._machine(run_id, last_seq))
         for moved in events:
             _check_text(json.dumps(moved.data), MAX_DATA_BYTES, "events.data_json")
             try:
@@ -259,8 +282,14 @@ class RunStore:
             except BrokenHistory as exc:
                 raise RunRefused(Refusal(exc.kind.value), str(exc), "events") from None
         durable = durability is Durability.NOW
-        updated = await self.records.append(run_id, events, durable=durable)
+        try:  # another daemon sharing the journal may have appended the same seq
+            updated = await self.records.append(run_id, events, durable=durable)
+        except BrokenHistory as exc:
+            self._machines.pop(run_id, None)
+            raise RunRefused(Refusal(exc.kind.value), str(exc), "events") from None
         self._keep(run_id, machine)
+        if run_id in self._watchers:
+            self._heard[run_id] = max(self._heard.get(run_id, 0), updated.last_seq)
         if durability is Durability.SOON:
             self.syncs.start(run_id)
         return updated
@@ -285,6 +314,8 @@ class RunStore:
             run = await self.get(run_id)
             if run.cancel is None and not run.terminal:
                 run = await self.records.request_cancel(run_id, ask)
+                if run_id in self._watchers:
+                    self._cancel_told.add(run_id)
                 self._publish(run_id, Update(cancel=ask))
         return run
 
@@ -297,6 +328,9 @@ class RunStore:
         sent = after_seq
         try:
             run = await self.get(run_id)
+            self._heard.setdefault(run_id, run.last_seq)
+            if run.cancel is not None:
+                self._cancel_told.add(run_id)
             for moved in await self.events(run_id, after_seq):
                 sent = moved.seq
                 yield Update(event=moved)
@@ -324,14 +358,45 @@ class RunStore:
             fanout.unsubscribe(watcher)
             if not fanout:
                 del self._watchers[run_id]
+                self._heard.pop(run_id, None)
+                self._cancel_told.discard(run_id)
+
+    async def heard(self, run_id: str) -> None:
+        """Another daemon sharing the journal started, appended to or was asked to stop
+        `run_id`: the run rules here follow, and the WatchRun streams here get what is new."""
+        run = await self.records.get(run_id)
+        if run is None:
+            return
+        self.owners.setdefault(run_id, run.owner)
+        if run.terminal and run_id not in self.ended:
+            self.ended[run_id] = run.state
+            self._machines.pop(run_id, None)
+            self.on_ended(run_id)
+        if run_id not in self._watchers:
+            return
+        for moved in await self.events(run_id, self._heard.get(run_id, 0)):
+            self._publish(run_id, Update(event=moved))
+            self._heard[run_id] = moved.seq
+        if run.cancel is not None and run_id not in self._cancel_told:
+            self._cancel_told.add(run_id)
+            self._publish(run_id, Update(cancel=run.cancel))
+
+    async def reread(self) -> None:
+        """Notices may have been missed: look again at every run watched here."""
+        for run_id in list(self._watchers):
+            await self.heard(run_id)
 
     def close(self) -> None:
         for fanout in self._watchers.values():
             fanout.close("the daemon is stopping")
 
-    async def _machine(self, run_id: str) -> History:
+    async def _machine(self, run_id: str, last_seq: int | None) -> History:
+        """The run's machine at `last_seq` (the journal's, when known): replayed unless
+        the one kept is there (another daemon sharing the journal may have appended
+        since). None: the one kept is exact (every append goes through this store)."""
         found = self._machines.get(run_id)
-        if found is None:
+        stale = last_seq is not None and found is not None and found.next_seq != last_seq + 1
+        if found is None or stale:
             found = History.replay(run_id, await self.events(run_id))
         return found
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +20,9 @@ DEFAULT_STATE_DIR = Path("var")
 DEFAULT_WORKSPACE = Path("workspace")
 SOCKET_NAME = "execgate.sock"
 JOURNAL_NAME = "journal.db"
-LOCK_BACKENDS = ("inprocess", "filelock", "none")
+LOCK_BACKENDS = ("inprocess", "filelock", "postgresql", "none")
+# A lock space's name (it travels in the lock table's notifications).
+LOCK_SPACE = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,6 +97,16 @@ class ServeConfig:
     # Where the filelock backend keeps its table; default: per workspace under
     # ~/.cache/execgate/locks/.
     lock_dir: Path | None = None
+    # The journal: "" is SQLite in state_dir; a postgresql:// URL is a database several
+    # daemons share (journal/pg/; docs/deploy.md).
+    journal: str = ""
+    # Seconds this daemon's lease in a shared (PostgreSQL) journal lasts unrenewed: a
+    # daemon that died is reaped (its calls settled, its locks freed) within about this.
+    lease: float = 10.0
+    # The postgresql lock backend's lock space: daemons with the same one share a lock
+    # table. Default: derived from the workspace's real path (as the filelock default);
+    # set it when hosts mount one shared workspace at different paths.
+    lock_space: str = ""
     # Permit a plaintext TCP listener on a non-loopback address (no --tls-*): tokens
     # then cross the network in clear, so only on a network you trust.
     allow_remote: bool = False
@@ -119,8 +132,25 @@ class ServeConfig:
         digest = hashlib.sha256(root.encode()).hexdigest()[:16]
         return Path.home() / ".cache" / "execgate" / "locks" / digest
 
+    def lock_space_name(self) -> str:
+        """The postgresql lock backend's space: every daemon on this workspace agrees."""
+        if self.lock_space:
+            return self.lock_space
+        root = os.path.realpath(self.workspace)
+        return "ws-" + hashlib.sha256(root.encode()).hexdigest()[:16]
+
     def check(self) -> None:
         check_limits(self.limits)
+        ranges.Range(low=1.0, high=3600).check("lease", self.lease)
+        if self.lock_space and not LOCK_SPACE.fullmatch(self.lock_space):
+            raise ConfigError(
+                f"--lock-space {self.lock_space!r}: 1 to 100 letters, digits or . _ : -"
+            )
+        if self.locks == "postgresql" and not self.journal:
+            raise ConfigError(
+                "--locks postgresql keeps its lock table in the journal's database: "
+                "it needs --journal postgresql://..."
+            )
         ranges.Range(high=3600, positive=True).check("policy_reload", self.policy_reload)
         if self.sandbox.default not in SANDBOXES:
             raise ConfigError(f"--sandbox must be one of {', '.join(SANDBOXES)}")

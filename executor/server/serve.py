@@ -20,7 +20,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from execgate.executor.core.errors import ConfigError
 from execgate.executor.core.paths import Workspace
-from execgate.executor.journal.store import Journal
+from execgate.executor.journal.base import JournalStore
+from execgate.executor.journal.opening import open_journal, redacted
 from execgate.executor.locks import FileLockManager, LockBackend, LockManager, NoLocks
 from execgate.executor.pipeline.dispatch import Dispatcher
 from execgate.executor.policy import Policy, default_policy_path, load_policy
@@ -48,6 +49,7 @@ from execgate.v1 import runs_pb2_grpc as rpb_grpc
 
 from . import heap, mcp_wiring, memdebug
 from .auth import AuthInterceptor, server_credentials
+from .cluster import Cluster
 from .config import JOURNAL_NAME, Listener, ServeConfig
 from .generic import GenericOnly
 from .runs_service import RunsService
@@ -101,10 +103,36 @@ def _clear_stale_socket(path: Path) -> None:
     raise ConfigError(f"another daemon is already listening on {path}")
 
 
-def build(config: ServeConfig) -> tuple[Dispatcher, Journal, ToolFile]:
+def journal_where(config: ServeConfig) -> str:
+    """Where the journal is, as logs may say it (never a password)."""
+    if config.journal:
+        return redacted(config.journal)
+    return str((config.state_dir / JOURNAL_NAME).resolve())
+
+
+def build(config: ServeConfig) -> tuple[Dispatcher, JournalStore, ToolFile]:
     policy = load_policy(config.policy or default_policy_path())
     toolset, declared = load_toolset(config.tools, _builtins(config).values())
-    journal = Journal(config.state_dir / JOURNAL_NAME)
+    journal = open_journal(
+        config.journal,
+        config.state_dir / JOURNAL_NAME,
+        lease=config.lease,
+        name=f"{socket.gethostname()}:{os.getpid()}:{config.state_dir.resolve()}",
+    )
+    try:
+        return _build(config, policy, toolset, declared, journal)
+    except BaseException:
+        journal.close()
+        raise
+
+
+def _build(
+    config: ServeConfig,
+    policy: Policy,
+    toolset: ToolSet,
+    declared: ToolFile,
+    journal: JournalStore,
+) -> tuple[Dispatcher, JournalStore, ToolFile]:
     recovered = journal.recover()
     if recovered:
         log.warning("recovered %d call(s) left running by a previous daemon", recovered)
@@ -125,7 +153,7 @@ def build(config: ServeConfig) -> tuple[Dispatcher, Journal, ToolFile]:
         policy=policy,
         workspace=Workspace(config.workspace),
         limits=config.limits,
-        locks=_lock_backend(config),
+        locks=_lock_backend(config, journal),
         sandboxes=sandboxes,
     )
     return dispatcher, journal, declared
@@ -162,10 +190,14 @@ def _builtins(config: ServeConfig) -> dict[str, Tool]:
     return builtin_tools(test_tools=config.test_tools)
 
 
-def _lock_backend(config: ServeConfig) -> LockBackend:
+def _lock_backend(config: ServeConfig, journal: JournalStore) -> LockBackend:
     match config.locks:
         case "filelock":
             return FileLockManager(config.shared_lock_dir())
+        case "postgresql":
+            from execgate.executor.locks.pg_backend import PgLockManager
+
+            return PgLockManager(journal, config.lock_space_name())
         case "none":
             log.warning("--locks none: calls are NOT scheduled; conflicting writes race")
             return NoLocks()
@@ -173,9 +205,14 @@ def _lock_backend(config: ServeConfig) -> LockBackend:
             return LockManager()
 
 
-async def serve(
-    config: ServeConfig, *, on_ready: Callable[[list[str]], None] | None = None
-) -> None:
+# The exit status of a daemon that lost its lease in a shared journal (EX_TEMPFAIL: its
+# supervisor starts it again, as a new member).
+LEASE_LOST_EXIT = 75
+
+
+async def serve(config: ServeConfig, *, on_ready: Callable[[list[str]], None] | None = None) -> int:
+    """Serve until signalled (0), or until the daemon lost its lease in a shared journal
+    (LEASE_LOST_EXIT)."""
     config.check()
     memdebug.install(asyncio.get_running_loop())
     # Always: a command of the daemon's own uid must not ptrace it or read its memory.
@@ -194,7 +231,8 @@ async def serve(
         telemetry.tracing = tracing.setup(journal.spans, daemon_id(config.state_dir))
         telemetry.metrics = metrics.setup(daemon_id(config.state_dir), tools=dispatcher.tools)
         telemetry.metrics.gauges(dispatcher.approvals.waiting, dispatcher.queue_depth)
-        runs = RunStore(journal.runs)
+        # A --journal URL is a database other daemons may share; none is our own SQLite.
+        runs = RunStore(journal.runs, shared=bool(config.journal))
         runs.on_ended = _on_run_ended(served, dispatcher)
         dispatcher.ended_runs = runs.ended
         dispatcher.run_owners = runs.owners
@@ -203,9 +241,9 @@ async def serve(
         addresses = _bind(server, config)
     finally:
         os.umask(old_umask)
-    parked = dispatcher.resume_parked(journal.approvals.left_pending())
-    if parked:
-        log.info("%d call(s) still await approval from before the restart", parked)
+    stopping = _Stopping(dispatcher)
+    cluster = Cluster(journal.notices, dispatcher, runs, stopping.lease_lost)
+    _resume_parked(dispatcher, journal)
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
@@ -214,14 +252,38 @@ async def serve(
     heap.settle()  # startup's heap out of the collector's walks (heap.py)
     if on_ready is not None:
         on_ready(addresses)
-    await _until_signalled(on_second=dispatcher.force)
+    await _until_signalled(stopping.event, on_second=dispatcher.force)
     for task in watching:
         task.cancel()
     log.info("shutting down: draining in-flight calls")
     await health_servicer.enter_graceful_shutdown()
     await _shut_down(server, config, runs, dispatcher, served)
+    await cluster.close()
     journal.close()
     os.close(lock_fd)
+    return LEASE_LOST_EXIT if stopping.lost else 0
+
+
+def _resume_parked(dispatcher: Dispatcher, journal: JournalStore) -> None:
+    parked = dispatcher.resume_parked(journal.approvals.left_pending())
+    if parked:
+        log.info("%d call(s) still await approval from before the restart", parked)
+
+
+class _Stopping:
+    """Why the daemon stops: a signal, or the lease it lost in a shared journal."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.event = asyncio.Event()
+        self.lost = False
+        self._dispatcher = dispatcher
+
+    def lease_lost(self) -> None:
+        """Another daemon settled this one's calls and freed its locks: stop at once
+        (calls in flight are killed; their records are settled already)."""
+        self.lost = True
+        self.event.set()
+        self._dispatcher.force()
 
 
 async def _shut_down(
@@ -261,7 +323,7 @@ async def _start_servers(
 def _watchers(
     config: ServeConfig,
     dispatcher: Dispatcher,
-    journal: Journal,
+    journal: JournalStore,
     interceptor: AuthInterceptor,
     served: mcp_wiring.ServedServers,
 ) -> list[FileWatcher[Any]]:
@@ -277,7 +339,7 @@ def _watchers(
 
 
 def _policy_watcher(
-    config: ServeConfig, dispatcher: Dispatcher, journal: Journal
+    config: ServeConfig, dispatcher: Dispatcher, journal: JournalStore
 ) -> FileWatcher[Policy]:
     """Hot reload of the policy file the daemon started with (see policy/reload.py)."""
 
@@ -291,7 +353,7 @@ def _policy_watcher(
 def _tools_watcher(
     config: ServeConfig,
     dispatcher: Dispatcher,
-    journal: Journal,
+    journal: JournalStore,
     served: mcp_wiring.ServedServers,
 ) -> FileWatcher[ToolSet]:
     """Hot reload of the tools file or directory (see tools/reload.py)."""
@@ -316,7 +378,7 @@ def _identities_watcher(
     path: Path,
     interceptor: AuthInterceptor,
     dispatcher: Dispatcher,
-    journal: Journal,
+    journal: JournalStore,
     served: mcp_wiring.ServedServers,
 ) -> FileWatcher[Identities]:
     """Hot reload of the identities file: a removed identity or token is refused from
@@ -399,11 +461,10 @@ def _bind(server: grpc.aio.Server, config: ServeConfig) -> list[str]:
     return addresses
 
 
-async def _until_signalled(on_second: Callable[[], None]) -> None:
-    """Returns on SIGTERM/SIGINT. A second signal forces: in-flight calls are killed
-    now (and still recorded); a third exits at once."""
+async def _until_signalled(stop: asyncio.Event, on_second: Callable[[], None]) -> None:
+    """Returns on SIGTERM/SIGINT (or once `stop` is set). A second signal forces:
+    in-flight calls are killed now (and still recorded); a third exits at once."""
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
     forced = False
 
     def on_signal(signum: int) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -39,7 +38,11 @@ from execgate.executor.server.auth import ACCESS
 from execgate.v1 import executor_pb2 as pb
 from tests.auth_support import Who, write_identities
 from tests.daemon import Daemon
+from tests.pg_support import journal_rows
 from tests.support import Streamer, wait_until
+
+# Runs on each journal store: SQLite, and PostgreSQL (tests/conftest.py).
+pytestmark = [pytest.mark.journals, pytest.mark.usefixtures("journal_store")]
 
 TOKENS = {name: f"{name}-" + name[0] * 40 for name in ("bot", "alice", "carol", "olga", "root")}
 PEOPLE = [
@@ -87,7 +90,8 @@ def start(root: Path) -> Daemon:
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+def daemon(tmp_path_factory: pytest.TempPathFactory, journal_store: str) -> Iterator[Daemon]:
+    """The module's daemon, on the journal store of this round (journal_store)."""
     d = start(tmp_path_factory.mktemp("approvals"))
     yield d
     if d.proc is not None and d.proc.poll() is None:
@@ -117,15 +121,18 @@ def park(
     return stream, event.approval_id
 
 
+_APPROVAL_COLUMNS = ("state", "decided_by", "requester", "decided_at", "created_at", "comment")
+
+
 def approval_row(daemon: Daemon, approval_id: str) -> dict[str, Any]:
-    conn = sqlite3.connect(f"file:{daemon.state_dir / 'journal.db'}?mode=ro", uri=True)
-    conn.row_factory = sqlite3.Row
-    try:
-        row = conn.execute("SELECT * FROM approvals WHERE id=?", (approval_id,)).fetchone()
-    finally:
-        conn.close()
-    assert row is not None, f"no approvals row {approval_id}"
-    return dict(row)
+    found = journal_rows(
+        daemon.root,
+        daemon.state_dir,
+        f"SELECT {', '.join(_APPROVAL_COLUMNS)} FROM approvals WHERE id=?",
+        (approval_id,),
+    )
+    assert found, f"no approvals row {approval_id}"
+    return dict(zip(_APPROVAL_COLUMNS, found[0], strict=True))
 
 
 def pending_ids(daemon: Daemon) -> set[str]:
@@ -313,13 +320,10 @@ def outcome_when_recorded(daemon: Daemon, call_id: str, run_id: str = "r") -> Ou
 
 
 def calls_with_id(daemon: Daemon, call_id: str) -> int:
-    conn = sqlite3.connect(f"file:{daemon.state_dir / 'journal.db'}?mode=ro", uri=True)
-    try:
-        return int(
-            conn.execute("SELECT count(*) FROM calls WHERE call_id=?", (call_id,)).fetchone()[0]
-        )
-    finally:
-        conn.close()
+    found = journal_rows(
+        daemon.root, daemon.state_dir, "SELECT count(*) FROM calls WHERE call_id=?", (call_id,)
+    )
+    return int(found[0][0])  # type: ignore[call-overload]
 
 
 def test_a_call_pending_when_the_daemon_dies_runs_once_approved_after_restart(

@@ -14,6 +14,9 @@ from execgate.client import Call, Client, Event, EventKind, Outcome, Status
 from tests.daemon import Daemon
 from tests.support import Streamer
 
+# Runs on each journal store: SQLite, and PostgreSQL (tests/conftest.py).
+pytestmark = [pytest.mark.journals, pytest.mark.usefixtures("journal_store")]
+
 
 def wait_until(predicate: Callable[[], object], what: str, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout

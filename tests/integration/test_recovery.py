@@ -26,6 +26,9 @@ from execgate.executor.journal.store import CallRecord, Journal
 from tests.daemon import Daemon
 from tests.support import Streamer, wait_until
 
+# Runs on each journal store: SQLite, and PostgreSQL (tests/conftest.py).
+pytestmark = [pytest.mark.journals, pytest.mark.usefixtures("journal_store")]
+
 
 def descendants(pid: int) -> list[psutil.Process]:
     try:

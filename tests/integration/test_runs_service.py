@@ -46,9 +46,13 @@ from tests.loop_support import (
 )
 from tests.support import Streamer, wait_until
 
+# Runs on each journal store: SQLite, and PostgreSQL (tests/conftest.py).
+pytestmark = [pytest.mark.journals, pytest.mark.usefixtures("journal_store")]
+
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+def daemon(tmp_path_factory: pytest.TempPathFactory, journal_store: str) -> Iterator[Daemon]:
+    """The module's daemon, on the journal store of this round (journal_store)."""
     d = start_auth_daemon(tmp_path_factory.mktemp("runs"))
     yield d
     stop(d)

@@ -1,5 +1,10 @@
+import pytest
+
 from execgate.client import Client, Status
 from tests.daemon import Daemon
+
+# Runs on each journal store: SQLite, and PostgreSQL (tests/conftest.py).
+pytestmark = [pytest.mark.journals, pytest.mark.usefixtures("journal_store")]
 
 
 def test_read_file_roundtrip(daemon: Daemon, client: Client) -> None:

@@ -19,6 +19,7 @@ EXPECTED: dict[str, list[str]] = {
     "execgate.executor.cli.trace": [],
     "execgate.executor.core": [],
     "execgate.executor.journal": [],
+    "execgate.executor.journal.pg": [],
     "execgate.executor.locks": [
         "Abandoned",
         "BackendClosed",

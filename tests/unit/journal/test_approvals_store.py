@@ -10,7 +10,7 @@ from execgate.executor.core.approval import Approval, ApprovalState
 from execgate.executor.journal.records import PolicyRecord
 from execgate.executor.journal.store import Journal
 
-from .conftest import rows
+from .conftest import open_at, rows
 
 
 def _approval(
@@ -107,7 +107,7 @@ def test_reads_by_call_run_and_pending_oldest_first(journal: Journal) -> None:
 
 def test_pending_approvals_outlive_the_daemon(path: Path) -> None:
     async def write() -> None:
-        j = Journal(path)
+        j = open_at(path)
         try:
             await j.approvals.insert(_approval("b", created_at=2.0), None)
             await j.approvals.insert(_approval("a", created_at=1.0), None)
@@ -117,7 +117,7 @@ def test_pending_approvals_outlive_the_daemon(path: Path) -> None:
             j.close()
 
     asyncio.run(write())
-    j = Journal(path)
+    j = open_at(path)
     try:
         left = j.approvals.left_pending()
     finally:

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 from pathlib import Path
 
 import pytest
 
 from execgate.executor.core.outcomes import ErrorClass, Outcome, Status
-from execgate.executor.journal.records import CallFilter, CallRecord, DuplicateCall, PolicyRecord
+from execgate.executor.journal.records import (
+    CallFilter,
+    CallRecord,
+    DuplicateCall,
+    KeyTaken,
+    PolicyRecord,
+)
 from execgate.executor.journal.store import Journal
 
-from .conftest import rows
+from .conftest import open_at, rows
 
 
 def _rec(
@@ -128,8 +133,8 @@ def test_a_call_is_found_by_its_agents_idempotency_key_only(journal: Journal) ->
     async def go() -> tuple[CallRecord | None, CallRecord | None]:
         await journal.record_finished(_rec("c1", key="K"), DONE)
         # One key, one call, per agent (the dispatcher's idempotency claim keeps a
-        # second one from getting here; the store's own refusal is still SQLite's).
-        with pytest.raises(sqlite3.IntegrityError):
+        # second one from getting here in one daemon; across daemons the store refuses).
+        with pytest.raises(KeyTaken):
             await journal.record_finished(_rec("c2", key="K"), DONE)
         await journal.record_finished(_rec("c3", key="K", agent="eve"), DONE)  # ... each
         return await journal.by_idempotency_key("bot", "K"), await journal.by_idempotency_key(
@@ -192,7 +197,7 @@ def test_a_calls_workspace_is_recorded_and_listed_by(journal: Journal) -> None:
 
 def test_recovery_settles_running_calls_by_whether_they_may_write(path: Path) -> None:
     async def write() -> None:
-        j = Journal(path)
+        j = open_at(path)
         try:
             await j.record_intent(_rec("w", may_write=True))
             await j.record_intent(_rec("ro", may_write=False))
@@ -201,7 +206,7 @@ def test_recovery_settles_running_calls_by_whether_they_may_write(path: Path) ->
             j.close()
 
     asyncio.run(write())
-    j = Journal(path)  # the next daemon
+    j = open_at(path)  # the next daemon
     try:
         assert j.recover() == 2
         assert j.recover() == 0

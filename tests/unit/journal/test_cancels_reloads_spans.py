@@ -9,7 +9,7 @@ from pathlib import Path
 from execgate.executor.journal.records import CancelRecord, SpanRecord
 from execgate.executor.journal.store import Journal
 
-from .conftest import rows
+from .conftest import open_at, rows
 
 
 def test_cancels_are_recorded_and_each_runs_first_whole_run_cancel_bars_it(path: Path) -> None:
@@ -20,7 +20,7 @@ def test_cancels_are_recorded_and_each_runs_first_whole_run_cancel_bars_it(path:
     any_run = CancelRecord(at=1.0, requester="bot", reason="x", run_id="", batch_id="b")
 
     async def write() -> None:
-        j = Journal(path)
+        j = open_at(path)
         try:
             for rec in (whole_late, whole, one_call, a_batch, any_run):
                 await j.cancels.record(rec)
@@ -30,7 +30,7 @@ def test_cancels_are_recorded_and_each_runs_first_whole_run_cancel_bars_it(path:
     asyncio.run(write())
     assert len(rows(path, "SELECT * FROM cancels")) == 5
     assert rows(path, "SELECT requester, grace FROM cancels WHERE call_id='c1'") == [("bot", None)]
-    j = Journal(path)  # the next daemon keeps the bar
+    j = open_at(path)  # the next daemon keeps the bar
     try:
         assert j.cancels.barred_runs() == {"r1": whole}
     finally:

@@ -1,5 +1,6 @@
-"""The store interfaces are the journal's contract: the SQLite journal implements each
-of them with the same signatures, and no room above the journal holds SQL."""
+"""The store interfaces are the journal's contract: the SQLite and the PostgreSQL
+journals implement each of them with the same signatures, and no room above the
+journal holds SQL."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def _parts(journal: Journal) -> list[tuple[type, Any]]:
         (base.CancelStore, journal.cancels),
         (base.ReloadStore, journal.reloads),
         (base.SpanStore, journal.spans),
+        (base.NoticeStore, journal.notices),
     ]
 
 
@@ -45,7 +47,7 @@ def test_every_store_interface_is_exported() -> None:
     assert sorted(protocols) == sorted(base.__all__)
 
 
-def test_the_sqlite_journal_implements_every_store_interface(journal: Journal) -> None:
+def test_each_journal_implements_every_store_interface(journal: Journal) -> None:
     for protocol, impl in _parts(journal):
         assert _members(protocol), protocol
         for name in _members(protocol):

@@ -13,7 +13,7 @@ from execgate.executor.core.runstate import State, Transition
 from execgate.executor.journal.records import CallRecord, RunClaim, RunConflict
 from execgate.executor.journal.store import Journal
 
-from .conftest import rows
+from .conftest import open_at, rows
 
 
 def _run(
@@ -180,7 +180,7 @@ def test_a_claim_names_the_owner_and_everyone_with_calls(journal: Journal) -> No
 
 def test_the_startup_maps_of_ended_runs_and_owners(path: Path) -> None:
     async def write() -> None:
-        j = Journal(path)
+        j = open_at(path)
         try:
             await j.runs.insert(replace(_run("open", "bot"), workspace="shared"))
             await j.runs.insert(_run("done", "eve"))
@@ -189,7 +189,7 @@ def test_the_startup_maps_of_ended_runs_and_owners(path: Path) -> None:
             j.close()
 
     asyncio.run(write())
-    j = Journal(path)
+    j = open_at(path)
     try:
         assert j.runs.ended() == {"done": "completed"}
         assert j.runs.owners() == {"open": "bot", "done": "eve"}
