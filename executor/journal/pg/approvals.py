@@ -22,7 +22,7 @@ from .db import Conn, PgDb
 COLUMNS = (
     "id, run_id, call_id, batch_id, tool, arguments_json, requester, rule_id, reason, "
     "approvers_json, created_at, expires_at, state, decided_by, comment, decided_at, "
-    "idempotency_key, timeout"
+    "idempotency_key, timeout, workspace"
 )
 
 
@@ -107,7 +107,7 @@ class PgApprovals:
     async def _insert(self, conn: Conn, a: Approval, decision: PolicyRecord | None) -> None:
         await conn.execute(
             f"INSERT INTO approvals ({COLUMNS}, decision_json, daemon) VALUES "
-            "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+            "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
             "ON CONFLICT (id) DO NOTHING",
             (
                 a.id,
@@ -128,6 +128,7 @@ class PgApprovals:
                 a.decided_at,
                 a.idempotency_key,
                 a.timeout,
+                a.workspace,
                 decision.to_json() if decision is not None else None,
                 self._me,
             ),
@@ -154,4 +155,5 @@ def approval_of(r: tuple[Any, ...]) -> Approval:
         decided_at=r[15],
         idempotency_key=r[16],
         timeout=r[17],
+        workspace=r[18],
     )

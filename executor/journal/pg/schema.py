@@ -205,8 +205,24 @@ async def _tables(conn: Conn) -> None:
     await conn.execute(_TABLES)  # no parameters: several statements in one go
 
 
+# Calls, runs and parked calls name the workspace they work in (SQLite's version 3);
+# everything recorded before there were several worked in the daemons' --workspace.
+_WORKSPACES = """
+ALTER TABLE calls ADD COLUMN workspace text NOT NULL DEFAULT 'default';
+ALTER TABLE runs ADD COLUMN workspace text NOT NULL DEFAULT 'default';
+ALTER TABLE approvals ADD COLUMN workspace text NOT NULL DEFAULT 'default';
+"""
+
+
+async def _workspaces(conn: Conn) -> None:
+    await conn.execute(_WORKSPACES)
+
+
 # In order; each runs once. A new one is appended (never edited once released).
-MIGRATIONS = (Migration(1, "the journal's tables", _tables),)
+MIGRATIONS = (
+    Migration(1, "the journal's tables", _tables),
+    Migration(2, "the workspace of calls, runs and approvals", _workspaces),
+)
 LATEST = MIGRATIONS[-1].version
 
 
