@@ -27,12 +27,12 @@ from .presence import LeaseLost, Presence
 
 RECORD_COLUMNS = (
     "run_id, call_id, batch_id, tool, arguments_json, request_hash, idempotency_key, agent, "
-    "may_write, state, created_at, outcome_json, replay_of, decision_json"
+    "may_write, state, created_at, outcome_json, replay_of, decision_json, workspace"
 )
 _INSERT = (
     "INSERT INTO calls (run_id, call_id, batch_id, tool, arguments_json, request_hash, "
     "idempotency_key, agent, may_write, state, created_at, finished_at, status, "
-    "outcome_json, raw_result, replay_of, decision_json, daemon) "
+    "outcome_json, raw_result, replay_of, decision_json, workspace, daemon) "
 )
 
 
@@ -55,15 +55,31 @@ class PgCalls:
         """Durably record that a call that may write is about to start."""
         await self._db.write(lambda c: self._insert(c, rec, None, ""), durable=True, atomic=False)
 
+    def begin_intent(self, rec: CallRecord) -> Started:
+        """Start recording a writing call's intent durably, without waiting for it: its
+        commit (synchronous_commit on: flushed on the server when COMMIT returns) runs
+        on the db's loop while the caller prepares what nobody can see."""
+        future = self._db.write_nowait(
+            lambda c: self._insert(c, rec, None, ""),
+            durable=True,
+            atomic=False,
+            expected=(DuplicateCall, KeyTaken, LeaseLost),
+        )
+        self._pend((rec.run_id, rec.call_id), future)
+        return Started(future)
+
     def record_intent_nowait(self, rec: CallRecord) -> None:
         """Record a read-only call's start without waiting (nothing to reconcile)."""
-        slot = (rec.run_id, rec.call_id)
         future = self._db.write_nowait(
             lambda c: self._insert(c, rec, None, ""),
             durable=False,
             atomic=False,
             expected=(DuplicateCall,),
         )
+        self._pend((rec.run_id, rec.call_id), future)
+
+    def _pend(self, slot: tuple[str, str], future: concurrent.futures.Future[Any]) -> None:
+        """The call's outcome waits for this intent (`record_outcome`)."""
         self._pending[slot] = future
         future.add_done_callback(lambda f: self._landed(slot, f))
 
@@ -185,6 +201,7 @@ class PgCalls:
             raw,
             rec.replay_of or None,
             rec.decision.to_json() if rec.decision is not None else None,
+            rec.workspace,
             me,
         )
         try:
@@ -211,6 +228,23 @@ def _insert_sql(fenced: bool, n: int) -> str:
     else:
         body = f"SELECT {marks} WHERE %s IS NOT NULL"  # the same parameters either way
     return _INSERT + body + " ON CONFLICT ON CONSTRAINT calls_run_call DO NOTHING"
+
+
+class Started:
+    """An intent's durable write under way (`records.Durable`), on the db's loop: a worker
+    thread blocks on its future, the daemon's loop awaits it."""
+
+    def __init__(self, future: concurrent.futures.Future[None]) -> None:
+        self._future = future
+
+    def wait(self) -> None:
+        """Block until committed (a worker thread; never the event loop's)."""
+        self._future.result()
+
+    async def done(self) -> None:
+        """Await the commit on the event loop. Shielded: a waiter cancelled here must
+        not cancel the write (wrap_future passes a cancel on to the db's task)."""
+        await asyncio.shield(asyncio.wrap_future(self._future))
 
 
 async def _settled(future: concurrent.futures.Future[Any]) -> None:
@@ -245,6 +279,7 @@ def _record(row: tuple[Any, ...]) -> CallRecord:
         outcome_json,
         replay_of,
         decision_json,
+        workspace,
         *raw,
     ) = row
     return CallRecord(
@@ -262,6 +297,7 @@ def _record(row: tuple[Any, ...]) -> CallRecord:
         replay_of=replay_of or "",
         raw_result=(raw[0] or "") if raw else "",
         decision=PolicyRecord.from_json(decision_json) if decision_json else None,
+        workspace=workspace,
     )
 
 
@@ -290,6 +326,9 @@ def _where(flt: CallFilter) -> tuple[str, list[Any]]:
     if flt.tool:
         clauses.append("tool = %s")
         params.append(flt.tool)
+    if flt.workspace:
+        clauses.append("workspace = %s")
+        params.append(flt.workspace)
     if flt.agents is not None:
         by_agent, p1 = owned_by("agent", flt.agents)
         by_owner, p2 = owned_by("owner", flt.agents)
