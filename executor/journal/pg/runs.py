@@ -32,7 +32,7 @@ from .db import Conn, PgDb, retried
 
 _RUN_COLUMNS = (
     "run_id, goal, owner, limits_json, model, config_version, labels_json, state, reason, "
-    "last_seq, created_at, updated_at, cancel_requester, cancel_reason, cancel_at"
+    "last_seq, created_at, updated_at, cancel_requester, cancel_reason, cancel_at, workspace"
 )
 
 Notify = Callable[[Conn, str], Awaitable[None]]
@@ -66,7 +66,12 @@ class PgRuns:
 
         return await self._db.write(write, durable=True)
 
-    async def append(self, run_id: str, events: list[Transition]) -> Run:
+    async def append(self, run_id: str, events: list[Transition], *, durable: bool = True) -> Run:
+        """Append `events` and move the run's row, in one transaction. Not `durable`: the
+        lazy pool's `synchronous_commit = off` -- committed in the server (other daemons
+        see it, a crash of this daemon keeps it) and in the server's one WAL before any
+        later commit, so the next durable commit's flush makes it durable too."""
+
         async def write(conn: Conn) -> Run:
             await conn.execute("SELECT 1 FROM runs WHERE run_id = %s FOR UPDATE", (run_id,))
             if retried() and events and await _landed(conn, run_id, events):
@@ -80,7 +85,7 @@ class PgRuns:
             await self._tell(conn, run_id)
             return run
 
-        return await self._db.write(write, durable=True)
+        return await self._db.write(write, durable=durable)
 
     async def request_cancel(self, run_id: str, ask: CancelAsk) -> Run:
         async def write(conn: Conn) -> Run:
@@ -93,6 +98,21 @@ class PgRuns:
             return (await _run_rows(conn, "WHERE run_id = %s", (run_id,)))[0]
 
         return await self._db.write(write, durable=True)
+
+    async def sync(self, run_id: str) -> None:
+        """A durable write of the run's row: its commit flushes the server's WAL up to
+        its own commit record, after every commit before it (an append told not durable
+        among them). It must write: a transaction that changes nothing has no commit
+        record and waits for no flush."""
+
+        async def touch(conn: Conn) -> None:
+            await conn.execute(
+                "UPDATE runs SET updated_at = GREATEST(%s, updated_at + 0.000001) "
+                "WHERE run_id = %s",
+                (clock.now(), run_id),
+            )
+
+        await self._db.write(touch, durable=True, atomic=False)
 
     async def get(self, run_id: str) -> Run | None:
         found = await self._db.read(lambda c: _run_rows(c, "WHERE run_id = %s", (run_id,)))
@@ -140,6 +160,13 @@ class PgRuns:
 
         return self._db.read_now(read)
 
+    def workspaces(self) -> dict[str, str]:
+        async def read(conn: Conn) -> dict[str, str]:
+            cur = await conn.execute("SELECT run_id, workspace FROM runs")
+            return {r[0]: r[1] for r in await cur.fetchall()}
+
+        return self._db.read_now(read)
+
     async def _tell(self, conn: Conn, run_id: str) -> None:
         if self.notify is not None:
             await self.notify(conn, run_id)
@@ -157,7 +184,7 @@ async def _agents_in(conn: Conn, run_id: str) -> set[str]:
 async def _insert_run(conn: Conn, r: Run) -> bool:
     cur = await conn.execute(
         f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES "
-        "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, NULL, NULL, NULL) "
+        "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, NULL, NULL, NULL, %s) "
         "ON CONFLICT (run_id) DO NOTHING",
         (
             r.run_id,
@@ -172,6 +199,7 @@ async def _insert_run(conn: Conn, r: Run) -> bool:
             r.last_seq,
             r.created_at,
             r.updated_at,
+            r.workspace,
         ),
     )
     return cur.rowcount == 1
@@ -235,6 +263,7 @@ def _run(r: tuple[Any, ...]) -> Run:
         created_at=r[10],
         updated_at=r[11],
         cancel=CancelAsk(r[12], r[13], r[14]) if r[14] is not None else None,
+        workspace=r[15],
     )
 
 
