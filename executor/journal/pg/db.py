@@ -77,13 +77,20 @@ class PgDb:
         self._thread.start()
         # Invariant: every task this db started on its loop and not yet finished.
         self._tasks: set[asyncio.Task[Any]] = set()
+        # Invariant: every pool opened and not yet closed.
+        self._pools: list[AsyncConnectionPool[Conn]] = []
         try:
             self.pool: AsyncConnectionPool[Conn] = self.call(self._open(url, pool_size, True))
             self.lazy: AsyncConnectionPool[Conn] = self.call(self._open(url, pool_size, False))
             for step in self.call(self._migrate()):
                 log.info("journal: migrated to schema %d: %s", step.version, step.what)
         except BaseException:
-            self._stop_loop()
+            # Refused (a newer schema) or unreachable: the pools' workers end before
+            # their loop does (left on a closed loop they are errors at exit).
+            try:
+                self.call(self._close())
+            finally:
+                self._stop_loop()
             raise
 
     async def _open(self, url: str, size: int, durable: bool) -> AsyncConnectionPool[Conn]:
@@ -110,6 +117,7 @@ class PgDb:
         except psycopg.OperationalError as exc:
             await pool.close()
             raise PgUnavailable(10.0, str(exc)) from exc
+        self._pools.append(pool)
         return pool
 
     async def _migrate(self) -> list[Any]:
@@ -221,8 +229,8 @@ class PgDb:
         for task in list(self._tasks):
             if task is not asyncio.current_task():
                 task.cancel()
-        await self.pool.close()
-        await self.lazy.close()
+        while self._pools:
+            await self._pools.pop().close()
 
     def _stop_loop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
