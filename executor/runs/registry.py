@@ -259,6 +259,9 @@ class RunStore:
         if self.shared:
             run = await self.get(run_id)
             self.owners.setdefault(run_id, run.owner)
+            # A run started on another daemon whose notice has not arrived yet: the
+            # step's batch still works in the run's workspace.
+            self.workspaces.setdefault(run_id, run.workspace)
             return run.owner, run.last_seq
         owner = self.owners.get(run_id)
         if owner is None:
@@ -368,6 +371,7 @@ class RunStore:
         if run is None:
             return
         self.owners.setdefault(run_id, run.owner)
+        self.workspaces.setdefault(run_id, run.workspace)
         if run.terminal and run_id not in self.ended:
             self.ended[run_id] = run.state
             self._machines.pop(run_id, None)
