@@ -10,10 +10,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-from execgate.client import Client, Outcome, RunDetail, RunNotFound
+from execgate.client import Call, Client, Outcome, RunDetail, RunNotFound
+from execgate.client.loop.record import turn_json
 from execgate.client.loop.states import Machine, State, Transition
+from execgate.client.models.base import ToolCall, Turn, Usage
+from execgate.client.runs import StepResult
 from tests.auth_support import Who, write_identities
 from tests.daemon import Daemon
 
@@ -79,6 +82,58 @@ def stop(daemon: Daemon) -> None:
 
 def as_(daemon: Daemon, who: str) -> Client:
     return Client(daemon.address, token=TOKENS[who])
+
+
+# ---------------------------------------------------------------- a loop step by hand
+
+
+def sh(script: str) -> dict[str, Any]:
+    return {"argv": ["sh", "-c", script]}
+
+
+def counting(run_id: str, counter: str, call_id: str = "s1c1", then: str = "") -> Call:
+    """A command that appends a line to `counter`: the call as a loop sends it."""
+    return Call(
+        tool="run_command",
+        arguments=sh(f"echo {call_id} >> {counter}{'; ' + then if then else ''}"),
+        call_id=call_id,
+        idempotency_key=f"{run_id}:{call_id}",
+    )
+
+
+def opening(
+    client: Client, run_id: str, calls: list[Call], workspace: str = ""
+) -> tuple[Machine, list[Transition]]:
+    """A started run at requesting_model, and a step's opening as a loop makes it."""
+    client.runs.start("a goal", run_id=run_id, workspace=workspace)
+    m = Machine(run_id)
+    client.runs.append(run_id, [m.advance(State.REQUESTING_MODEL, "run started")])
+    return m, step_opening(m, calls)
+
+
+def step_opening(m: Machine, calls: list[Call]) -> list[Transition]:
+    """The opening of a step of `calls`, the run's machine at requesting_model."""
+    proposed = tuple(ToolCall(f"m{i}", c.tool, c.arguments) for i, c in enumerate(calls))
+    turn = Turn("", proposed, Usage(), "tool_calls")
+    planned = [
+        {"call_id": c.call_id, "index": i, "model_id": f"m{i}", "tool": c.tool,
+         "arguments": c.arguments}
+        for i, c in enumerate(calls)
+    ]  # fmt: skip
+    return [
+        m.advance(State.VALIDATING, "model replied", turn_json(turn)),
+        m.advance(State.RUNNING_TOOLS, f"{len(calls)} call(s) sent", {"calls": planned}),
+    ]
+
+
+def the_end(result: StepResult) -> Transition:
+    *_, last = result.events
+    assert (last.from_state, last.to_state, last.reason) == (
+        State.RUNNING_TOOLS,
+        State.REQUESTING_MODEL,
+        "batch finished",
+    )
+    return last
 
 
 # ---------------------------------------------------------------- a run's record

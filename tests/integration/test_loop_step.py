@@ -13,7 +13,6 @@ import dataclasses
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 from unittest import mock
 
 import grpc
@@ -30,11 +29,9 @@ from execgate.client import (
     RunRefused,
     Status,
 )
-from execgate.client.loop.record import turn_json
-from execgate.client.loop.states import Machine, State, Transition
-from execgate.client.models.base import ToolCall, Turn, Usage
+from execgate.client.loop.states import State, Transition
 from execgate.client.models.scripted import ScriptedModel
-from execgate.client.runs import StepResult, event_msg
+from execgate.client.runs import event_msg
 from execgate.v1 import runs_pb2 as rpb
 from execgate.v1 import runs_pb2_grpc as rpb_grpc
 from tests.daemon import Daemon, scaled
@@ -43,11 +40,15 @@ from tests.loop_support import (
     Background,
     as_,
     assert_continuous,
+    counting,
     edges,
     lines,
+    opening,
+    sh,
     start_auth_daemon,
     start_daemon,
     stop,
+    the_end,
 )
 from tests.support import wait_until
 
@@ -65,48 +66,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 def bot(daemon: Daemon) -> Iterator[Client]:
     with as_(daemon, "bot") as c:
         yield c
-
-
-def sh(script: str) -> dict[str, Any]:
-    return {"argv": ["sh", "-c", script]}
-
-
-def counting(run_id: str, counter: str, call_id: str = "s1c1", then: str = "") -> Call:
-    """A command that appends a line to `counter`: the call as a loop sends it."""
-    return Call(
-        tool="run_command",
-        arguments=sh(f"echo {call_id} >> {counter}{'; ' + then if then else ''}"),
-        call_id=call_id,
-        idempotency_key=f"{run_id}:{call_id}",
-    )
-
-
-def opening(client: Client, run_id: str, calls: list[Call]) -> tuple[Machine, list[Transition]]:
-    """A started run at requesting_model, and a step's opening as a loop makes it."""
-    client.runs.start("a goal", run_id=run_id)
-    m = Machine(run_id)
-    client.runs.append(run_id, [m.advance(State.REQUESTING_MODEL, "run started")])
-    proposed = tuple(ToolCall(f"m{i}", c.tool, c.arguments) for i, c in enumerate(calls))
-    turn = Turn("", proposed, Usage(), "tool_calls")
-    planned = [
-        {"call_id": c.call_id, "index": i, "model_id": f"m{i}", "tool": c.tool,
-         "arguments": c.arguments}
-        for i, c in enumerate(calls)
-    ]  # fmt: skip
-    return m, [
-        m.advance(State.VALIDATING, "model replied", turn_json(turn)),
-        m.advance(State.RUNNING_TOOLS, f"{len(calls)} call(s) sent", {"calls": planned}),
-    ]
-
-
-def the_end(result: StepResult) -> Transition:
-    *_, last = result.events
-    assert (last.from_state, last.to_state, last.reason) == (
-        State.RUNNING_TOOLS,
-        State.REQUESTING_MODEL,
-        "batch finished",
-    )
-    return last
 
 
 def step_request(run_id: str, events: list[Transition], calls: list[Call]) -> rpb.StepRequest:
