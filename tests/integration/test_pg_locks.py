@@ -28,7 +28,7 @@ from execgate.executor.journal.pg.store import PgJournal
 from execgate.executor.locks import Abandoned, WaitInfo, path_key
 from execgate.executor.locks.pg_backend import PgLockManager
 from tests.daemon import scaled
-from tests.integration.test_filelock_locks import SHARED, R, W, run_async, until
+from tests.integration.test_filelock_locks import ROOT, SHARED, R, W, run_async, until
 from tests.pg_support import PgServer
 from tests.unit.locks.test_locks import Run, calls
 
@@ -60,7 +60,7 @@ def test_conflicting_writes_wait_and_readers_share_across_daemons(url: str) -> N
             infos: list[WaitInfo] = []
             w2 = asyncio.create_task(b.acquire("b:w2", W(SHARED), on_wait=infos.append))
             await until(lambda: bool(infos))
-            assert infos == [WaitInfo((path_key(SHARED),), ("a:w1",))]
+            assert infos == [WaitInfo((path_key(ROOT, SHARED),), ("a:w1",))]
             assert not w2.done()
             other = await asyncio.wait_for(b.acquire("b:other", W("other.txt")), 5)
             w1.release()
@@ -112,7 +112,7 @@ def test_fifo_per_conflict_across_daemons(url: str) -> None:
             r3 = asyncio.create_task(a.acquire("r3", R(SHARED), on_wait=infos.append))
             free = await a.acquire("free", W("other.txt"))  # conflicts with nobody: at once
             await until(lambda: bool(infos))  # told once its entry is in the table
-            assert infos == [WaitInfo((path_key(SHARED),), ("w2",))]
+            assert infos == [WaitInfo((path_key(ROOT, SHARED),), ("w2",))]
             assert [e.owner for e in b.snapshot().waiters] == ["w2", "r3"]
             r1.release()
             lease2 = await asyncio.wait_for(w2, 5)
@@ -132,10 +132,11 @@ def test_fair_order_and_caps_across_daemons(url: str) -> None:
     async def body() -> None:
         with daemon(url) as a, daemon(url) as b:
             first = await a.acquire("a0", W("."), flow="x")
-            flood = [asyncio.create_task(a.acquire(f"a{i}", W("."), flow="x")) for i in (1, 2)]
-            await until(lambda: len(a.snapshot().waiters) == 2)
-            more = [asyncio.create_task(a.acquire(f"a{i}", W("."), flow="x")) for i in (3, 4)]
-            await until(lambda: len(a.snapshot().waiters) == 4)
+            # One at a time: two acquires started together reach the table on two of
+            # the pool's connections, in either order (the order of arrival is not
+            # what this test is about).
+            flood = [await queued(a, f"a{i}", n) for n, i in enumerate((1, 2), 1)]
+            more = [await queued(a, f"a{i}", n) for n, i in enumerate((3, 4), 3)]
             quick = asyncio.create_task(b.acquire("b0", R(SHARED), flow="y"))
             await until(lambda: len(a.snapshot().waiters) == 5)
             assert [e.owner for e in b.snapshot().waiters] == ["a1", "a2", "b0", "a3", "a4"]
@@ -157,6 +158,13 @@ def test_fair_order_and_caps_across_daemons(url: str) -> None:
             await until(lambda: a.snapshot().holders == a.snapshot().waiters == ())
 
     run_async(body)
+
+
+async def queued(manager: PgLockManager, owner: str, waiting: int) -> asyncio.Task[Any]:
+    """An exclusive acquire of the workspace by agent x, once it is the `waiting`th waiter."""
+    task = asyncio.create_task(manager.acquire(owner, W("."), flow="x"))
+    await until(lambda: len(manager.snapshot().waiters) == waiting)
+    return task
 
 
 def test_a_killed_daemons_locks_go_within_its_lease(url: str) -> None:
