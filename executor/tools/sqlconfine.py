@@ -262,8 +262,16 @@ _REPLACED: dict[str, tuple[Any, Callable[..., int]]] = {
     "mkdir": (_MKDIR, _mkdir),
     "rmdir": (_PATH, _rmdir),
 }
-# The ctypes callbacks must live as long as SQLite may call them: for good.
+# The ctypes callbacks must live as long as SQLite may call them: for good. A list
+# alone is not enough: at exit the interpreter clears this module before its final
+# collection, which may close a journal connection still open -- and SQLite's close
+# calls these (a freed callback there was a segfault). `_immortal` keeps them.
 _KEEP: list[Any] = []
+
+
+def _immortal(obj: Any) -> None:
+    """One reference that is never given back: `obj` outlives the interpreter."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
 class _VfsV3(ctypes.Structure):
@@ -328,6 +336,7 @@ def _install() -> bool:
     for name, (proto, fn) in _REPLACED.items():
         callback = proto(fn)
         _KEEP.append(callback)
+        _immortal(callback)
         if table.xSetSystemCall(vfs, name.encode(), ctypes.cast(callback, ctypes.c_void_p)) != 0:
             return False
     return True
