@@ -100,6 +100,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/mcp_bridge.py
 	$(BIN)/python bench/frameworks.py
 	$(BIN)/python bench/fairness.py
+	$(BIN)/python bench/load.py
 	$(BIN)/python bench/pg.py
 
 # Declared command tools and MCP servers alone (bench/tools.py, bench/README.md).

@@ -363,7 +363,9 @@ def test_a_graceful_stop_detaches_pending_calls_and_a_denial_after_restart_rejec
         stream.join()
         # The stream ends with a typed error naming the parked call and its approval.
         assert isinstance(stream.error, DaemonUnavailable), stream.error
-        assert "stop-1" in str(stream.error)
+        # (Seen once on PostgreSQL under load: the stream reset without the error. The
+        # daemon's log says why if it happens again.)
+        assert "stop-1" in str(stream.error), daemon.log()[-4000:]
         assert approval_id in str(stream.error)
         daemon.restart()
         assert approval_row(daemon, approval_id)["state"] == "pending"
