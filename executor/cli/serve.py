@@ -116,7 +116,11 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="filelock backend directory (default: per workspace, ~/.cache/execgate)",
     )
     p.add_argument("--reflection", action="store_true", help="serve gRPC server reflection")
-    p.add_argument("--test-tools", action="store_true", help="also serve the `noop` probe tool")
+    p.add_argument(
+        "--test-tools",
+        action="store_true",
+        help="also serve the probe tools `noop` and `work` (tests and bench/)",
+    )
     p.add_argument(
         "--allow-remote",
         action="store_true",
