@@ -4,7 +4,13 @@
 (bwrap_warm.py: one per run, workspace and network setting; warm_call.py: a call
 in one). A server (`Launch.serve`, an MCP server) still gets a cold bwrap of its
 own: it lives long, and its start costs nothing per call. So does a call the pool
-has no room for (MAX_SANDBOXES busy sandboxes): same isolation, built for it.
+has no room for: same isolation, built for it. No room is MAX_SANDBOXES sandboxes
+none of which has been idle for EVICT_IDLE_SECONDS, or MAX_BUILDING builds under way
+for other keys. A call never waits for another key's build: with more busy keys than
+sandboxes (many workspaces or runs at once), evicting a box that is about to be used
+again and building another one per call cost more than a cold sandbox, and queueing
+every build behind one lock made the tail seconds long (bench/load.py, `workspaces`
+mode: p99 8 s with 64 workspaces).
 
 The probe runs the supervisor's self-test in a real sandbox (the mount API, a PID
 namespace inside the sandbox, dropping every capability): a kernel without them
@@ -41,6 +47,10 @@ log = logging.getLogger("execgate.sandbox")
 MODES = ("warm", "cold")
 IDLE_SECONDS = 300.0
 MAX_SANDBOXES = 16
+# A box idle this long may be closed to make room for another key's.
+EVICT_IDLE_SECONDS = 2.0
+# Builds under way at once (each is a bwrap and a supervisor starting: CPU-bound).
+MAX_BUILDING = 2
 
 
 class WarmPool:
@@ -57,7 +67,9 @@ class WarmPool:
         self._boxes: dict[Key, WarmBox] = {}
         # Boxes closed or doomed, to be reaped at shutdown.
         self._retired: list[WarmBox] = []
-        self._building = asyncio.Lock()
+        # Invariant: a key is here exactly while its box is being built (the task is
+        # the pool's: `close` waits for it).
+        self._builds: dict[Key, asyncio.Task[WarmBox]] = {}
 
     async def box(self, launch: Launch, limits: Limits) -> WarmBox | None:
         """The warm sandbox for `launch` (built if need be, its first hosts with
@@ -67,22 +79,33 @@ class WarmPool:
         box = self._boxes.get(key)
         if box is not None and not box.stale():
             return box
-        async with self._building:
-            box = self._boxes.get(key)
-            if box is not None and box.stale():
-                self._retire(box)
-                box = None
-            if box is None:
-                if not self._room():
-                    return None
-                box = await build(key, self.python, self.extra_ro, self.leaves, limits)
-                self._boxes[key] = box
+        if box is not None:
+            self._retire(box)
+        building = self._builds.get(key)
+        if building is None:
+            if len(self._builds) >= MAX_BUILDING or not self._room():
+                return None
+            building = asyncio.ensure_future(self._build(key, limits))
+            # Its error is each waiting call's; with none left waiting, it is only a box
+            # the run's next call builds again.
+            building.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self._builds[key] = building
+        # Shielded: a cancelled call leaves the build to finish for the run's next call.
+        return await asyncio.shield(building)
+
+    async def _build(self, key: Key, limits: Limits) -> WarmBox:
+        try:
+            box = await build(key, self.python, self.extra_ro, self.leaves, limits)
+            self._boxes[key] = box
             return box
+        finally:
+            del self._builds[key]
 
     def _room(self) -> bool:
-        if len(self._boxes) < MAX_SANDBOXES:
+        if len(self._boxes) + len(self._builds) < MAX_SANDBOXES:
             return True
-        idle = [b for b in self._boxes.values() if b.users == 0]
+        stale = time.monotonic() - EVICT_IDLE_SECONDS
+        idle = [b for b in self._boxes.values() if b.users == 0 and b.idle_since < stale]
         if not idle:
             return False
         self._retire(min(idle, key=lambda b: b.idle_since))
@@ -108,6 +131,8 @@ class WarmPool:
                 self._retire(box)
 
     async def close(self) -> None:
+        # Builds under way end first (a box they make joins `_boxes`, closed below).
+        await asyncio.gather(*self._builds.values(), return_exceptions=True)
         for box in list(self._boxes.values()):
             self._retire(box)
         for box in self._retired:
