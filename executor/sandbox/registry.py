@@ -44,6 +44,8 @@ class SandboxConfig:
     # bwrap: "warm" (a run's calls in a sandbox built once; cold where the kernel lacks
     # what it needs) or "cold" (a sandbox built per call).
     bwrap_mode: str = "warm"
+    # Warm bwrap sandboxes kept at most (warm_pool.py); past them a call goes cold.
+    warm_sandboxes: int = 64
     # Per-call cgroup leaves where the daemon may create them.
     cgroups: bool = True
     # --run-as USER[:GROUP] for the process backend under a root daemon ("": the
@@ -205,7 +207,7 @@ def _make(
     if name == "bwrap":
         if config.bwrap_mode == "warm":
             limits, _ = fit_confinement(config.confinement)
-            return WarmBwrapSandbox(cgroups, config.ro_paths, limits)
+            return WarmBwrapSandbox(cgroups, config.ro_paths, limits, config.warm_sandboxes)
         return BwrapSandbox(cgroups, config.ro_paths)
     from .docker import DockerSandbox  # the docker SDK is imported only when asked for
 

@@ -4,7 +4,7 @@
 (bwrap_warm.py: one per run, workspace and network setting; warm_call.py: a call
 in one). A server (`Launch.serve`, an MCP server) still gets a cold bwrap of its
 own: it lives long, and its start costs nothing per call. So does a call the pool
-has no room for: same isolation, built for it. No room is MAX_SANDBOXES sandboxes
+has no room for: same isolation, built for it. No room is `most` sandboxes
 none of which has been idle for EVICT_IDLE_SECONDS, or MAX_BUILDING builds under way
 for other keys. A call never waits for another key's build: with more busy keys than
 sandboxes (many workspaces or runs at once), evicting a box that is about to be used
@@ -46,7 +46,10 @@ log = logging.getLogger("execgate.sandbox")
 
 MODES = ("warm", "cold")
 IDLE_SECONDS = 300.0
-MAX_SANDBOXES = 16
+# The default of `--warm-sandboxes`: one per busy run or workspace on a daemon serving
+# 64 clients at once (bench/load.py). A warm sandbox with its hosts holds ~14 MiB; idle
+# ones close after IDLE_SECONDS.
+MAX_SANDBOXES = 64
 # A box idle this long may be closed to make room for another key's.
 EVICT_IDLE_SECONDS = 2.0
 # Builds under way at once (each is a bwrap and a supervisor starting: CPU-bound).
@@ -60,7 +63,14 @@ class WarmPool:
     has no call (`WarmBox.leave`).
     """
 
-    def __init__(self, python: Interpreter, extra_ro: tuple[Path, ...], leaves: Leaves) -> None:
+    def __init__(
+        self,
+        python: Interpreter,
+        extra_ro: tuple[Path, ...],
+        leaves: Leaves,
+        most: int = MAX_SANDBOXES,
+    ) -> None:
+        self.most = most
         self.python = python
         self.extra_ro = extra_ro
         self.leaves = leaves
@@ -102,7 +112,7 @@ class WarmPool:
             del self._builds[key]
 
     def _room(self) -> bool:
-        if len(self._boxes) + len(self._builds) < MAX_SANDBOXES:
+        if len(self._boxes) + len(self._builds) < self.most:
             return True
         stale = time.monotonic() - EVICT_IDLE_SECONDS
         idle = [b for b in self._boxes.values() if b.users == 0 and b.idle_since < stale]
@@ -155,13 +165,14 @@ class WarmBwrapSandbox:
         cgroups: CgroupRoot | None = None,
         extra_ro: tuple[Path, ...] = (),
         limits: Confinement | None = None,
+        most: int = MAX_SANDBOXES,
     ) -> None:
         self.cold = BwrapSandbox(cgroups, extra_ro)
         self.extra_ro = extra_ro
         self.python = interpreter((*_system_roots(), *(str(p) for p in extra_ro)))
         # Leaves are made ahead with the daemon's default limits (`limits`).
         leaves = Leaves(cgroups, limits or Confinement())
-        self._pool = WarmPool(self.python, extra_ro, leaves) if self.python else None
+        self._pool = WarmPool(self.python, extra_ro, leaves, most) if self.python else None
 
     async def start(self, launch: Launch) -> Running:
         if self._pool is None or launch.serve:

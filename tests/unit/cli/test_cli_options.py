@@ -177,3 +177,19 @@ def test_a_command_run_in_process_leaves_the_callers_sigpipe_alone(tmp_path: Pat
     before = signal.getsignal(signal.SIGPIPE)
     assert main(["tools", "--addr", f"unix:{tmp_path / 'none.sock'}"]) == 69
     assert signal.getsignal(signal.SIGPIPE) == before
+
+
+def test_warm_sandboxes_takes_a_count_from_1_to_1024() -> None:
+    parser = cli.full_parser()
+    base = ["serve", "--state-dir", "/tmp/s", "--workspace", "/tmp/w"]
+    assert parser.parse_args([*base, "--warm-sandboxes", "8"]).warm_sandboxes == 8
+    assert parser.parse_args(base).warm_sandboxes == 64
+    for bad in ("0", "1025", "many"):
+        ran = subprocess.run(
+            [sys.executable, "-m", "execgate.executor.cli", *base, "--warm-sandboxes", bad],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert ran.returncode == 2, ran.stderr
+        assert "--warm-sandboxes" in ran.stderr

@@ -77,8 +77,8 @@ def builds(monkeypatch: pytest.MonkeyPatch) -> Builds:
     return fake
 
 
-def pool() -> WarmPool:
-    return WarmPool(None, (), None)  # type: ignore[arg-type]
+def pool(most: int = warm_pool.MAX_SANDBOXES) -> WarmPool:
+    return WarmPool(None, (), None, most)  # type: ignore[arg-type]
 
 
 def test_calls_of_one_key_share_its_build_and_a_cancelled_one_leaves_it_going(
@@ -117,14 +117,11 @@ def test_a_call_never_waits_for_other_keys_builds(builds: Builds) -> None:
     asyncio.run(main())
 
 
-def test_a_full_pool_closes_only_a_box_idle_long_enough(
-    builds: Builds, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(warm_pool, "MAX_SANDBOXES", 2)
+def test_a_full_pool_closes_only_a_box_idle_long_enough(builds: Builds) -> None:
     builds.release.set()
 
     async def main() -> None:
-        p = pool()
+        p = pool(most=2)
         a = cast(FakeBox, await p.box(launch("a"), None))  # type: ignore[arg-type]
         b = cast(FakeBox, await p.box(launch("b"), None))  # type: ignore[arg-type]
         # Both just used: a new key gets a cold sandbox, neither box is closed.
