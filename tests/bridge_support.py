@@ -10,15 +10,20 @@ declared command tool, an untrusted MCP server (the fixture) and a trusted one
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import mcp_types as types
 import yaml
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from execgate.client import AsyncClient, CallRecord
 from tests import mcp_support as ms
@@ -136,6 +141,37 @@ def token(daemon: Daemon, name: str) -> str:
 def bridge_env(daemon: Daemon, **extra: str) -> dict[str, str]:
     """What an MCP client's configuration gives the bridge: where the daemon is."""
     return {"EXECGATE_ADDR": daemon.address, **extra}
+
+
+@asynccontextmanager
+async def bridged(daemon: Daemon, *args: str, **env: str) -> AsyncIterator[ClientSession]:
+    """`execgate mcp ARGS`, launched by the SDK's stdio client, initialized."""
+    params = StdioServerParameters(
+        command=EXECGATE, args=["mcp", *args], env=bridge_env(daemon, **env)
+    )
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+@contextmanager
+def http_bridge(daemon: Daemon, *args: str) -> Iterator[str]:
+    """`execgate mcp --http 127.0.0.1:0 ARGS`; yields the URL it prints."""
+    proc = subprocess.Popen(
+        [EXECGATE, "mcp", "--http", "127.0.0.1:0", *args],
+        env={**os.environ, **bridge_env(daemon)},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        m = re.search(r"serving MCP at (http://\S+)", line)
+        assert m, line + proc.stderr.read()
+        yield m.group(1)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=scaled(10))
 
 
 def readme_config() -> dict[str, Any]:

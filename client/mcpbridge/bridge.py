@@ -2,7 +2,8 @@
 
     tools/list              -> ListTools (each time: the daemon reloads its tools)
     tools/call              -> Execute of one call, under the bridge's identity, in the
-                               session's run; its events -> notifications/progress
+                               session's run and the configured workspace; its
+                               events -> notifications/progress
     notifications/cancelled -> Cancel of that call (the daemon's grace-then-force ladder)
 
 Nothing is decided here: policy, approvals, scheduling, sandbox, journal and traces are
@@ -69,6 +70,9 @@ class BridgeConfig:
             token beside a local daemon's socket).
         tls: mTLS files for a daemon's TCP listener.
         run_id: the run every session's calls go to ("": `mcp-<session>`, one per session).
+        workspace: the workspace every call works in ("": the run's, else the identity's
+            first). The daemon checks it call by call: one the identity was not given is
+            a REJECTED outcome naming it, an error result like any refusal.
         cancel_grace: seconds a cancelled call gets to stop before it is killed (None:
             the daemon's default).
         heartbeat: seconds between progress notifications while a call waits for a lock
@@ -79,6 +83,7 @@ class BridgeConfig:
     token: str | None = None
     tls: TlsConfig | None = None
     run_id: str = ""
+    workspace: str = ""
     cancel_grace: float | None = None
     heartbeat: float = 10.0
 
@@ -105,7 +110,9 @@ class Bridge:
 
     def __init__(self, config: BridgeConfig) -> None:
         self.config = config
-        self._client = AsyncClient(config.address, token=config.token, tls=config.tls)
+        self._client = AsyncClient(
+            config.address, token=config.token, tls=config.tls, workspace=config.workspace
+        )
         self.server: Server[Origin] = Server(
             "execgate",
             version=_version(),
@@ -136,7 +143,12 @@ class Bridge:
     @contextlib.asynccontextmanager
     async def _lifespan(self, server: Server[Origin]) -> AsyncIterator[Origin]:
         origin = Origin(secrets.token_hex(6))
-        log.info("execgate mcp: session origin %s, daemon %s", origin.id, self.address)
+        log.info(
+            "execgate mcp: session origin %s, daemon %s, workspace %s",
+            origin.id,
+            self.address,
+            self.config.workspace or "(the run's, else the identity's first)",
+        )
         yield origin
 
     async def _list_tools(

@@ -44,6 +44,13 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="the run every call goes to (default: mcp-<session>, one run per MCP session)",
     )
     p.add_argument(
+        "--workspace",
+        default="",
+        metavar="NAME",
+        help="the workspace every call works in: one the policy gives the bridge's identity "
+        "(default: its run's, else its first); one not given is refused call by call",
+    )
+    p.add_argument(
         "--grace",
         type=float,
         default=None,
@@ -97,6 +104,7 @@ def _serve(args: argparse.Namespace) -> int:
         token=args.token,
         tls=cli_options.tls(args),
         run_id=args.run_id,
+        workspace=args.workspace,
         cancel_grace=args.grace,
         heartbeat=args.heartbeat,
     )

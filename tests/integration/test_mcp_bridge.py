@@ -12,7 +12,7 @@ import re
 import secrets
 import sqlite3
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,20 +40,9 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         yield d
 
 
-@contextlib.asynccontextmanager
-async def bridged(daemon: Daemon, *args: str, **env: str) -> AsyncIterator[ClientSession]:
-    """`execgate mcp ARGS`, launched by the SDK's stdio client, initialized."""
-    params = StdioServerParameters(
-        command=bs.EXECGATE, args=["mcp", *args], env=bs.bridge_env(daemon, **env)
-    )
-    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-        await session.initialize()
-        yield session
-
-
 def test_tools_list_carries_schemas_and_effects(daemon: Daemon) -> None:
     async def body() -> dict[str, types.Tool]:
-        async with bridged(daemon) as s:
+        async with bs.bridged(daemon) as s:
             return {t.name: t for t in (await s.list_tools()).tools}
 
     tools = anyio.run(body)
@@ -97,7 +86,7 @@ def test_tools_list_carries_schemas_and_effects(daemon: Daemon) -> None:
 
 def test_success_is_content_and_structured_status(daemon: Daemon) -> None:
     async def body() -> types.CallToolResult:
-        async with bridged(daemon) as s:
+        async with bs.bridged(daemon) as s:
             return await s.call_tool("read_file", {"path": "hello.txt"})
 
     result = anyio.run(body)
@@ -115,7 +104,7 @@ def test_the_call_is_the_bridges_identitys(daemon: Daemon) -> None:
     """No token configured: the local `agent` token beside the socket; the journal says so."""
 
     async def body() -> CallRecord:
-        async with bridged(daemon, "--run-id", "who") as s:
+        async with bs.bridged(daemon, "--run-id", "who") as s:
             result = await s.call_tool("noop", {"echo": "me"})
         async with AsyncClient(daemon.address, token=bs.token(daemon, "operator")) as op:
             return await op.get_call(result.structured_content["call_id"], run_id="who")
@@ -133,7 +122,7 @@ def test_the_clients_trace_context_reaches_the_daemons_spans(daemon: Daemon) -> 
     meta = {"traceparent": f"00-{trace_id}-{parent}-01"}
 
     async def body() -> str:
-        async with bridged(daemon, "--run-id", "traced") as s:
+        async with bs.bridged(daemon, "--run-id", "traced") as s:
             result = await s.call_tool("noop", {"echo": "t"}, meta=meta)
         return str(result.structured_content["call_id"])
 
@@ -151,7 +140,7 @@ def test_the_clients_trace_context_reaches_the_daemons_spans(daemon: Daemon) -> 
 
 def test_failure_is_an_error_result_with_its_class(daemon: Daemon) -> None:
     async def body() -> types.CallToolResult:
-        async with bridged(daemon) as s:
+        async with bs.bridged(daemon) as s:
             return await s.call_tool("run_command", {"argv": ["sh", "-c", "echo out; exit 3"]})
 
     result = anyio.run(body)
@@ -164,7 +153,7 @@ def test_failure_is_an_error_result_with_its_class(daemon: Daemon) -> None:
 
 def test_a_policy_deny_names_the_rule(daemon: Daemon) -> None:
     async def body() -> types.CallToolResult:
-        async with bridged(daemon) as s:
+        async with bs.bridged(daemon) as s:
             return await s.call_tool("read_file", {"path": "secret.txt"})
 
     result = anyio.run(body)
@@ -180,7 +169,7 @@ def test_an_unknown_tool_is_a_rejected_result(daemon: Daemon) -> None:
     """Refused and journaled by the daemon like any call, so a result, not a JSON-RPC error."""
 
     async def body() -> types.CallToolResult:
-        async with bridged(daemon) as s:
+        async with bs.bridged(daemon) as s:
             return await s.call_tool("no_such_tool", {})
 
     result = anyio.run(body)
@@ -201,7 +190,7 @@ def test_an_approval_wait_is_progress_then_the_operator_says_yes(daemon: Daemon)
                 decided.append((await op.approve(m.group(1), "fine")).decided_by)
 
     async def body() -> types.CallToolResult:
-        async with bridged(daemon, "--heartbeat", "0.2") as s:
+        async with bs.bridged(daemon, "--heartbeat", "0.2") as s:
             return await s.call_tool(
                 "run_command", {"argv": ["touch", "approved.txt"]}, progress_callback=progress
             )
@@ -228,7 +217,7 @@ def test_progress_of_an_mcp_tool_reaches_the_client(daemon: Daemon) -> None:
         said.append(message or "")
 
     async def body() -> types.CallToolResult:
-        async with bridged(daemon) as s:
+        async with bs.bridged(daemon) as s:
             return await s.call_tool(
                 "everything.trigger-long-running-operation",
                 {"duration": 1.5, "steps": 5},
@@ -252,7 +241,7 @@ def test_a_client_cancel_stops_the_call_and_a_retry_replays_it(daemon: Daemon) -
 
     async def body() -> tuple[CallRecord, types.CallToolResult]:
         async with AsyncClient(daemon.address, token=bs.token(daemon, "operator")) as eg:
-            async with bridged(daemon, "--run-id", run_id) as s:
+            async with bs.bridged(daemon, "--run-id", run_id) as s:
                 with anyio.CancelScope() as scope:
 
                     async def stop_when_running() -> None:
@@ -267,7 +256,7 @@ def test_a_client_cancel_stops_the_call_and_a_retry_replays_it(daemon: Daemon) -
                 record = await bs.until(
                     lambda: bs.ended(eg, run_id, "run_command"), 30, "the cancelled call's outcome"
                 )
-            async with bridged(daemon) as again:
+            async with bs.bridged(daemon) as again:
                 retry = await again.call_tool("run_command", {"argv": argv}, meta=meta)
         return record, retry
 
@@ -294,7 +283,7 @@ def test_an_idempotent_retry_from_another_session_runs_once(daemon: Daemon) -> N
     argv = ["sh", "-c", "echo once >> once.txt"]
 
     async def call(meta: dict[str, Any], args: list[str]) -> types.CallToolResult:
-        async with bridged(daemon) as s:
+        async with bs.bridged(daemon) as s:
             return await s.call_tool("run_command", {"argv": args}, meta=meta)
 
     async def body() -> list[types.CallToolResult]:
@@ -319,7 +308,7 @@ def test_no_key_means_a_retry_runs_again(daemon: Daemon) -> None:
     argv = ["sh", "-c", "echo again >> twice.txt"]
 
     async def body() -> None:
-        async with bridged(daemon) as s:
+        async with bs.bridged(daemon) as s:
             for _ in range(2):
                 result = await s.call_tool("run_command", {"argv": argv})
                 assert result.is_error is False, bs.text(result)
@@ -332,7 +321,7 @@ def test_unknown_outcome_says_to_reconcile(daemon: Daemon) -> None:
     """`work` may write, and the policy gives it 1 s: interrupted, nobody knows what it did."""
 
     async def body() -> types.CallToolResult:
-        async with bridged(daemon) as s:
+        async with bs.bridged(daemon) as s:
             return await s.call_tool("work", {"path": "counter.txt", "write": True, "seconds": 30})
 
     result = anyio.run(body)
@@ -346,7 +335,7 @@ def test_unknown_outcome_says_to_reconcile(daemon: Daemon) -> None:
 
 def test_a_malformed_key_is_invalid_params_naming_it(daemon: Daemon) -> None:
     async def body() -> MCPError:
-        async with bridged(daemon) as s:
+        async with bs.bridged(daemon) as s:
             with pytest.raises(MCPError) as caught:
                 await s.call_tool("noop", {}, meta={KEY: 7})
             return caught.value
@@ -358,7 +347,7 @@ def test_a_malformed_key_is_invalid_params_naming_it(daemon: Daemon) -> None:
 
 def test_a_bad_token_and_no_daemon_are_errors_not_hangs(daemon: Daemon, tmp_path: Path) -> None:
     async def tools(**env: str) -> MCPError:
-        async with bridged(daemon, **env) as s:
+        async with bs.bridged(daemon, **env) as s:
             with pytest.raises(MCPError) as caught:
                 await s.list_tools()
             return caught.value

@@ -5,9 +5,7 @@ refusal of any listen address off loopback."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -33,28 +31,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         yield d
 
 
-@contextlib.contextmanager
-def http_bridge(daemon: Daemon, *args: str) -> Iterator[str]:
-    """`execgate mcp --http 127.0.0.1:0 ARGS`; yields the URL it prints."""
-    proc = subprocess.Popen(
-        [bs.EXECGATE, "mcp", "--http", "127.0.0.1:0", *args],
-        env={**os.environ, **bs.bridge_env(daemon)},
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stderr is not None
-        line = proc.stderr.readline()
-        m = re.search(r"serving MCP at (http://\S+)", line)
-        assert m, line + proc.stderr.read()
-        yield m.group(1)
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=scaled(10))
-
-
 def test_streamable_http_on_loopback(daemon: Daemon) -> None:
-    with http_bridge(daemon) as url:
+    with bs.http_bridge(daemon) as url:
 
         async def body() -> tuple[list[str], types.CallToolResult]:
             async with (
@@ -100,7 +78,7 @@ def test_a_cancel_over_http_reaches_the_call(daemon: Daemon) -> None:
                 lambda: bs.ended(eg, run_id, "run_command"), 30, "the cancelled call's outcome"
             )
 
-    with http_bridge(daemon, "--run-id", run_id) as url:
+    with bs.http_bridge(daemon, "--run-id", run_id) as url:
         record = anyio.run(body, url)
     assert record.outcome is not None
     assert record.outcome.error_class == "cancelled"
@@ -127,7 +105,7 @@ def test_a_request_posted_twice_over_http_runs_once(daemon: Daemon) -> None:
         "method": "tools/call",
         "params": {"name": "run_command", "arguments": {"argv": ["sh", "-c", "echo 1 >> re.txt"]}},
     }
-    with http_bridge(daemon) as url, httpx2.Client(timeout=scaled(30)) as http:
+    with bs.http_bridge(daemon) as url, httpx2.Client(timeout=scaled(30)) as http:
         accept = {"accept": "application/json, text/event-stream"}
         init = {
             "jsonrpc": "2.0",
