@@ -20,6 +20,7 @@ import uvicorn
 from mcp.server.transport_security import TransportSecuritySettings
 
 from .bridge import Bridge, BridgeConfig
+from .drain import answered_first
 from .errors import NotLoopback
 from .stdio import served_stdio
 
@@ -31,7 +32,11 @@ HTTP_PATH = "/mcp"
 
 async def serve_stdio(config: BridgeConfig) -> None:
     """Serve one MCP connection on this process's stdin/stdout until the client closes it."""
-    async with Bridge(config) as bridge, served_stdio() as (read, write):
+    async with (
+        Bridge(config) as bridge,
+        served_stdio() as streams,
+        answered_first(*streams) as (read, write),
+    ):
         await bridge.server.run(read, write, bridge.server.create_initialization_options())
 
 
