@@ -83,6 +83,13 @@ class PgLockManager:
         self._unsubscribe = journal.presence.subscribe(LOCKS_CHANNEL, self._notified)
         journal.presence.on_lost.append(self._lost)
         self._rereading = self._db.submit(self._rereads())
+        # Entries enter the table in the order this daemon's calls asked (a batch's
+        # conflicting calls in proposal order): one enqueue at a time, in arrival order
+        # (asyncio.Lock is FIFO). Concurrent enqueues took pool connections and the table's
+        # critical section in any order (tests/integration/test_pg_locks.py's random
+        # schedules: "c6 overtook earlier conflicting c4"); the critical section
+        # serializes them anyway, so little is lost.
+        self._enqueuing = asyncio.Lock()
 
     # -- the public surface ---------------------------------------------------------------
 
@@ -184,12 +191,13 @@ class PgLockManager:
 
     async def _enqueue(self, owner: str, text: str, ask: Ask) -> tuple[int, Pass]:
         """Add the entry; a cancellation meanwhile never leaves it behind."""
-        step = self._db.submit(self._table.enqueue(owner, text, ask.flow, ask.cap, self._rule))
-        try:
-            return await asyncio.shield(asyncio.wrap_future(step))
-        except asyncio.CancelledError:
-            step.add_done_callback(self._drop_late)
-            raise
+        async with self._enqueuing:
+            step = self._db.submit(self._table.enqueue(owner, text, ask.flow, ask.cap, self._rule))
+            try:
+                return await asyncio.shield(asyncio.wrap_future(step))
+            except asyncio.CancelledError:
+                step.add_done_callback(self._drop_late)
+                raise
 
     def _drop_late(self, step: concurrent.futures.Future[tuple[int, Pass]]) -> None:
         if not step.cancelled() and step.exception() is None:
