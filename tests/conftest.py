@@ -10,6 +10,7 @@ import pytest
 
 from execgate.client import Client
 from execgate.executor.sandbox import cgroup
+from execgate.executor.sandbox.registry import daemon_id
 from tests import daemon as daemon_module
 from tests.daemon import Daemon
 from tests.pg_support import PgServer, bin_dir
@@ -91,21 +92,25 @@ def eg(shared: Daemon) -> Iterator[Client]:
 
 
 def _cgroup_dirs() -> set[Path]:
-    """The `execgate-*` cgroup directories daemons of this host made under our cgroup."""
+    """The `execgate-*` cgroup directories daemons of this session made under our cgroup
+    (`tests/daemon.py` notes their state dirs; the name is `execgate-<daemon id>`)."""
+    ours = {f"execgate-{daemon_id(d)}" for d in daemon_module.started_state_dirs}
     found: set[Path] = set()
     own = cgroup._own_paths()
     for kind, mount in cgroup._mounts().items():
         if kind in own:
-            found.update((mount / own[kind].lstrip("/")).glob("execgate-*"))
+            base = mount / own[kind].lstrip("/")
+            found.update(base / name for name in ours if (base / name).is_dir())
     return found
 
 
 @pytest.fixture(scope="session", autouse=True)
 def tidy_cgroups() -> Iterator[None]:
-    """Daemons the tests SIGKILL never remove their (empty) cgroup directories: do it."""
-    before = _cgroup_dirs()
+    """Daemons the tests SIGKILL never remove their (empty) cgroup directories: do it --
+    only this session's daemons': another session on the machine (a second pytest, CI)
+    has daemons whose empty leaves made ahead are about to be used."""
     yield
-    for base in _cgroup_dirs() - before:
+    for base in _cgroup_dirs():
         for leaf in base.iterdir():
             if leaf.is_dir():
                 with contextlib.suppress(OSError):

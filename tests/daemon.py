@@ -53,6 +53,10 @@ def journal_url(root: Path) -> str | None:
 # exits, so that a test that forgot to stop one (or died before it could) leaves none behind.
 # Strong references: a Daemon dropped while its process runs must still be found here.
 _running: set[Daemon] = set()
+# The state dirs of every daemon this process started: their cgroup directories are the
+# only ones conftest's `tidy_cgroups` may remove (another test session's daemons on the
+# same machine keep theirs: its empty leaves made ahead are in use).
+started_state_dirs: set[Path] = set()
 
 
 @atexit.register
@@ -142,6 +146,7 @@ class Daemon:
         )
         log.close()
         _running.add(self)
+        started_state_dirs.add(self.state_dir)
         try:
             self.wait_serving(timeout)
         except BaseException:
