@@ -5,7 +5,10 @@ or a pipe closed after the last request). The SDK's server ends its session when
 read stream ends, and a request read just before the end could lose its answer (seen:
 a `ping` after `initialize`, one run in six). So the server reads through a relay that,
 at the end of stdin, holds the read stream open until every request it passed on has
-been answered (a result or an error with its id), then ends it.
+been answered (a result or an error with its id) -- a request the client cancelled is never
+answered (MCP), so it is not waited for -- and at most DRAIN_SECONDS: a client shutting down
+(it closes stdin, then waits for the exit) is not held up by a long call, which runs on to its
+recorded outcome like any call whose client went away.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ if TYPE_CHECKING:
 
 __all__ = ["answered_first"]
 
+# The longest the end of stdin waits for answers.
+DRAIN_SECONDS = 5.0
+
 
 class _Unanswered:
     """Request ids passed to the server and not yet answered."""
@@ -33,16 +39,28 @@ class _Unanswered:
         self.none_left.set()
 
     def asked(self, item: SessionMessage | Exception) -> None:
-        if isinstance(item, SessionMessage) and isinstance(item.message, mcp_types.JSONRPCRequest):
-            self.ids.add(item.message.id)
+        if not isinstance(item, SessionMessage):
+            return
+        message = item.message
+        if isinstance(message, mcp_types.JSONRPCRequest):
+            self.ids.add(message.id)
             if self.none_left.is_set():
                 self.none_left = anyio.Event()
+        elif (
+            isinstance(message, mcp_types.JSONRPCNotification)
+            and message.method == "notifications/cancelled"
+            and isinstance(message.params, dict)
+        ):
+            self._settle(message.params.get("requestId"))
+
+    def _settle(self, request_id: Any) -> None:
+        self.ids.discard(request_id)
+        if not self.ids:
+            self.none_left.set()
 
     def answered(self, item: SessionMessage) -> None:
         if isinstance(item.message, mcp_types.JSONRPCResponse | mcp_types.JSONRPCError):
-            self.ids.discard(item.message.id)
-            if not self.ids:
-                self.none_left.set()
+            self._settle(item.message.id)
 
 
 class _Answers:
@@ -79,7 +97,8 @@ async def answered_first(
             async for item in read:
                 unanswered.asked(item)
                 await relay_in.send(item)
-            await unanswered.none_left.wait()
+            with anyio.move_on_after(DRAIN_SECONDS):
+                await unanswered.none_left.wait()
 
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(relay)
