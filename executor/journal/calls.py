@@ -14,9 +14,9 @@ from typing import Any
 from execgate.executor.core import clock
 from execgate.executor.core.outcomes import Outcome
 
-from .codec import outcome_from_json, outcome_to_json
+from .codec import call_record, outcome_to_json
 from .db import SqliteDb
-from .records import CallFilter, CallRecord, DuplicateCall, KeyTaken, PolicyRecord
+from .records import CallFilter, CallRecord, DuplicateCall, KeyTaken
 from .schema import RECORD_COLUMNS
 from .writer import Started
 
@@ -93,7 +93,7 @@ class SqliteCalls:
             row = conn.execute(
                 f"SELECT {cols} FROM calls WHERE run_id=? AND call_id=?", (run_id, call_id)
             ).fetchone()
-            return _record(row) if row else None
+            return call_record(row) if row else None
 
         return await self._db.read(read)
 
@@ -103,7 +103,7 @@ class SqliteCalls:
                 f"SELECT {RECORD_COLUMNS} FROM calls WHERE agent=? AND idempotency_key=?",
                 (agent, key),
             ).fetchone()
-            return _record(row) if row else None
+            return call_record(row) if row else None
 
         return await self._db.read(read)
 
@@ -119,7 +119,7 @@ class SqliteCalls:
             more = len(rows) > flt.limit
             rows = rows[: flt.limit]
             next_seq = rows[-1][0] if more and rows else 0
-            return [_record(r[1:]) for r in rows], next_seq
+            return [call_record(r[1:]) for r in rows], next_seq
 
         return await self._db.read(read)
 
@@ -158,44 +158,6 @@ def _insert(conn: sqlite3.Connection, rec: CallRecord, outcome: Outcome | None, 
         if "calls.agent, calls.idempotency_key" in str(exc):
             raise KeyTaken(rec.agent, rec.idempotency_key) from exc
         raise
-
-
-def _record(row: tuple[Any, ...]) -> CallRecord:
-    (
-        run_id,
-        call_id,
-        batch_id,
-        tool,
-        args,
-        req_hash,
-        key,
-        agent,
-        may_write,
-        _state,
-        created_at,
-        outcome_json,
-        replay_of,
-        decision_json,
-        workspace,
-        *raw,
-    ) = row
-    return CallRecord(
-        run_id=run_id,
-        call_id=call_id,
-        batch_id=batch_id,
-        tool=tool,
-        arguments_json=args,
-        request_hash=req_hash,
-        idempotency_key=key or "",
-        agent=agent,
-        may_write=bool(may_write),
-        created_at=created_at,
-        outcome=outcome_from_json(outcome_json) if outcome_json else None,
-        replay_of=replay_of or "",
-        raw_result=(raw[0] or "") if raw else "",
-        decision=PolicyRecord.from_json(decision_json) if decision_json else None,
-        workspace=workspace,
-    )
 
 
 def _where(flt: CallFilter) -> tuple[str, list[Any]]:

@@ -16,6 +16,8 @@ from execgate.executor.core.outcomes import (
     ToolResult,
 )
 
+from .records import CallRecord, PolicyRecord
+
 
 def outcome_to_json(outcome: Outcome) -> str:
     # Spelled out rather than dataclasses.asdict: this runs for every call.
@@ -61,4 +63,43 @@ def outcome_from_json(text: str) -> Outcome:
         evidence=Evidence(**data["evidence"]),
         timeline=tuple(Mark(Phase(p), at, detail) for p, at, detail in data["timeline"]),
         stopped_how=StopMode(data["stopped_how"]),
+    )
+
+
+def call_record(row: tuple[Any, ...]) -> CallRecord:
+    """A `calls` row (the columns both stores select, in that order) as a CallRecord."""
+    (
+        run_id,
+        call_id,
+        batch_id,
+        tool,
+        args,
+        req_hash,
+        key,
+        agent,
+        may_write,
+        _state,
+        created_at,
+        outcome_json,
+        replay_of,
+        decision_json,
+        workspace,
+        *raw,
+    ) = row
+    return CallRecord(
+        run_id=run_id,
+        call_id=call_id,
+        batch_id=batch_id,
+        tool=tool,
+        arguments_json=args,
+        request_hash=req_hash,
+        idempotency_key=key or "",
+        agent=agent,
+        may_write=bool(may_write),
+        created_at=created_at,
+        outcome=outcome_from_json(outcome_json) if outcome_json else None,
+        replay_of=replay_of or "",
+        raw_result=(raw[0] or "") if raw else "",
+        decision=PolicyRecord.from_json(decision_json) if decision_json else None,
+        workspace=workspace,
     )

@@ -20,8 +20,8 @@ import psycopg
 from execgate.executor.core import clock
 from execgate.executor.core.outcomes import Outcome
 
-from ..codec import outcome_from_json, outcome_to_json
-from ..records import CallFilter, CallRecord, DuplicateCall, KeyTaken, PolicyRecord
+from ..codec import call_record, outcome_to_json
+from ..records import CallFilter, CallRecord, DuplicateCall, KeyTaken
 from .db import Conn, PgDb, retried
 from .presence import LeaseLost, Presence
 
@@ -144,7 +144,7 @@ class PgCalls:
 
         async def read(conn: Conn) -> CallRecord | None:
             row = await _one(conn, cols, run_id, call_id)
-            return _record(row) if row else None
+            return call_record(row) if row else None
 
         return await self._db.read(read)
 
@@ -155,7 +155,7 @@ class PgCalls:
                 (agent, key),
             )
             row = await cur.fetchone()
-            return _record(row) if row else None
+            return call_record(row) if row else None
 
         return await self._db.read(read)
 
@@ -172,7 +172,7 @@ class PgCalls:
             more = len(rows) > flt.limit
             rows = rows[: flt.limit]
             next_seq = rows[-1][0] if more and rows else 0
-            return [_record(r[1:]) for r in rows], next_seq
+            return [call_record(r[1:]) for r in rows], next_seq
 
         return await self._db.read(read)
 
@@ -261,44 +261,6 @@ async def _one(conn: Conn, cols: str, run_id: str, call_id: str) -> tuple[Any, .
         f"SELECT {cols} FROM calls WHERE run_id=%s AND call_id=%s", (run_id, call_id)
     )
     return await cur.fetchone()
-
-
-def _record(row: tuple[Any, ...]) -> CallRecord:
-    (
-        run_id,
-        call_id,
-        batch_id,
-        tool,
-        args,
-        req_hash,
-        key,
-        agent,
-        may_write,
-        _state,
-        created_at,
-        outcome_json,
-        replay_of,
-        decision_json,
-        workspace,
-        *raw,
-    ) = row
-    return CallRecord(
-        run_id=run_id,
-        call_id=call_id,
-        batch_id=batch_id,
-        tool=tool,
-        arguments_json=args,
-        request_hash=req_hash,
-        idempotency_key=key or "",
-        agent=agent,
-        may_write=bool(may_write),
-        created_at=created_at,
-        outcome=outcome_from_json(outcome_json) if outcome_json else None,
-        replay_of=replay_of or "",
-        raw_result=(raw[0] or "") if raw else "",
-        decision=PolicyRecord.from_json(decision_json) if decision_json else None,
-        workspace=workspace,
-    )
 
 
 def glob_like(pattern: str) -> str:
